@@ -1,0 +1,143 @@
+"""Argument checks shared by the layer, the loss, the metrics and the model.
+
+Each check raises a `ValueError` that names the argument, the expected form
+and what was received, in the style of Keras' own errors.
+"""
+
+import base64
+import warnings
+
+import numpy as np
+from keras import ops
+
+from keras_ecoc.codes import validate_codes
+
+
+def codes_array(codes, name="codes"):
+    """Returns `codes` as a validated float32 (n, k) NumPy array.
+
+    Accepts anything array-like, including a tensor of any backend.
+    """
+    if codes is None:
+        raise ValueError(
+            f"Argument `{name}` is required: a (num_classes, code_length) code "
+            f"matrix, e.g. from `keras_ecoc.codes`. Received: {name}=None"
+        )
+    if isinstance(codes, dict):
+        codes = codes_from_config(codes)
+    elif not isinstance(codes, np.ndarray):
+        codes = ops.convert_to_numpy(codes)
+    return validate_codes(codes, name=name)
+
+
+def positive_scale(scale, name="scale"):
+    """Returns `scale` as a positive finite Python float."""
+    try:
+        value = float(scale)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"Argument `{name}` must be a positive finite number. "
+            f"Received: {name}={scale!r}"
+        ) from None
+    if not np.isfinite(value) or value <= 0:
+        raise ValueError(
+            f"Argument `{name}` must be a positive finite number. "
+            f"Received: {name}={scale!r}"
+        )
+    return value
+
+
+def check_code_length(z_shape, code_length, name="z"):
+    """Raises if the last dimension of `z_shape` is known and is not k."""
+    if not z_shape:
+        raise ValueError(
+            f"`{name}` must have shape (..., {code_length}): one value per "
+            f"code bit. Received: {name}.shape={tuple(z_shape)}"
+        )
+    last = z_shape[-1]
+    if last is not None and int(last) != int(code_length):
+        raise ValueError(
+            f"The last dimension of `{name}` must equal the code length "
+            f"{code_length} of the codes. Received: {name}.shape="
+            f"{tuple(z_shape)}"
+        )
+
+
+def concrete_labels_in_range(labels, num_classes, name="labels"):
+    """Raises if `labels` holds concrete values outside [0, num_classes).
+
+    Symbolic tensors inside a compiled function cannot be inspected; for them
+    the math itself yields NaN (pure-Keras path) or a runtime error (fused op).
+    """
+    try:
+        values = ops.convert_to_numpy(labels)
+    except Exception:  # Symbolic / traced: checked downstream.
+        return
+    values = np.asarray(values)
+    if values.size == 0:
+        return
+    if np.issubdtype(values.dtype, np.floating):
+        if not np.all(np.isfinite(values)) or np.any(values != np.round(values)):
+            raise ValueError(
+                f"`{name}` must hold integer class ids in [0, {num_classes}). "
+                f"Received non-integer values, e.g. {name}="
+                f"{values[values != np.round(values)][:5]}"
+            )
+    bad = (values < 0) | (values >= num_classes)
+    if np.any(bad):
+        raise ValueError(
+            f"`{name}` must hold integer class ids in [0, {num_classes}). "
+            f"Received out-of-range values {np.unique(values[bad])[:10]} "
+            f"(first at flat position {int(np.flatnonzero(bad)[0])})."
+        )
+
+
+# Code matrices up to this many entries go into configs as nested lists
+# (readable JSON); larger ones as base64 float32 bytes, 3x more compact.
+MAX_LIST_CODE_ENTRIES = 65_536
+
+
+def codes_to_config(codes):
+    """JSON-friendly form of a (n, k) float32 code matrix."""
+    codes = np.ascontiguousarray(codes, dtype="float32")
+    if codes.size <= MAX_LIST_CODE_ENTRIES:
+        return codes.tolist()
+    return {
+        "shape": list(codes.shape),
+        "float32_base64": base64.b64encode(codes.tobytes()).decode("ascii"),
+    }
+
+
+def codes_from_config(value):
+    """Inverse of `codes_to_config`."""
+    if isinstance(value, dict) and "float32_base64" in value:
+        raw = base64.b64decode(value["float32_base64"])
+        return np.frombuffer(raw, dtype="float32").reshape(value["shape"]).copy()
+    return np.asarray(value, dtype="float32")
+
+
+# Relative spread of codeword norms above which decoding is warned about.
+ROW_NORM_TOLERANCE = 0.05
+
+
+def warn_if_unequal_row_norms(codes, name="codes"):
+    """Warns when codewords have clearly different norms.
+
+    u = z / ||z|| lives on the unit sphere, so the logit of class i is
+    scale * (M_i . u - ||M_i||^2 / 2) + const: a codeword with a larger norm
+    pays a larger constant penalty, and one far from the others' norms can be
+    impossible to predict. Raw Gaussian and raw spectral codes have this
+    property; ±1 codes do not. `keras_ecoc.codes.normalize_rows` fixes it.
+    """
+    norms = np.linalg.norm(np.asarray(codes, np.float64), axis=1)
+    mean = norms.mean()
+    if mean > 0 and (norms.max() - norms.min()) / mean > ROW_NORM_TOLERANCE:
+        warnings.warn(
+            f"The codewords in `{name}` have unequal norms (from "
+            f"{norms.min():.3g} to {norms.max():.3g}). Decoding compares them "
+            "with z / ||z|| on the unit sphere, so classes whose codeword "
+            "norm is far from the others' are hard or impossible to predict. "
+            "Use `keras_ecoc.codes.normalize_rows(codes)` unless this is "
+            "intended.",
+            stacklevel=3,
+        )

@@ -1,0 +1,302 @@
+"""Image data sets for the demo, the experiments and the notebooks.
+
+`load_dataset(spec)` understands:
+
+- `"omniglot"` (also `"embedded"`, the default): Omniglot's two "small"
+  background sets, 292 character classes x 20 drawers at 28x28, shipped
+  inside this package (MIT licence, `keras_ecoc/data/LICENSE.omniglot`).
+  Drawers 0-14 of each class train, drawers 15-19 test (4,380 / 1,460).
+- a path to one of the `.npz` layouts of the project's offline data folder:
+  the Omniglot 28 px file, the bit-packed Omniglot 105 px file
+  (`packed`), CUB-200 subsets (`images_center`/`images_bbox`, `is_train`,
+  `class_attributes_continuous`) and CIFAR-10 as JPEG bytes (`jpeg`,
+  `offsets`, `is_train`); or any `.npz` with `images`/`x` and `labels`/`y`
+  (and optionally `is_train`).
+- a tensorflow-datasets name (`cifar100`, `caltech_birds2011`, `omniglot`,
+  `imagenet2012`, `places365`, ...), optionally prefixed `tfds:`; needs the
+  network (or `tfds.testing.mock_data`).
+
+Every loader returns an `ImageDataset` with float32 images in [0, 1] of
+shape (N, H, W, C) and int32 labels.
+"""
+
+import dataclasses
+import io
+import os
+from importlib import resources
+
+import numpy as np
+
+EMBEDDED_NAMES = ("embedded", "omniglot_small", "omniglot")
+TFDS_NAMES = ("cifar100", "caltech_birds2011", "omniglot", "imagenet2012",
+              "places365", "cifar10", "mnist")
+# tensorflow-datasets keys of the images and labels, when not "image"/"label".
+_TFDS_KEYS = {"omniglot": ("image", "label")}
+
+
+@dataclasses.dataclass
+class ImageDataset:
+    """A train/test split of an image classification data set.
+
+    Attributes:
+        name: a short name for tables and file names.
+        x_train: float32 (N_train, H, W, C) in [0, 1].
+        y_train: int32 (N_train,) class ids in [0, num_classes).
+        x_test: float32 (N_test, H, W, C) in [0, 1].
+        y_test: int32 (N_test,).
+        class_names: list of num_classes strings.
+        class_attributes: optional float32 (num_classes, A) per-class
+            attribute table (CUB), or None.
+        attribute_names: optional list of A strings, or None.
+    """
+
+    name: str
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    class_names: list
+    class_attributes: np.ndarray = None
+    attribute_names: list = None
+
+    @property
+    def num_classes(self):
+        return len(self.class_names)
+
+    @property
+    def input_shape(self):
+        return tuple(self.x_train.shape[1:])
+
+    def first_classes(self, count):
+        """A copy restricted to classes 0..count-1 (for quick runs)."""
+        tr, te = self.y_train < count, self.y_test < count
+        attributes = None
+        if self.class_attributes is not None:
+            attributes = self.class_attributes[:count]
+        return dataclasses.replace(
+            self, x_train=self.x_train[tr], y_train=self.y_train[tr],
+            x_test=self.x_test[te], y_test=self.y_test[te],
+            class_names=self.class_names[:count], class_attributes=attributes,
+        )
+
+    def subset(self, train_per_class=None, test_per_class=None, seed=0):
+        """A copy keeping at most so many examples of each class per split."""
+        rng = np.random.default_rng(seed)
+
+        def pick(y, per_class):
+            if per_class is None:
+                return np.arange(len(y))
+            keep = []
+            for c in range(self.num_classes):
+                idx = np.flatnonzero(y == c)
+                keep.append(rng.permutation(idx)[:per_class])
+            return np.sort(np.concatenate(keep))
+
+        tr, te = pick(self.y_train, train_per_class), pick(self.y_test, test_per_class)
+        return dataclasses.replace(
+            self, x_train=self.x_train[tr], y_train=self.y_train[tr],
+            x_test=self.x_test[te], y_test=self.y_test[te],
+        )
+
+
+def embedded_path():
+    """Path of the Omniglot file shipped inside the package."""
+    return str(resources.files("keras_ecoc") / "data" / "omniglot_small_28px.npz")
+
+
+def load_dataset(spec="embedded", image_size=None, cub_crop="bbox", tfds_dir=None):
+    """Loads a data set by name or path (see the module docstring).
+
+    Args:
+        spec: `"embedded"`/`"omniglot"`, a `.npz` path, or a
+            tensorflow-datasets name (optionally `"tfds:NAME"`).
+        image_size: optional int; images are resized to (size, size).
+        cub_crop: for CUB `.npz` files, `"bbox"` (crop around the annotated
+            bird) or `"center"`.
+        tfds_dir: `data_dir` for tensorflow-datasets.
+
+    Returns:
+        An `ImageDataset`.
+    """
+    if not isinstance(spec, str) or not spec:
+        raise ValueError(
+            "Argument `spec` must be 'embedded', a path to a .npz file or a "
+            f"tensorflow-datasets name. Received: spec={spec!r}"
+        )
+    if spec in EMBEDDED_NAMES and not os.path.exists(spec):
+        dataset = _from_npz(embedded_path(), name="omniglot")
+    elif spec.endswith(".npz") or os.path.exists(spec):
+        if not os.path.exists(spec):
+            raise ValueError(
+                f"Argument `spec` names a .npz file that does not exist. "
+                f"Received: spec={spec!r}"
+            )
+        dataset = _from_npz(spec, cub_crop=cub_crop)
+    else:
+        dataset = _from_tfds(spec.removeprefix("tfds:"), data_dir=tfds_dir)
+    if image_size is not None:
+        dataset = _resized(dataset, int(image_size))
+    return dataset
+
+
+def _from_npz(path, name=None, cub_crop="bbox"):
+    data = np.load(path)
+    files = set(data.files)
+    name = name or os.path.splitext(os.path.basename(path))[0]
+    attributes = attribute_names = None
+    if "packed" in files:  # Omniglot 105 px, bit-packed binary images.
+        bits = np.unpackbits(data["packed"], axis=-1)[..., :105]
+        images, labels = _omniglot_ink(bits * 255), data["labels"]
+        is_train = _omniglot_split(labels)
+    elif "jpeg" in files:  # CIFAR-10 as JPEG bytes.
+        images = _decode_jpegs(data["jpeg"], data["offsets"])
+        labels, is_train = data["labels"], data["is_train"].astype(bool)
+    elif "images_center" in files:  # CUB subsets.
+        if cub_crop not in ("bbox", "center"):
+            raise ValueError(
+                "Argument `cub_crop` must be 'bbox' or 'center'. "
+                f"Received: cub_crop={cub_crop!r}"
+            )
+        images = data[f"images_{cub_crop}"].astype("float32") / 255.0
+        labels, is_train = data["labels"], data["is_train"].astype(bool)
+        if "class_attributes_continuous" in files:
+            attributes = data["class_attributes_continuous"].astype("float32")
+            attribute_names = _cub_attribute_names(path)
+    elif "images" in files and "alphabet" in files:  # Omniglot 28 px.
+        images, labels = _omniglot_ink(data["images"]), data["labels"]
+        is_train = _omniglot_split(labels)
+    else:
+        x_key = "images" if "images" in files else "x"
+        y_key = "labels" if "labels" in files else "y"
+        if x_key not in files or y_key not in files:
+            raise ValueError(
+                "A .npz data set needs arrays 'images' (or 'x') and 'labels' "
+                f"(or 'y'). Received: {path} with arrays {sorted(files)}"
+            )
+        images = data[x_key].astype("float32")
+        if images.max(initial=0) > 1.0:
+            images = images / 255.0
+        labels = data[y_key]
+        if "is_train" in files:
+            is_train = data["is_train"].astype(bool)
+        else:  # A fixed 80/20 split, the same for every run.
+            is_train = np.random.default_rng(0).random(len(labels)) < 0.8
+    labels = np.asarray(labels).astype("int32")
+    if images.ndim == 3:
+        images = images[..., None]
+    num_classes = int(labels.max()) + 1
+    if "class_names" in files:
+        class_names = [str(c) for c in data["class_names"]]
+    else:
+        class_names = [str(c) for c in range(num_classes)]
+    return ImageDataset(
+        name=name,
+        x_train=images[is_train], y_train=labels[is_train],
+        x_test=images[~is_train], y_test=labels[~is_train],
+        class_names=class_names,
+        class_attributes=attributes, attribute_names=attribute_names,
+    )
+
+
+def _omniglot_ink(images):
+    # Omniglot stores ink as low values; networks learn faster with ink = 1
+    # on a zero background.
+    return (255.0 - np.asarray(images, dtype="float32")) / 255.0
+
+
+def _omniglot_split(labels):
+    # 20 drawers per class, stored in drawer order: 15 train, 5 test.
+    labels = np.asarray(labels)
+    position = np.zeros(len(labels), dtype=int)
+    for c in np.unique(labels):
+        idx = np.flatnonzero(labels == c)
+        position[idx] = np.arange(len(idx))
+    return position < 15
+
+
+def _cub_attribute_names(path):
+    meta = os.path.join(os.path.dirname(path), "cub200_meta.npz")
+    if os.path.exists(meta):
+        return [str(a) for a in np.load(meta)["attribute_names"]]
+    return None
+
+
+def _decode_jpegs(jpeg, offsets):
+    try:
+        from PIL import Image
+
+        def decode(b):
+            return np.asarray(Image.open(io.BytesIO(b)).convert("RGB"))
+    except ImportError:  # Pillow is optional; TensorFlow decodes JPEG too.
+        import tensorflow as tf
+
+        def decode(b):
+            return tf.io.decode_jpeg(b, channels=3).numpy()
+
+    images = np.stack(
+        [decode(jpeg[offsets[i] : offsets[i + 1]].tobytes())
+         for i in range(len(offsets) - 1)]
+    )
+    return images.astype("float32") / 255.0
+
+
+def _from_tfds(name, data_dir=None, splits=("train", "test")):
+    try:
+        import tensorflow_datasets as tfds
+    except ImportError as error:
+        raise ValueError(
+            f"Loading the tensorflow-datasets set {name!r} needs the "
+            "`tensorflow-datasets` package (pip install "
+            "'keras-ecoc[datasets]'). Received: spec={name!r}"
+        ) from error
+    builder = tfds.builder(name, data_dir=data_dir)
+    available = list(builder.info.splits.keys()) or list(splits)
+    test_split = "test" if "test" in available else (
+        "validation" if "validation" in available else available[-1])
+    image_key, label_key = _TFDS_KEYS.get(name, ("image", "label"))
+    arrays = {}
+    for split in ("train", test_split):
+        ds = tfds.load(name, split=split, data_dir=data_dir)
+        xs, ys = [], []
+        for example in tfds.as_numpy(ds):
+            xs.append(example[image_key])
+            ys.append(example[label_key])
+        arrays[split] = (xs, np.asarray(ys, dtype="int32"))
+    label_feature = builder.info.features[label_key]
+    class_names = list(getattr(label_feature, "names", None) or
+                       [str(i) for i in range(label_feature.num_classes)])
+    x_train = _stack_images(arrays["train"][0])
+    x_test = _stack_images(arrays[test_split][0], like=x_train)
+    return ImageDataset(
+        name=name, x_train=x_train, y_train=arrays["train"][1],
+        x_test=x_test, y_test=arrays[test_split][1], class_names=class_names,
+    )
+
+
+def _stack_images(images, like=None):
+    # tensorflow-datasets images can differ in size (CUB, ImageNet): resize
+    # them all to the first image's size, or to the train split's.
+    target = like.shape[1:3] if like is not None else images[0].shape[:2]
+    if all(im.shape[:2] == tuple(target) for im in images):
+        return np.stack(images).astype("float32") / 255.0
+    import tensorflow as tf
+
+    return np.stack(
+        [tf.image.resize(im, target).numpy() for im in images]
+    ).astype("float32") / 255.0
+
+
+def _resized(dataset, size):
+    if dataset.input_shape[:2] == (size, size):
+        return dataset
+    import keras
+
+    def resize(x):
+        out = [keras.ops.convert_to_numpy(
+            keras.ops.image.resize(x[i : i + 512], (size, size)))
+            for i in range(0, len(x), 512)]
+        return np.concatenate(out).astype("float32")
+
+    return dataclasses.replace(
+        dataset, x_train=resize(dataset.x_train), x_test=resize(dataset.x_test)
+    )

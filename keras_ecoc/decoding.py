@@ -1,0 +1,123 @@
+"""Backend-neutral ECOC decoding math: the pure-Keras path.
+
+Everything here is written with `keras.ops`, so it runs on the TensorFlow, JAX
+and PyTorch backends and under XLA. It is the reference the fused TensorFlow
+op (`keras_ecoc.ops`) must agree with, and the fallback whenever that op is not
+available.
+
+Notation used in every docstring:
+    z:      (..., k) network outputs (any float dtype; math is float32).
+    codes:  (n, k) code matrix M, one codeword per class.
+    u:      z / ||z||, with ||z||^2 floored at `EPSILON` so z = 0 gives u = 0.
+    logits: (..., n) with logits_i = -1/2 * scale * ||M_i - u||^2.
+"""
+
+from keras import ops
+
+# Floor on ||z||^2 (not on ||z||): the fused op uses the same constant, and the
+# two paths must agree to float32 rounding, including around z = 0.
+EPSILON = 1e-12
+
+
+def normalize(z, epsilon=EPSILON):
+    """Projects `z` onto the unit sphere, safely at z = 0.
+
+    Args:
+        z: float tensor of shape (..., k).
+        epsilon: floor on the squared norm.
+
+    Returns:
+        float32 tensor u of shape (..., k): z * rsqrt(max(||z||^2, epsilon)).
+    """
+    z = ops.cast(z, "float32")
+    squared_norm = ops.sum(ops.square(z), axis=-1, keepdims=True)
+    return z * ops.rsqrt(ops.maximum(squared_norm, epsilon))
+
+
+def decode_logits(z, codes, scale=1.0):
+    """Class logits of ECOC outputs: -1/2 * scale * ||M_i - z/||z||||^2.
+
+    Expands the squared distance as ||M_i||^2 - 2 M_i.u + ||u||^2 so the work
+    is one (.., k) x (k, n) matrix product instead of a (..., n, k) difference.
+
+    Args:
+        z: float tensor of shape (..., k).
+        codes: float tensor of shape (n, k).
+        scale: positive float or scalar tensor (a temperature: logits are
+            multiplied by it).
+
+    Returns:
+        float32 tensor of shape (..., n).
+    """
+    u = normalize(z)
+    codes = ops.cast(codes, "float32")
+    code_sqnorm = ops.sum(ops.square(codes), axis=-1)
+    u_sqnorm = ops.sum(ops.square(u), axis=-1, keepdims=True)
+    dots = ops.matmul(u, ops.transpose(codes))
+    squared_distance = code_sqnorm - 2.0 * dots + u_sqnorm
+    return -0.5 * ops.cast(scale, "float32") * squared_distance
+
+
+def cross_entropy(labels, z, codes, scale=1.0):
+    """Per-example softmax cross-entropy of the decoded logits.
+
+    loss = logsumexp_i(logits_i) - logits_label, the same value as
+    `sparse_categorical_crossentropy(labels, decode_logits(z, codes, scale),
+    from_logits=True)`.
+
+    Labels outside [0, n) cannot raise inside a compiled function, so they give
+    a NaN loss rather than a silently wrong number.
+
+    Args:
+        labels: integer tensor of shape (...,).
+        z: float tensor of shape (..., k).
+        codes: float tensor of shape (n, k).
+        scale: positive float or scalar tensor.
+
+    Returns:
+        float32 tensor of shape (...,).
+    """
+    logits = decode_logits(z, codes, scale)
+    num_classes = ops.shape(logits)[-1]
+    labels = ops.cast(labels, "int32")
+    valid = ops.logical_and(labels >= 0, labels < num_classes)
+    safe_labels = ops.where(valid, labels, ops.zeros_like(labels))
+    label_logit = ops.take_along_axis(
+        logits, ops.expand_dims(safe_labels, -1), axis=-1
+    )[..., 0]
+    loss = ops.logsumexp(logits, axis=-1) - label_logit
+    return ops.where(valid, loss, ops.full_like(loss, float("nan")))
+
+
+def nearest_codeword(z, codes):
+    """Index of the nearest codeword to z / ||z||, i.e. the predicted class.
+
+    Args:
+        z: float tensor of shape (..., k).
+        codes: float tensor of shape (n, k).
+
+    Returns:
+        int32 tensor of shape (...,); ties go to the smallest index.
+    """
+    return ops.cast(ops.argmax(decode_logits(z, codes), axis=-1), "int32")
+
+
+def label_rank(labels, z, codes):
+    """How many classes decode strictly closer to z than the label's codeword.
+
+    0 means a correct top-1 prediction; `rank < k` is top-k correctness.
+
+    Args:
+        labels: integer tensor of shape (...,), values in [0, n).
+        z: float tensor of shape (..., k).
+        codes: float tensor of shape (n, k).
+
+    Returns:
+        int32 tensor of shape (...,).
+    """
+    logits = decode_logits(z, codes)
+    labels = ops.cast(labels, "int32")
+    label_logit = ops.take_along_axis(
+        logits, ops.expand_dims(labels, -1), axis=-1
+    )
+    return ops.cast(ops.sum(ops.cast(logits > label_logit, "int32"), -1), "int32")

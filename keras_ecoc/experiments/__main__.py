@@ -1,0 +1,270 @@
+"""Command line of the experiments: ``python -m keras_ecoc.experiments``.
+
+Examples:
+
+    python -m keras_ecoc.experiments ablation --dataset embedded \
+        --code-lengths 16 64 --seeds 0 1 --epochs 5 --output results/
+    python -m keras_ecoc.experiments bits --dataset ../shared/data/cub50_64px.npz
+    python -m keras_ecoc.experiments batch-size --batch-sizes 16 32 128
+    python -m keras_ecoc.experiments attributes \
+        --dataset ../shared/data/cub50_64px.npz
+    python -m keras_ecoc.experiments pictures --dataset cifar100
+    python -m keras_ecoc.experiments all --smoke --output /tmp/smoke
+
+``--dataset`` takes ``embedded`` (Omniglot, 292 classes, inside the package),
+a ``.npz`` file (the layouts of ../shared/data: Omniglot 28/105 px, CUB
+subsets, CIFAR-10 JPEG bytes, or any ``images``/``labels`` arrays), or a
+tensorflow-datasets name (``cifar100``, ``caltech_birds2011``, ``omniglot``,
+``imagenet2012``, ``places365``; needs the network).
+"""
+
+import argparse
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+EXPERIMENTS = ("ablation", "bits", "batch-size", "attributes", "pictures",
+               "scale")
+
+# --smoke: a few steps of everything, for CI.
+SMOKE = {"epochs": 1, "classes": 12, "train_per_class": 3,
+         "test_per_class": 2, "seeds": [0], "code_lengths": [4, 8],
+         "similarity_epochs": 1, "batch_sizes": [8, 16], "random_draws": 3,
+         "tsne_iterations": 60, "max_points": 200, "code_length": 8}
+
+
+def _common_parser():
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("data")
+    g.add_argument("--dataset", default="embedded",
+                   help="'embedded' (Omniglot 292 classes), a .npz path or a "
+                   "tensorflow-datasets name (default: embedded)")
+    g.add_argument("--classes", type=int, default=None,
+                   help="keep only the first N classes")
+    g.add_argument("--train-per-class", type=int, default=None,
+                   help="keep at most this many training images per class")
+    g.add_argument("--test-per-class", type=int, default=None,
+                   help="keep at most this many test images per class")
+    g.add_argument("--image-size", type=int, default=None,
+                   help="resize images to SIZE x SIZE")
+    g.add_argument("--cub-crop", choices=("bbox", "center"), default="bbox",
+                   help="crop of the CUB .npz files (default: bbox)")
+    g = p.add_argument_group("training")
+    g.add_argument("--seeds", type=int, nargs="+", default=None,
+                   help="repeats (default: 0 1)")
+    g.add_argument("--epochs", type=int, default=None)
+    g.add_argument("--batch-size", type=int, default=None)
+    g.add_argument("--code-lengths", type=int, nargs="+", default=None,
+                   help="code lengths k (ablation, bits, attributes)")
+    g.add_argument("--code-length", type=int, default=None,
+                   help="k of batch-size, scale and pictures (default 32, "
+                   "capped at n - 1)")
+    g.add_argument("--encodings", nargs="+", default=None,
+                   help="encoding names (keras_ecoc.training.ENCODINGS)")
+    g.add_argument("--scale", type=float, default=None,
+                   help="initial ECOC decoding scale (default: package's)")
+    g.add_argument("--fixed-scale", action="store_true",
+                   help="do not learn the decoding scale")
+    g.add_argument("--similarity-epochs", type=int, default=None,
+                   help="epochs of the one-hot network behind data-based "
+                   "codes (training split only)")
+    g.add_argument("--eval-per-epoch", type=int, default=None,
+                   help="test evaluations per epoch")
+    g = p.add_argument_group("output")
+    g.add_argument("--output", default="ecoc-experiments",
+                   help="output folder (default: ./ecoc-experiments)")
+    g.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2),
+                   help="Keras progress: 1 bars, 2 one line per epoch, 0 none")
+    g.add_argument("--smoke", action="store_true",
+                   help="tiny setting (1 epoch, 12 classes, 3 images a "
+                   "class) to check the command end to end")
+    return p
+
+
+def build_parser():
+    common = _common_parser()
+    parser = argparse.ArgumentParser(
+        prog="keras-ecoc-experiments",
+        description="Reproduce the experiments of 'Beyond One-hot Encoding' "
+        "(one-hot vs ECOC output codes) on a data set.")
+    sub = parser.add_subparsers(dest="experiment", required=True)
+    sub.add_parser("ablation", parents=[common],
+                   help="code design ablation (Table 1)")
+    sub.add_parser("bits", parents=[common],
+                   help="accuracy against code length")
+    p = sub.add_parser("batch-size", parents=[common],
+                       help="convergence against mini-batch size")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=None,
+                   help="default: 16 32 128")
+    p.add_argument("--fraction", type=float, default=0.9,
+                   help="steps to reach this fraction of the best accuracy")
+    p = sub.add_parser("attributes", parents=[common],
+                       help="code bits against CUB attributes (Table 2)")
+    p.add_argument("--random-draws", type=int, default=None,
+                   help="draws of each random code (default 10)")
+    p.add_argument("--top", type=int, default=3,
+                   help="attributes listed per bit")
+    p = sub.add_parser("pictures", parents=[common],
+                       help="t-SNE and confusion matrices per encoding")
+    p.add_argument("--max-points", type=int, default=None,
+                   help="test images in the t-SNE (default 1000)")
+    p.add_argument("--confusion-classes", type=int, default=10)
+    p.add_argument("--tsne-iterations", type=int, default=None)
+    p = sub.add_parser("scale", parents=[common],
+                       help="fixed vs learnable decoding scale")
+    p.add_argument("--scale-configs", nargs="+", default=None,
+                   help="'fixed:S' / 'learnable:S' (default: fixed:1 "
+                   "fixed:8 learnable:8)")
+    p = sub.add_parser("all", parents=[common], help="every experiment")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=None)
+    p.add_argument("--fraction", type=float, default=0.9)
+    p.add_argument("--random-draws", type=int, default=None)
+    p.add_argument("--top", type=int, default=3)
+    p.add_argument("--max-points", type=int, default=None)
+    p.add_argument("--confusion-classes", type=int, default=10)
+    p.add_argument("--tsne-iterations", type=int, default=None)
+    p.add_argument("--scale-configs", nargs="+", default=None)
+    return parser
+
+
+def _resolve(args):
+    """Fills defaults (and the --smoke overrides) into a plain dict."""
+    o = {k: v for k, v in vars(args).items()}
+    if args.smoke:
+        for key, value in SMOKE.items():
+            if key in ("classes", "train_per_class", "test_per_class"):
+                o[key] = o.get(key) or value
+            elif o.get(key) is None:
+                o[key] = value
+    return o
+
+
+def _data_options(o):
+    from keras_ecoc.experiments import common
+
+    return common.DataOptions(
+        dataset=o["dataset"], classes=o["classes"],
+        train_per_class=o["train_per_class"],
+        test_per_class=o["test_per_class"], image_size=o["image_size"],
+        cub_crop=o["cub_crop"])
+
+
+def _pick(o, key, default):
+    value = o.get(key)
+    return default if value is None else value
+
+
+def run_experiment(experiment, o, output_dir):
+    """Runs one experiment from resolved options; returns its results."""
+    from keras_ecoc.experiments import ablation
+    from keras_ecoc.experiments import attributes
+    from keras_ecoc.experiments import batch_size
+    from keras_ecoc.experiments import bits
+    from keras_ecoc.experiments import common
+    from keras_ecoc.experiments import pictures
+    from keras_ecoc.experiments import scale
+
+    data = common.load_data(_data_options(o))
+    common.log(f"== {experiment} on {data.name}: {data.num_classes} classes, "
+               f"{len(data.y_train)} train / {len(data.y_test)} test images "
+               f"of shape {data.input_shape}")
+    shared = dict(output_dir=output_dir, verbose=o["verbose"],
+                  similarity_epochs=_pick(o, "similarity_epochs",
+                                          common.SIMILARITY_EPOCHS))
+    seeds = _pick(o, "seeds", [0, 1])
+    scale_kwargs = dict(scale=o["scale"],
+                        learnable_scale=False if o["fixed_scale"] else None)
+    k = _pick(o, "code_length", 32)
+    if experiment == "ablation":
+        return ablation.run_ablation(
+            data, code_lengths=_pick(o, "code_lengths", [16, 64]),
+            encodings=_pick(o, "encodings", ablation.ABLATION_ENCODINGS),
+            seeds=seeds, epochs=_pick(o, "epochs", 5),
+            batch_size=_pick(o, "batch_size", 32),
+            eval_per_epoch=_pick(o, "eval_per_epoch", 1),
+            **scale_kwargs, **shared)
+    if experiment == "bits":
+        return bits.run_bits(
+            data, code_lengths=o["code_lengths"],
+            encodings=_pick(o, "encodings", bits.BITS_ENCODINGS), seeds=seeds,
+            epochs=_pick(o, "epochs", 5), batch_size=_pick(o, "batch_size", 32),
+            eval_per_epoch=_pick(o, "eval_per_epoch", 1), **scale_kwargs,
+            **shared)
+    if experiment == "batch-size":
+        return batch_size.run_batch_size(
+            data, batch_sizes=_pick(o, "batch_sizes", batch_size.BATCH_SIZES),
+            encodings=_pick(o, "encodings", batch_size.BATCH_ENCODINGS),
+            code_length=k, seeds=seeds, epochs=_pick(o, "epochs", 4),
+            fraction=o["fraction"],
+            eval_per_epoch=_pick(o, "eval_per_epoch", 5), **scale_kwargs,
+            **shared)
+    if experiment == "attributes":
+        shared["verbose"] = min(shared["verbose"], 1)
+        return attributes.run_attributes(
+            data, code_lengths=_pick(o, "code_lengths", [12, 25]),
+            encodings=_pick(o, "encodings", attributes.ATTRIBUTE_ENCODINGS),
+            seeds=seeds, random_draws=_pick(o, "random_draws", 10),
+            top=o["top"], **shared)
+    if experiment == "pictures":
+        return pictures.run_pictures(
+            data, encodings=_pick(o, "encodings", pictures.PICTURE_ENCODINGS),
+            code_length=k, seed=seeds[0], epochs=_pick(o, "epochs", 5),
+            batch_size=_pick(o, "batch_size", 32),
+            max_points=_pick(o, "max_points", 1000),
+            confusion_classes=o["confusion_classes"],
+            tsne_iterations=_pick(o, "tsne_iterations", 500), **scale_kwargs,
+            **shared)
+    if experiment == "scale":
+        return scale.run_scale(
+            data, configs=_pick(o, "scale_configs", scale.SCALE_CONFIGS),
+            encodings=_pick(o, "encodings", ("gaussian", "spectral")),
+            code_length=k, seeds=seeds, epochs=_pick(o, "epochs", 4),
+            batch_size=_pick(o, "batch_size", 32),
+            eval_per_epoch=_pick(o, "eval_per_epoch", 2), **shared)
+    raise ValueError(f"Unknown experiment {experiment!r}")
+
+
+def main(argv=None):
+    """Entry point of ``keras-ecoc-experiments``; returns {experiment: results}."""
+    args = build_parser().parse_args(argv)
+    o = _resolve(args)
+    from keras_ecoc.experiments import common
+    from keras_ecoc.experiments import report
+
+    start = time.perf_counter()
+    command = " ".join(["python -m keras_ecoc.experiments"]
+                       + list(sys.argv[1:] if argv is None else argv))
+    common.COMMAND = command
+    if args.experiment == "all":
+        experiments = list(EXPERIMENTS)
+        has_attributes = common.load_data(
+            _data_options(o)).class_attributes is not None
+        if not has_attributes:
+            common.log("skipping 'attributes': the data set has no class "
+                       "attributes (use a CUB .npz)")
+            experiments.remove("attributes")
+    else:
+        experiments = [args.experiment]
+    os.makedirs(args.output, exist_ok=True)
+    results, sections = {}, []
+    for experiment in experiments:
+        out = run_experiment(experiment, o, args.output)
+        results[experiment] = out
+        sections.append(f"## {experiment}\n\n{out['markdown']}\n\n"
+                        f"Wall time: {out['wall_time']:.0f} s.")
+        common.log(f"\n{out['markdown']}\n")
+        common.log(f"{experiment}: {out['wall_time']:.0f} s; files: "
+                   + ", ".join(out["files"]))
+    index = (f"# keras-ecoc experiments\n\nCommand: `{command}`\n\n"
+             + "\n\n".join(sections)
+             + f"\n\nTotal wall time: {time.perf_counter() - start:.0f} s.\n")
+    name = "README.md" if args.experiment == "all" else \
+        f"{args.experiment.replace('-', '_')}_index.md"
+    report.write_text(os.path.join(args.output, name), index)
+    return results
+
+
+if __name__ == "__main__":
+    main()

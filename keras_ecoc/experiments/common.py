@@ -1,0 +1,284 @@
+"""Shared pieces of the experiments: data, codes, one training run, records.
+
+All experiments train the same network (`keras_ecoc.training.build_model`:
+the cifar_quick-like CNN for <= 32 px images, the small CNN for 64 px birds,
+Adam 1e-3, dropout 0.3) and differ only in the output encoding, so every
+comparison isolates the encoding.
+"""
+
+import dataclasses
+import os
+import platform
+import time
+
+import numpy as np
+
+# Defaults of the data-based codes' class similarity: a one-hot network
+# trained this many epochs on the training split only (offline, no
+# pretrained weights), cosine similarity of its class-mean features.
+SIMILARITY_EPOCHS = 3
+SIMILARITY_BATCH_SIZE = 32
+SIMILARITY_KERNEL = "cosine"
+
+DATA_ENCODINGS = ("spectral", "spectral_zero", "spectral_median")
+
+
+@dataclasses.dataclass
+class DataOptions:
+    """How to load and cut a data set (the CLI's common data options).
+
+    Attributes:
+        dataset: "embedded", a .npz path or a tensorflow-datasets name.
+        classes: keep the first N classes (None: all).
+        train_per_class: keep at most so many training images per class.
+        test_per_class: keep at most so many test images per class.
+        image_size: resize images to (size, size) (None: as stored).
+        cub_crop: "bbox" or "center" for the CUB .npz files.
+        subset_seed: seed of the per-class subsets (fixed across repeats so
+            every seed sees the same images).
+    """
+
+    dataset: str = "embedded"
+    classes: int = None
+    train_per_class: int = None
+    test_per_class: int = None
+    image_size: int = None
+    cub_crop: str = "bbox"
+    subset_seed: int = 0
+
+
+_DATA_CACHE = {}
+
+
+def load_data(options):
+    """An `ImageDataset` cut as `options` says (cached per process)."""
+    if isinstance(options, str):
+        options = DataOptions(dataset=options)
+    key = dataclasses.astuple(options)
+    if key not in _DATA_CACHE:
+        from keras_ecoc import datasets
+
+        data = datasets.load_dataset(options.dataset,
+                                     image_size=options.image_size,
+                                     cub_crop=options.cub_crop)
+        if options.classes:
+            data = data.first_classes(int(options.classes))
+        if options.train_per_class or options.test_per_class:
+            data = data.subset(options.train_per_class, options.test_per_class,
+                               seed=options.subset_seed)
+        _DATA_CACHE[key] = data
+    return _DATA_CACHE[key]
+
+
+def describe_data(data):
+    """JSON description of an `ImageDataset`."""
+    return {
+        "name": data.name,
+        "num_classes": int(data.num_classes),
+        "train_images": int(len(data.y_train)),
+        "test_images": int(len(data.y_test)),
+        "input_shape": list(data.input_shape),
+        "has_attributes": data.class_attributes is not None,
+    }
+
+
+def environment():
+    """Versions, backend and the ECOC loss path (fused op or pure Keras)."""
+    import keras
+
+    info = {
+        "python": platform.python_version(),
+        "keras": keras.__version__,
+        "backend": keras.backend.backend(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+    }
+    try:
+        from keras_ecoc import ops as ecoc_ops
+
+        status = getattr(ecoc_ops, "fused_status", None)
+        info["ecoc_loss_path"] = str(status()) if callable(status) else "unknown"
+    except Exception as error:  # The op module is optional.
+        info["ecoc_loss_path"] = f"unavailable ({type(error).__name__})"
+    if info["backend"] == "tensorflow":
+        import tensorflow as tf
+
+        info["tensorflow"] = tf.__version__
+    return info
+
+
+class SimilarityCache:
+    """Class similarity of data-based codes, computed once per seed.
+
+    The similarity comes from `keras_ecoc.training.feature_similarity`: a
+    one-hot network trained `epochs` epochs on the TRAINING split only, the
+    cosine (or rbf) similarity of its class-mean penultimate features. The
+    test split never feeds the codes.
+    """
+
+    # Shared by every instance in the process, so experiments run together
+    # (`all`) train the similarity network once per data set and seed.
+    _shared = {}
+
+    def __init__(self, data, epochs=SIMILARITY_EPOCHS,
+                 batch_size=SIMILARITY_BATCH_SIZE, kernel=SIMILARITY_KERNEL,
+                 verbose=0):
+        self.data, self.epochs = data, int(epochs)
+        self.batch_size, self.kernel, self.verbose = batch_size, kernel, verbose
+        self.wall_times = {}
+
+    def __call__(self, seed):
+        """The (n, n) similarity for `seed`."""
+        key = (id(self.data), self.epochs, self.batch_size, self.kernel, seed)
+        if key not in self._shared:
+            from keras_ecoc import training
+
+            start = time.perf_counter()
+            log(f"  class similarity (seed {seed}): one-hot network, "
+                f"{self.epochs} epochs on the training split")
+            similarity = np.asarray(training.feature_similarity(
+                self.data, epochs=self.epochs, batch_size=self.batch_size,
+                kernel=self.kernel, seed=seed, verbose=self.verbose))
+            # The data set rides along so its id() cannot be reused.
+            self._shared[key] = (similarity, time.perf_counter() - start,
+                                 self.data)
+        similarity, wall_time, _ = self._shared[key]
+        self.wall_times[seed] = wall_time
+        return similarity
+
+    def describe(self):
+        return {"epochs": self.epochs, "batch_size": self.batch_size,
+                "kernel": self.kernel, "source": "one-hot network trained on "
+                "the training split only (no pretrained weights)",
+                "wall_time": {str(k): v for k, v in self.wall_times.items()}}
+
+
+def max_code_length(encoding, num_classes):
+    """Largest valid k: n - 1 for spectral codes, unbounded (None) otherwise."""
+    return num_classes - 1 if encoding in DATA_ENCODINGS else None
+
+
+def valid_length(encoding, num_classes, code_length):
+    if encoding == "one_hot":
+        return True
+    limit = max_code_length(encoding, num_classes)
+    return code_length >= 2 and (limit is None or code_length <= limit)
+
+
+def encoding_codes(encoding, num_classes, code_length, similarity, seed):
+    """The (n, k) code matrix of an encoding, or None for one-hot.
+
+    Args:
+        similarity: a callable seed -> (n, n) similarity (e.g. a
+            `SimilarityCache`), used only by data-based encodings.
+    """
+    if encoding == "one_hot":
+        return None
+    from keras_ecoc import training
+
+    sim = similarity(seed) if encoding in DATA_ENCODINGS else None
+    return np.asarray(training.make_codes(encoding, num_classes, code_length,
+                                          similarity=sim, seed=seed),
+                      np.float32)
+
+
+def code_stats(codes):
+    """Minimum and mean pairwise row distance of a code matrix (n, k)."""
+    if codes is None:
+        return {"min_distance": float(np.sqrt(2.0)), "mean_distance":
+                float(np.sqrt(2.0))}
+    c = np.asarray(codes, np.float64)
+    sq = np.sum(c * c, 1)
+    d = np.sqrt(np.maximum(sq[:, None] + sq[None] - 2 * c @ c.T, 0))
+    off = d[~np.eye(len(c), dtype=bool)]
+    return {"min_distance": float(off.min()), "mean_distance": float(off.mean()),
+            "distinct_rows": int(len(np.unique(np.round(c, 6), axis=0)))}
+
+
+def train_run(data, encoding, code_length, seed, similarity, batch_size,
+              epochs, eval_per_epoch=1, verbose=1, scale=None,
+              learnable_scale=None, extra=None):
+    """Trains one encoding and returns its record (a JSON-able dict).
+
+    Args:
+        data: `ImageDataset`.
+        encoding: a `keras_ecoc.training.ENCODINGS` name.
+        code_length: k (ignored for one-hot, which has n outputs).
+        seed: seeds the code draw, the weights and the shuffling.
+        similarity: callable seed -> (n, n), for data-based codes.
+        batch_size, epochs: training schedule.
+        eval_per_epoch: test-accuracy measurements per epoch (curves).
+        scale, learnable_scale: ECOC decoding scale (None: package default).
+        extra: dict of fields copied into the record.
+
+    Returns:
+        dict with encoding, code_length, seed, batch_size, epochs, steps (T,),
+        accuracies (T,), epoch_accuracies (epochs,), final_accuracy,
+        best_accuracy, wall_time (s, evaluation included), final_scale.
+    """
+    from keras_ecoc import training
+
+    codes = encoding_codes(encoding, data.num_classes, code_length, similarity,
+                           seed)
+    steps_per_epoch = int(np.ceil(len(data.y_train) / batch_size))
+    kwargs = {}
+    if scale is not None:
+        kwargs["scale"] = float(scale)
+    if learnable_scale is not None:
+        kwargs["learnable_scale"] = bool(learnable_scale)
+    result = training.train_and_evaluate(
+        data, encoding=encoding, codes=codes, batch_size=batch_size,
+        epochs=epochs, eval_every=max(1, steps_per_epoch // max(1, eval_per_epoch)),
+        seed=seed, verbose=verbose, **kwargs)
+    record = result.to_dict()
+    record.update(
+        seed=int(seed), epochs=int(epochs), steps_per_epoch=steps_per_epoch,
+        best_accuracy=float(max(result.accuracies)),
+        final_accuracy=float(result.final_accuracy),
+        **code_stats(codes),
+    )
+    record["scale_init"] = None if codes is None else kwargs.get("scale")
+    record["learnable_scale"] = None if codes is None else kwargs.get(
+        "learnable_scale")
+    record.update(extra or {})
+    return record
+
+
+def log(message):
+    print(message, flush=True)
+
+
+class RunProgress:
+    """An outer progress bar over the runs of an experiment (stdout)."""
+
+    def __init__(self, total, name):
+        self.total, self.name, self.done = int(total), name, 0
+        self.start = time.perf_counter()
+
+    def begin(self, label):
+        elapsed = time.perf_counter() - self.start
+        eta = ""
+        if self.done:
+            eta = f", ~{elapsed / self.done * (self.total - self.done):.0f} s left"
+        width = 20
+        filled = int(width * self.done / max(1, self.total))
+        log(f"[{self.name}] [{'#' * filled}{'.' * (width - filled)}] "
+            f"run {self.done + 1}/{self.total}: {label} "
+            f"({elapsed:.0f} s elapsed{eta})")
+
+    def end(self, record=None):
+        self.done += 1
+        if record is not None:
+            log(f"    -> final accuracy {record['final_accuracy']:.4f} "
+                f"(best {record['best_accuracy']:.4f}) in "
+                f"{record['wall_time']:.0f} s")
+
+
+def output_path(output_dir, name):
+    os.makedirs(output_dir, exist_ok=True)
+    return os.path.join(output_dir, name)
+
+
+# The command line of the current CLI invocation (set by __main__.main), so
+# every results JSON records how it was made; None for direct calls.
+COMMAND = None

@@ -1,0 +1,163 @@
+"""Matplotlib figures of the experiments (Agg backend, imported lazily).
+
+Figures are kept small (about 6x4 inches at 80 dpi) so the committed PNGs
+stay well under 200 KB.
+"""
+
+import os
+
+import numpy as np
+
+DPI = 80
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    _pyplot().close(fig)
+    return path
+
+
+def grouped_bars(path, categories, groups, title, ylabel="test accuracy",
+                 references=None):
+    """Grouped bars with std error bars.
+
+    Args:
+        categories: C labels along x (e.g. encodings).
+        groups: list of (label, means (C,), stds (C,)); None means no bar.
+        references: optional list of (label, y) horizontal dashed lines.
+    """
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(5, 0.6 * len(categories) + 2), 4))
+    x = np.arange(len(categories))
+    width = 0.8 / max(1, len(groups))
+    for g, (label, means, stds) in enumerate(groups):
+        m = np.array([np.nan if v is None else v for v in means], float)
+        s = np.array([0.0 if v is None else v for v in stds], float)
+        ax.bar(x + (g - (len(groups) - 1) / 2) * width, m, width, yerr=s,
+               capsize=2, label=label)
+    for label, y in references or []:
+        ax.axhline(y, color="tab:red", ls="--", label=label)
+    ax.set_xticks(x)
+    ax.set_xticklabels(categories, rotation=45, ha="right", fontsize=7)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def lines(path, series, title, xlabel, ylabel="test accuracy", logx=False,
+          hlines=None):
+    """Curves with std bands.
+
+    Args:
+        series: list of (label, x (T,), mean (T,), std (T,) or None).
+        hlines: optional list of (label, y) horizontal references.
+    """
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, x, mean, std in series:
+        x, mean = np.asarray(x, float), np.asarray(mean, float)
+        (line,) = ax.plot(x, mean, marker="o", ms=3, label=label)
+        if std is not None:
+            std = np.asarray(std, float)
+            ax.fill_between(x, mean - std, mean + std, alpha=0.2,
+                            color=line.get_color())
+    for label, y in hlines or []:
+        ax.axhline(y, ls="--", color="gray", label=label)
+    if logx:
+        ax.set_xscale("log", base=2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def curve_panels(path, panels, title, xlabel="optimizer steps",
+                 ylabel="test accuracy"):
+    """One subplot per panel, each with several curves.
+
+    Args:
+        panels: list of (panel title, series) with series as in `lines`.
+    """
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.6),
+                             squeeze=False)
+    for ax, (panel_title, series) in zip(axes[0], panels):
+        for label, x, mean, std in series:
+            x, mean = np.asarray(x, float), np.asarray(mean, float)
+            (line,) = ax.plot(x, mean, label=label)
+            if std is not None:
+                std = np.asarray(std, float)
+                ax.fill_between(x, mean - std, mean + std, alpha=0.2,
+                                color=line.get_color())
+        ax.set_title(panel_title, fontsize=9)
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(ylabel)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    return _save(fig, path)
+
+
+def scatter_panels(path, panels, title):
+    """t-SNE panels: list of (panel title, points (N, 2), groups (N,) int)."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.6),
+                             squeeze=False)
+    for ax, (panel_title, points, groups) in zip(axes[0], panels):
+        ax.scatter(points[:, 0], points[:, 1], c=groups, cmap="tab20", s=4,
+                   linewidths=0)
+        ax.set_title(panel_title, fontsize=9)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.suptitle(title, fontsize=10)
+    return _save(fig, path)
+
+
+def matrix_panels(path, panels, labels, title):
+    """Confusion matrices: list of (panel title, (c, c) row-normalised)."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.8),
+                             squeeze=False)
+    for ax, (panel_title, matrix) in zip(axes[0], panels):
+        ax.imshow(matrix, vmin=0, vmax=1, cmap="Blues")
+        ax.set_title(panel_title, fontsize=9)
+        ticks = np.arange(len(labels))
+        ax.set_xticks(ticks)
+        ax.set_yticks(ticks)
+        ax.set_xticklabels(labels, rotation=90, fontsize=5)
+        ax.set_yticklabels(labels, fontsize=5)
+        ax.set_xlabel("predicted", fontsize=7)
+    axes[0][0].set_ylabel("true", fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    return _save(fig, path)
+
+
+def heatmap(path, matrix, row_labels, col_labels, title, vmin=-1, vmax=1):
+    """A signed heat map (e.g. correlations), with a colour bar."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    image = ax.imshow(matrix, aspect="auto", vmin=vmin, vmax=vmax,
+                      cmap="coolwarm")
+    ax.set_yticks(np.arange(len(row_labels)))
+    ax.set_yticklabels(row_labels, fontsize=6)
+    if col_labels is not None:
+        ax.set_xticks(np.arange(len(col_labels)))
+        ax.set_xticklabels(col_labels, rotation=90, fontsize=5)
+    fig.colorbar(image, ax=ax)
+    ax.set_title(title, fontsize=9)
+    return _save(fig, path)

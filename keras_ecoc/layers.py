@@ -1,0 +1,213 @@
+"""`ECOCDecoder`: turns k network outputs into n class logits."""
+
+import math
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_ecoc import _validation
+from keras_ecoc import decoding
+
+# Codes up to this many entries (1 MiB of float32) are written into the layer
+# config, so `from_config` alone rebuilds a working layer. Larger code matrices
+# live only in the weights (they always travel with a saved model); a layer
+# rebuilt from such a config without its weights outputs NaN until the
+# weights are loaded, rather than silently decoding against wrong codes.
+MAX_CONFIG_CODE_ENTRIES = 262_144
+
+OUTPUT_MODES = ("logits", "probabilities", "log_probabilities")
+
+
+@keras.saving.register_keras_serializable(package="keras_ecoc")
+class ECOCDecoder(keras.layers.Layer):
+    """Decodes ECOC outputs z (..., k) into class logits (..., n).
+
+    logits_i = -1/2 * scale * ||M_i - z/||z||||^2, the decoding of
+    "Beyond One-hot Encoding" (Rodríguez et al.), with the code matrix M held
+    as a non-trainable float32 weight so it saves with the model. The largest
+    logit is the nearest codeword, so `argmax` of the output is the predicted
+    class and a plain `SparseCategoricalCrossentropy(from_logits=True)` trains
+    through it. The math is float32 under mixed precision and finite at z = 0.
+
+    Example:
+
+    ```python
+    codes = keras_ecoc.codes.gaussian(num_classes=1000, code_length=64, seed=0)
+    model = keras.Sequential([
+        keras.Input((784,)),
+        keras.layers.Dense(256, activation="relu"),
+        keras.layers.Dense(64),                # k = 64 outputs, not 1000
+        keras_ecoc.ECOCDecoder(codes, scale=8.0),
+    ])
+    model.compile("adam",
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    ```
+
+    Args:
+        codes: array-like of shape (num_classes, code_length), the code
+            matrix, one distinct codeword per class (see `keras_ecoc.codes`).
+        scale: positive float, the inverse temperature multiplying the logits.
+            The paper uses 1.0; codes whose rows are far apart (or learnable
+            scales) train faster with larger values. With
+            `learnable_scale=True` this is the initial value.
+        learnable_scale: bool. If True, log(scale) is a trainable weight.
+        output: one of `"logits"` (default), `"probabilities"` (softmax) or
+            `"log_probabilities"` (log-softmax).
+        **kwargs: base layer keyword arguments (`name`, `dtype`, ...).
+
+    Input shape:
+        (..., code_length).
+
+    Output shape:
+        (..., num_classes), float32.
+    """
+
+    def __init__(
+        self,
+        codes=None,
+        scale=1.0,
+        learnable_scale=False,
+        output="logits",
+        num_classes=None,
+        code_length=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if codes is None and num_classes is not None and code_length is not None:
+            # Rebuilt from a config too large to carry the codes: the
+            # weights hold them (see MAX_CONFIG_CODE_ENTRIES).
+            self._initial_codes = None
+            self.num_classes = _positive_int(num_classes, "num_classes")
+            self.code_length = _positive_int(code_length, "code_length")
+        else:
+            self._initial_codes = _validation.codes_array(codes)
+            self.num_classes, self.code_length = self._initial_codes.shape
+            _validation.warn_if_unequal_row_norms(self._initial_codes)
+        self.initial_scale = _validation.positive_scale(scale)
+        if not isinstance(learnable_scale, bool):
+            raise ValueError(
+                "Argument `learnable_scale` must be a bool. "
+                f"Received: learnable_scale={learnable_scale!r}"
+            )
+        self.learnable_scale = learnable_scale
+        if output not in OUTPUT_MODES:
+            raise ValueError(
+                f"Argument `output` must be one of {OUTPUT_MODES}. "
+                f"Received: output={output!r}"
+            )
+        self.output_mode = output
+        self.supports_masking = True
+
+    def build(self, input_shape=None):
+        if input_shape is not None:
+            _validation.check_code_length(
+                tuple(input_shape), self.code_length, name="inputs"
+            )
+        # float32 whatever the dtype policy: codes such as normalized
+        # eigenvectors lose their structure in float16.
+        self.codes = self.add_weight(
+            name="codes",
+            shape=(self.num_classes, self.code_length),
+            initializer="zeros",
+            trainable=False,
+            dtype="float32",
+        )
+        if self._initial_codes is not None:
+            self.codes.assign(self._initial_codes)
+        else:
+            self.codes.assign(
+                np.full((self.num_classes, self.code_length), np.nan, "float32")
+            )
+        if self.learnable_scale:
+            self.log_scale = self.add_weight(
+                name="log_scale",
+                shape=(),
+                initializer=keras.initializers.Constant(
+                    math.log(self.initial_scale)
+                ),
+                trainable=True,
+                dtype="float32",
+            )
+        else:
+            self.log_scale = None
+        self.built = True
+
+    @property
+    def scale(self):
+        """The current scale: a float32 scalar tensor (or a float if fixed)."""
+        if self.log_scale is None:
+            return self.initial_scale
+        return ops.exp(self.log_scale)
+
+    def call(self, inputs):
+        _validation.check_code_length(
+            tuple(inputs.shape), self.code_length, name="inputs"
+        )
+        logits = decoding.decode_logits(inputs, self.codes, self.scale)
+        if self.output_mode == "probabilities":
+            return ops.softmax(logits, axis=-1)
+        if self.output_mode == "log_probabilities":
+            return ops.log_softmax(logits, axis=-1)
+        return logits
+
+    def decode(self, z):
+        """Predicted class ids: the nearest codeword to each z / ||z||.
+
+        Uses the fused op when available (no (batch, n) logits are formed).
+
+        Args:
+            z: float tensor of shape (batch, code_length).
+
+        Returns:
+            int tensor of shape (batch,).
+        """
+        from keras_ecoc import ops as ecoc_ops
+
+        if not self.built:
+            self.build(tuple(z.shape))
+        return ecoc_ops.nearest_codeword(z, self.codes)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[:-1]) + (self.num_classes,)
+
+    def compute_output_spec(self, inputs):
+        return keras.KerasTensor(
+            self.compute_output_shape(inputs.shape), dtype="float32"
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "scale": self.initial_scale,
+                "learnable_scale": self.learnable_scale,
+                "output": self.output_mode,
+            }
+        )
+        if self.num_classes * self.code_length <= MAX_CONFIG_CODE_ENTRIES:
+            config["codes"] = _validation.codes_to_config(self._current_codes())
+        else:
+            config["num_classes"] = self.num_classes
+            config["code_length"] = self.code_length
+        return config
+
+    def _current_codes(self):
+        if self.built:
+            return ops.convert_to_numpy(self.codes).astype("float32")
+        return self._initial_codes
+
+
+def _positive_int(value, name):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(
+            f"Argument `{name}` must be a positive integer. "
+            f"Received: {name}={value!r}"
+        )
+    if value < 1:
+        raise ValueError(
+            f"Argument `{name}` must be a positive integer. "
+            f"Received: {name}={value}"
+        )
+    return int(value)

@@ -1,0 +1,416 @@
+#!/usr/bin/env python
+"""Builds the fused-op library ``keras_ecoc/_lib/_ecoc_ops.so``.
+
+One shared library holds every part that could be built:
+
+* the op registrations and the CPU kernels (required; the math core
+  ``ecoc_cpu_math.cc`` is compiled twice, for baseline x86-64 and for
+  AVX2+FMA, and picked at run time, so the library runs on any x86-64);
+* the XLA lowerings (``ecoc_xla.cc``, linked with ``libtensorflow_cc.so.2``),
+  needed for ``jit_compile=True``;
+* the CUDA kernels (``cuda/ecoc_kernels.cu.cc`` with nvcc and
+  ``ecoc_ops_gpu.cc`` with g++ -DGOOGLE_CUDA=1), linked with the static CUDA
+  runtime so that the library also loads on machines without CUDA.
+
+The XLA and CUDA parts are optional: when their sources are missing or fail
+to compile, a warning says so and the library is built without them. Only a
+failure of the CPU part raises :class:`BuildError`.
+
+All flags come from ``tf.sysconfig`` (never hard-coded ABI flags). Objects are
+cached in ``build/ecoc_ops/`` under a content hash, and the library carries a
+stamp (sources, TensorFlow version, flags, compilers), so running this again
+with nothing changed does nothing.
+
+Usage (developers)::
+
+    python kernels/build.py [--no-cuda] [--no-xla] [--out DIR] [--force] [-j N]
+
+``setup.py`` imports this file by path and calls :func:`build_library`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+KERNELS_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(KERNELS_DIR)
+LIB_NAME = "_ecoc_ops.so"
+DEFAULT_OUT_DIR = os.path.join(REPO_ROOT, "keras_ecoc", "_lib")
+DEFAULT_BUILD_DIR = os.path.join(REPO_ROOT, "build", "ecoc_ops")
+
+# Sources (relative to kernels/).
+OPS_SRC = "ecoc_ops.cc"
+CPU_SRC = "ecoc_kernels_cpu.cc"
+MATH_SRC = "ecoc_cpu_math.cc"
+XLA_SRC = "ecoc_xla.cc"
+GPU_OPS_SRC = "ecoc_ops_gpu.cc"
+CUDA_SRC = os.path.join("cuda", "ecoc_kernels.cu.cc")
+# Local headers whose content goes into the hash of the objects of a part.
+CPU_HEADERS = ("ecoc_cpu_math.h",)
+CUDA_HEADER_DIR = "cuda"
+
+CXX_WARNINGS = [
+    "-Wno-deprecated-declarations",
+    "-Wno-interference-size",
+    "-Wno-psabi",
+    "-Wno-sign-compare",
+]
+CUDA_ARCH_FLAGS = [
+    "-gencode=arch=compute_80,code=sm_80",
+    "-gencode=arch=compute_90,code=[sm_90,compute_90]",
+]
+
+
+class BuildError(RuntimeError):
+    """The required (CPU) part of the library could not be built."""
+
+
+@dataclasses.dataclass
+class BuildResult:
+    path: str
+    parts: list  # e.g. ["cpu", "xla", "cuda"]
+    skipped: dict  # part -> reason
+    up_to_date: bool
+
+    def summary(self) -> str:
+        s = f"{self.path} [{', '.join(self.parts)}]"
+        if self.skipped:
+            s += "; without " + "; ".join(f"{k} ({v})" for k, v in self.skipped.items())
+        return s
+
+
+def _log(msg: str, verbose: bool = True) -> None:
+    if verbose:
+        print(f"[keras-ecoc build] {msg}", file=sys.stderr, flush=True)
+
+
+def _warn(msg: str) -> None:
+    bar = "!" * 78
+    print(f"\n{bar}\n[keras-ecoc build] WARNING: {msg}\n{bar}\n", file=sys.stderr, flush=True)
+
+
+def _run(cmd: list, cwd: str | None = None) -> tuple[int, str]:
+    proc = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc.returncode, proc.stdout
+
+
+def _tool_version(tool: str, first: bool = False) -> str:
+    try:
+        rc, out = _run([tool, "--version"])
+    except OSError:
+        return "missing"
+    lines = out.strip().splitlines()
+    return (lines[0] if first else lines[-1]) if lines else f"rc={rc}"
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _sha(*parts) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p if isinstance(p, bytes) else str(p).encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def tf_config() -> dict:
+    """TensorFlow's version, include dir and compile/link flags."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    try:
+        import tensorflow as tf  # noqa: PLC0415
+    except Exception as e:  # pragma: no cover - depends on the environment
+        raise BuildError(f"cannot import tensorflow ({e!r}); install tensorflow-cpu==2.21.* first") from e
+    return {
+        "version": tf.__version__,
+        "include": tf.sysconfig.get_include(),
+        "lib": tf.sysconfig.get_lib(),
+        "cflags": list(tf.sysconfig.get_compile_flags()),
+        "lflags": list(tf.sysconfig.get_link_flags()),
+    }
+
+
+def find_cuda() -> tuple[str | None, str | None, str]:
+    """Returns (nvcc, cuda_home, reason-if-not-found)."""
+    nvcc = None
+    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
+    for h in homes:
+        if h and os.path.exists(os.path.join(h, "bin", "nvcc")):
+            nvcc = os.path.join(h, "bin", "nvcc")
+            break
+    if nvcc is None:
+        nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        return None, None, "nvcc not found (set CUDA_HOME or put nvcc on PATH)"
+    candidates = [h for h in homes if h]
+    candidates.append(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
+    candidates.append("/usr/local/cuda")
+    # /usr/local/bin/nvcc may be a wrapper script: ask nvcc where it lives.
+    try:
+        rc, out = _run([nvcc, "-v", "--dryrun", "-x", "cu", "-c", os.devnull])
+        for line in out.splitlines():
+            if "TOP=" in line:
+                candidates.insert(0, line.split("TOP=", 1)[1].strip())
+    except OSError:
+        pass
+    for home in candidates:
+        if os.path.exists(os.path.join(home, "include", "cuda_runtime.h")) and _cudart_dir(home):
+            return nvcc, home, ""
+    return nvcc, None, f"found {nvcc} but no CUDA toolkit with include/cuda_runtime.h and libcudart_static.a"
+
+
+def _cudart_dir(home: str) -> str | None:
+    for sub in ("lib64", "lib", os.path.join("targets", "x86_64-linux", "lib")):
+        if os.path.exists(os.path.join(home, sub, "libcudart_static.a")):
+            return os.path.join(home, sub)
+    return None
+
+
+@dataclasses.dataclass
+class _Unit:
+    name: str  # object base name
+    src: str  # absolute path
+    cmd: list  # compiler command without -c/-o
+    part: str  # "cpu" | "xla" | "cuda"
+    compiler: str = "g++"
+
+    def headers(self) -> list:
+        if self.part == "cpu":
+            return [os.path.join(KERNELS_DIR, h) for h in CPU_HEADERS]
+        if self.part == "cuda":
+            d = os.path.join(KERNELS_DIR, CUDA_HEADER_DIR)
+            return sorted(os.path.join(d, f) for f in os.listdir(d) if f.endswith((".h", ".cuh")))
+        return []
+
+    def key(self) -> str:
+        deps = [_read(self.src)]
+        for h in self.headers():
+            if os.path.exists(h):
+                deps.append(h.encode() + b"\0" + _read(h))
+        return _sha(*deps, " ".join(self.cmd))[:20]
+
+
+def _units(tf: dict, cxx: str, nvcc: str | None, cuda_home: str | None, with_xla: bool,
+           with_cuda: bool, shim_dir: str, skipped: dict) -> list:
+    base = [cxx, "-std=c++17", "-fPIC", "-O3", "-DNDEBUG", *CXX_WARNINGS, f"-I{KERNELS_DIR}", *tf["cflags"]]
+    src = lambda rel: os.path.join(KERNELS_DIR, rel)  # noqa: E731
+    x86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
+    units = [
+        _Unit("ecoc_ops", src(OPS_SRC), base, "cpu"),
+        _Unit("ecoc_kernels_cpu", src(CPU_SRC), base + (["-DECOC_HAVE_AVX2_VARIANT"] if x86 else []), "cpu"),
+    ]
+    math = [*base, "-fno-math-errno", "-ffp-contract=fast", "-fno-exceptions"]
+    units.append(_Unit("ecoc_cpu_math_base", src(MATH_SRC),
+                       math + ["-DECOC_CPU_GETTER=GetKernelsBase", '-DECOC_CPU_ISA_NAME="base"'], "cpu"))
+    if x86:
+        units.append(_Unit("ecoc_cpu_math_avx2", src(MATH_SRC),
+                           math + ["-mavx2", "-mfma", "-DECOC_CPU_GETTER=GetKernelsAvx2",
+                                   '-DECOC_CPU_ISA_NAME="avx2"'], "cpu"))
+    if with_xla:
+        if os.path.exists(src(XLA_SRC)):
+            inc = tf["include"]
+            units.append(_Unit("ecoc_xla", src(XLA_SRC), base + [
+                f"-I{os.path.join(inc, 'external', 'highwayhash')}",
+                f"-I{os.path.join(inc, 'external', 'farmhash_archive', 'src')}",
+            ], "xla"))
+        else:
+            skipped["xla"] = f"kernels/{XLA_SRC} does not exist yet"
+    if with_cuda:
+        missing = [rel for rel in (GPU_OPS_SRC, CUDA_SRC) if not os.path.exists(src(rel))]
+        if missing:
+            skipped["cuda"] = "missing " + ", ".join(f"kernels/{m}" for m in missing)
+        else:
+            cuda_inc = os.path.join(cuda_home, "include")
+            units.append(_Unit("ecoc_ops_gpu", src(GPU_OPS_SRC), [
+                cxx, "-std=c++17", "-fPIC", "-O3", "-DNDEBUG", *CXX_WARNINGS, "-DGOOGLE_CUDA=1",
+                f"-I{shim_dir}", f"-I{cuda_inc}", f"-I{KERNELS_DIR}", *tf["cflags"]], "cuda"))
+            units.append(_Unit("ecoc_kernels_cu", src(CUDA_SRC), [
+                nvcc, "-std=c++17", "-x", "cu", "-O3", "-DGOOGLE_CUDA=1", "-DEIGEN_USE_GPU", "-DNDEBUG",
+                "--expt-relaxed-constexpr", "-Xcompiler", "-fPIC",
+                "-Xcompiler", "-Wno-deprecated-declarations", *CUDA_ARCH_FLAGS,
+                f"-I{shim_dir}", f"-I{KERNELS_DIR}", *tf["cflags"]], "cuda", compiler="nvcc"))
+    return units
+
+
+def _make_shim(build_dir: str, cuda_home: str) -> str:
+    """build/.../shim/third_party/gpus/cuda/include -> $CUDA_HOME/include."""
+    shim = os.path.join(build_dir, "shim")
+    link = os.path.join(shim, "third_party", "gpus", "cuda", "include")
+    target = os.path.join(cuda_home, "include")
+    if os.path.islink(link) and os.readlink(link) == target:
+        return shim
+    os.makedirs(os.path.dirname(link), exist_ok=True)
+    if os.path.lexists(link):
+        os.remove(link)
+    os.symlink(target, link)
+    return shim
+
+
+def _compile(unit: _Unit, obj_dir: str, verbose: bool) -> tuple[_Unit, str | None, str]:
+    obj = os.path.join(obj_dir, f"{unit.name}-{unit.key()}.o")
+    if os.path.exists(obj):
+        return unit, obj, "cached"
+    tmp = obj + f".tmp{os.getpid()}"
+    t0 = time.time()
+    rc, out = _run(unit.cmd + ["-c", unit.src, "-o", tmp])
+    if rc != 0:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        return unit, None, out
+    os.replace(tmp, obj)
+    _log(f"compiled {os.path.relpath(unit.src, REPO_ROOT)} -> {os.path.basename(obj)} "
+         f"({time.time() - t0:.0f} s)", verbose)
+    return unit, obj, ""
+
+
+def _stamp_path(out: str, build_dir: str) -> str:
+    # Kept in the (git-ignored) build dir, one per output path.
+    return os.path.join(build_dir, "stamps", hashlib.sha256(out.encode()).hexdigest()[:16] + ".json")
+
+
+def build_library(out_dir: str | None = None, *, cuda: bool | None = None, xla: bool = True,
+                  force: bool = False, verbose: bool = True, jobs: int | None = None,
+                  build_dir: str | None = None) -> BuildResult:
+    """Builds (or reuses) the library; returns where it is and what it holds.
+
+    cuda: None = when nvcc and the CUDA sources are present; False = never;
+    True = try (a failure still only skips the CUDA part, with a warning).
+    Raises BuildError when the CPU part cannot be built.
+    """
+    out_dir = os.path.abspath(out_dir or DEFAULT_OUT_DIR)
+    build_dir = os.path.abspath(build_dir or DEFAULT_BUILD_DIR)
+    out = os.path.join(out_dir, LIB_NAME)
+    cxx = os.environ.get("CXX", "g++")
+    if shutil.which(cxx) is None:
+        raise BuildError(f"C++ compiler {cxx!r} not found")
+    tf = tf_config()
+    skipped: dict = {}
+
+    nvcc = cuda_home = None
+    if cuda is False or os.environ.get("KERAS_ECOC_NO_CUDA", "").lower() in ("1", "true", "yes"):
+        skipped["cuda"] = "disabled (--no-cuda / KERAS_ECOC_NO_CUDA)"
+        with_cuda = False
+    else:
+        nvcc, cuda_home, reason = find_cuda()
+        with_cuda = cuda_home is not None
+        if not with_cuda:
+            skipped["cuda"] = reason
+    shim_dir = _make_shim(build_dir, cuda_home) if with_cuda else ""
+    units = _units(tf, cxx, nvcc, cuda_home, xla, with_cuda, shim_dir, skipped)
+
+    toolchain = {"tf": tf["version"], "cxx": _tool_version(cxx, first=True), "lflags": tf["lflags"],
+                 "nvcc": _tool_version(nvcc) if nvcc and with_cuda else None,
+                 "python": sys.version.split()[0], "build.py": _sha(_read(__file__))[:16]}
+    stamp = {"units": {u.name: u.key() for u in units}, "toolchain": toolchain,
+             "skipped": sorted(skipped)}
+    if not force and os.path.exists(out) and os.path.exists(_stamp_path(out, build_dir)):
+        try:
+            with open(_stamp_path(out, build_dir)) as f:
+                old = json.load(f)
+            if old.get("stamp") == stamp:
+                _log(f"{out} is up to date (TensorFlow {tf['version']})", verbose)
+                return BuildResult(out, old.get("parts", []), old.get("skipped_reasons", {}), True)
+        except (OSError, ValueError):
+            pass
+
+    obj_dir = os.path.join(build_dir, "obj")
+    os.makedirs(obj_dir, exist_ok=True)
+    jobs = jobs or int(os.environ.get("KERAS_ECOC_BUILD_JOBS", "0")) or min(4, os.cpu_count() or 1)
+    _log(f"building {LIB_NAME} for TensorFlow {tf['version']} with {jobs} job(s): "
+         + ", ".join(os.path.basename(u.src) + ("" if u.part == "cpu" else f" [{u.part}]") for u in units),
+         verbose)
+    objs: dict = {}
+    failed: dict = {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as ex:
+        for unit, obj, msg in ex.map(lambda u: _compile(u, obj_dir, verbose), units):
+            if obj is None:
+                failed.setdefault(unit.part, []).append((unit, msg))
+            else:
+                objs[unit.name] = (unit, obj)
+    if "cpu" in failed:
+        details = "\n".join(f"--- {os.path.basename(u.src)}:\n{m[-6000:]}" for u, m in failed["cpu"])
+        raise BuildError(f"the CPU kernels failed to compile:\n{details}")
+    for part in ("xla", "cuda"):
+        if part in failed:
+            names = ", ".join(os.path.basename(u.src) for u, _ in failed[part])
+            last = failed[part][0][1].strip().splitlines()
+            errors = [line for line in last if "error" in line.lower()][:5] or last[-5:]
+            skipped[part] = f"{names} failed to compile: " + " | ".join(errors)
+            _warn(f"building without the {part.upper()} part: {skipped[part]}")
+            for u, m in failed[part]:
+                _log(f"{os.path.basename(u.src)} compiler output:\n{m[-4000:]}", verbose)
+
+    def link(parts: set) -> tuple[int, str, str]:
+        chosen = [obj for (u, obj) in objs.values() if u.part in parts]
+        cmd = [cxx, "-shared", "-o", None, *chosen, *tf["lflags"]]
+        if "xla" in parts:
+            cmd.append("-l:libtensorflow_cc.so.2")
+        if "cuda" in parts:
+            cmd += [f"-L{_cudart_dir(cuda_home)}", "-l:libcudart_static.a", "-ldl", "-lrt", "-lpthread"]
+        os.makedirs(out_dir, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp_", suffix=".so", dir=out_dir)
+        os.close(fd)
+        cmd[3] = tmp
+        rc, msg = _run(cmd)
+        return rc, msg, tmp
+
+    parts = {u.part for (u, _) in objs.values()}
+    while True:
+        rc, msg, tmp = link(parts)
+        if rc == 0:
+            break
+        os.remove(tmp)
+        optional = [p for p in ("cuda", "xla") if p in parts]
+        if not optional:
+            raise BuildError(f"linking {LIB_NAME} failed:\n{msg[-6000:]}")
+        drop = optional[0]
+        skipped[drop] = "link failed: " + " | ".join(msg.strip().splitlines()[-3:])
+        _warn(f"building without the {drop.upper()} part: {skipped[drop]}")
+        parts.discard(drop)
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, out)
+    ordered = [p for p in ("cpu", "xla", "cuda") if p in parts]
+    os.makedirs(os.path.dirname(_stamp_path(out, build_dir)), exist_ok=True)
+    with open(_stamp_path(out, build_dir), "w") as f:
+        json.dump({"stamp": stamp, "parts": ordered, "skipped_reasons": skipped,
+                   "tensorflow": tf["version"], "out": out}, f, indent=1)
+    result = BuildResult(out, ordered, skipped, False)
+    _log("built " + result.summary(), verbose)
+    return result
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=None, help=f"output directory (default {DEFAULT_OUT_DIR})")
+    p.add_argument("--build-dir", default=None, help=f"object cache (default {DEFAULT_BUILD_DIR})")
+    p.add_argument("--no-cuda", action="store_true", help="do not build the CUDA kernels")
+    p.add_argument("--no-xla", action="store_true", help="do not build the XLA lowerings")
+    p.add_argument("--force", action="store_true", help="relink even when up to date")
+    p.add_argument("-j", "--jobs", type=int, default=None, help="parallel compile jobs")
+    p.add_argument("-q", "--quiet", action="store_true")
+    a = p.parse_args(argv)
+    try:
+        r = build_library(a.out, cuda=False if a.no_cuda else None, xla=not a.no_xla, force=a.force,
+                          verbose=not a.quiet, jobs=a.jobs, build_dir=a.build_dir)
+    except BuildError as e:
+        print(f"[keras-ecoc build] FAILED: {e}", file=sys.stderr)
+        return 1
+    print(r.summary())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

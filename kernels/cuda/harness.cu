@@ -1,0 +1,596 @@
+// Stand-alone check and benchmark of the ECOC CUDA kernels (no TensorFlow).
+//
+//   nvcc -O2 -std=c++17 --expt-relaxed-constexpr
+//       -gencode=arch=compute_80,code=sm_80
+//       -gencode=arch=compute_90,code=[sm_90,compute_90]
+//       -Ikernels -x cu kernels/cuda/harness.cu kernels/cuda/ecoc_kernels.cu.cc
+//       -o build/ecoc_harness
+//   build/ecoc_harness [--check-only | --bench-only] [--quick]
+// (one command; "-x cu" is needed because nvcc would hand a .cc file to the
+// host compiler.)
+//
+// Exit codes: 0 all checks passed, 1 a check or a CUDA call failed, 2 no
+// CUDA device (so CI without a GPU can still build it and run this path),
+// 3 bad command line.
+//
+// Checks compare every output of the four entry points against a float64 CPU
+// reference computed from the same inputs (fp16/bf16 z are rounded on the
+// host first, so the reference sees exactly the values the kernels load).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "ecoc_kernels.h"
+
+namespace {
+
+using keras_ecoc::cuda::FloatType;
+using keras_ecoc::cuda::IndexType;
+
+constexpr float kEpsilon = 1e-12f;
+
+// ---------------------------------------------------------------------------
+// Utilities.
+
+#define CUDA_OK(expr)                                                       \
+  do {                                                                      \
+    const cudaError_t err_ = (expr);                                        \
+    if (err_ != cudaSuccess) {                                              \
+      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n",                  \
+                   cudaGetErrorName(err_), __FILE__, __LINE__,              \
+                   cudaGetErrorString(err_));                               \
+      std::exit(1);                                                         \
+    }                                                                       \
+  } while (0)
+
+// Deterministic generator (splitmix64), independent of the C++ library.
+struct Rng {
+  uint64_t state;
+  explicit Rng(uint64_t seed) : state(seed) {}
+  uint64_t Next() {
+    uint64_t x = (state += 0x9E3779B97F4A7C15ull);
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+  }
+  double Uniform() { return (Next() >> 11) * (1.0 / 9007199254740992.0); }
+  double Normal() {
+    const double u1 = std::max(Uniform(), 1e-300), u2 = Uniform();
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  }
+  int64_t Below(int64_t n) { return static_cast<int64_t>(Next() % n); }
+};
+
+template <typename T>
+struct DeviceBuffer {
+  T* ptr = nullptr;
+  size_t count = 0;
+  explicit DeviceBuffer(size_t n) : count(n) {
+    if (n > 0) CUDA_OK(cudaMalloc(&ptr, n * sizeof(T)));
+  }
+  ~DeviceBuffer() {
+    if (ptr != nullptr) cudaFree(ptr);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void Upload(const std::vector<T>& host) {
+    if (count > 0) {
+      CUDA_OK(cudaMemcpy(ptr, host.data(), count * sizeof(T),
+                         cudaMemcpyHostToDevice));
+    }
+  }
+  std::vector<T> Download() const {
+    std::vector<T> host(count);
+    if (count > 0) {
+      CUDA_OK(cudaMemcpy(host.data(), ptr, count * sizeof(T),
+                         cudaMemcpyDeviceToHost));
+    }
+    return host;
+  }
+  void Fill(unsigned char byte) {
+    if (count > 0) CUDA_OK(cudaMemset(ptr, byte, count * sizeof(T)));
+  }
+};
+
+const char* TypeName(FloatType t) {
+  switch (t) {
+    case FloatType::kFloat32: return "float32";
+    case FloatType::kFloat16: return "float16";
+    case FloatType::kBFloat16: return "bfloat16";
+  }
+  return "?";
+}
+
+// z in the requested storage type, plus the float values the kernel will see.
+struct ZData {
+  std::vector<float> as_float;  // exactly representable in the storage type
+  std::vector<unsigned char> bytes;
+};
+
+ZData MakeZ(const std::vector<float>& values, FloatType type) {
+  ZData out;
+  out.as_float.resize(values.size());
+  switch (type) {
+    case FloatType::kFloat32:
+      out.as_float = values;
+      out.bytes.resize(values.size() * sizeof(float));
+      if (!values.empty()) std::memcpy(out.bytes.data(), values.data(), out.bytes.size());
+      break;
+    case FloatType::kFloat16: {
+      std::vector<__half> h(values.size());
+      for (size_t i = 0; i < values.size(); ++i) {
+        h[i] = __float2half(values[i]);
+        out.as_float[i] = __half2float(h[i]);
+      }
+      out.bytes.resize(h.size() * sizeof(__half));
+      if (!h.empty()) std::memcpy(out.bytes.data(), h.data(), out.bytes.size());
+      break;
+    }
+    case FloatType::kBFloat16: {
+      std::vector<__nv_bfloat16> h(values.size());
+      for (size_t i = 0; i < values.size(); ++i) {
+        h[i] = __float2bfloat16(values[i]);
+        out.as_float[i] = __bfloat162float(h[i]);
+      }
+      out.bytes.resize(h.size() * sizeof(__nv_bfloat16));
+      if (!h.empty()) std::memcpy(out.bytes.data(), h.data(), out.bytes.size());
+      break;
+    }
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// float64 reference.
+
+struct Reference {
+  std::vector<double> loss, lse, expected_code, expected_sqnorm, grad_codes;
+  std::vector<std::vector<double>> dist;  // [B][n] squared distances
+};
+
+Reference ComputeReference(const std::vector<float>& z, const std::vector<float>& codes,
+                           const std::vector<int64_t>& labels,
+                           const std::vector<float>& grad_loss, double scale,
+                           int64_t B, int64_t n, int64_t k) {
+  Reference ref;
+  ref.loss.assign(B, 0.0);
+  ref.lse.assign(B, 0.0);
+  ref.expected_code.assign(B * k, 0.0);
+  ref.expected_sqnorm.assign(B, 0.0);
+  ref.grad_codes.assign(n * k, 0.0);
+  ref.dist.assign(B, std::vector<double>(n, 0.0));
+  std::vector<double> msq(n, 0.0);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < k; ++j) msq[i] += double(codes[i * k + j]) * codes[i * k + j];
+  }
+  std::vector<double> u(k), logit(n);
+  bool any_nan_row = false;
+  for (int64_t b = 0; b < B; ++b) {
+    double ss = 0.0;
+    for (int64_t j = 0; j < k; ++j) ss += double(z[b * k + j]) * z[b * k + j];
+    const double inv = 1.0 / std::sqrt(std::max(ss, double(kEpsilon)));
+    for (int64_t j = 0; j < k; ++j) u[j] = z[b * k + j] * inv;
+    double mx = -std::numeric_limits<double>::infinity();
+    bool has_nan = false;
+    for (int64_t i = 0; i < n; ++i) {
+      double d = 0.0;
+      for (int64_t j = 0; j < k; ++j) {
+        const double diff = codes[i * k + j] - u[j];
+        d += diff * diff;
+      }
+      ref.dist[b][i] = d;
+      logit[i] = -0.5 * scale * d;
+      if (std::isnan(logit[i])) has_nan = true;
+      mx = std::max(mx, logit[i]);
+    }
+    if (has_nan) {
+      const double nan = std::numeric_limits<double>::quiet_NaN();
+      ref.loss[b] = ref.lse[b] = ref.expected_sqnorm[b] = nan;
+      for (int64_t j = 0; j < k; ++j) ref.expected_code[b * k + j] = nan;
+      any_nan_row = true;
+      continue;
+    }
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) sum += std::exp(logit[i] - mx);
+    const double lse = mx + std::log(sum);
+    ref.lse[b] = lse;
+    ref.loss[b] = lse - logit[labels[b]];
+    for (int64_t i = 0; i < n; ++i) {
+      const double p = std::exp(logit[i] - lse);
+      ref.expected_sqnorm[b] += p * msq[i];
+      for (int64_t j = 0; j < k; ++j) ref.expected_code[b * k + j] += p * codes[i * k + j];
+      const double w = grad_loss[b] * (p - (labels[b] == i ? 1.0 : 0.0));
+      for (int64_t j = 0; j < k; ++j) {
+        ref.grad_codes[i * k + j] += scale * w * (u[j] - codes[i * k + j]);
+      }
+    }
+  }
+  // A NaN row has NaN p_bi for every class, and g_b * NaN is NaN even for
+  // g_b = 0: the whole codes gradient is NaN.
+  if (any_nan_row) {
+    std::fill(ref.grad_codes.begin(), ref.grad_codes.end(),
+              std::numeric_limits<double>::quiet_NaN());
+  }
+  return ref;
+}
+
+// ---------------------------------------------------------------------------
+// Checks.
+
+int g_failures = 0;
+int g_checks = 0;
+
+void Report(const std::string& name, bool pass, const std::string& detail) {
+  ++g_checks;
+  if (!pass) ++g_failures;
+  std::printf("%s %s: %s\n", pass ? "PASS" : "FAIL", name.c_str(), detail.c_str());
+}
+
+// Max abs error, normalized by max(1, max |reference|) for the pass test:
+// the outputs are sums of many terms, so relative error per element is
+// meaningless where terms cancel.  NaN must match NaN exactly.
+void CompareFloat(const std::string& name, const std::vector<float>& got,
+                  const std::vector<double>& want, double tol) {
+  double max_abs = 0.0, max_ref = 0.0;
+  int64_t nan_mismatch = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const bool want_nan = std::isnan(want[i]);
+    const bool got_nan = std::isnan(got[i]);
+    if (want_nan || got_nan) {
+      if (want_nan != got_nan) ++nan_mismatch;
+      continue;
+    }
+    if (std::isinf(got[i])) {
+      ++nan_mismatch;
+      continue;
+    }
+    max_abs = std::max(max_abs, std::fabs(double(got[i]) - want[i]));
+    max_ref = std::max(max_ref, std::fabs(want[i]));
+  }
+  const double rel = max_abs / std::max(1.0, max_ref);
+  char buf[256];
+  std::snprintf(buf, sizeof(buf),
+                "max abs err %.3e, max rel err %.3e (tol %.1e), %lld NaN/inf mismatches",
+                max_abs, rel, tol, static_cast<long long>(nan_mismatch));
+  Report(name, rel <= tol && nan_mismatch == 0, buf);
+}
+
+struct Case {
+  std::string name;
+  int64_t B, n, k;
+  float scale;
+  bool nan_row = false;   // row 1 of z gets a NaN
+  bool zero_row = false;  // row 2 of z is all zeros (norm below epsilon)
+  bool tie = false;       // codes row 7 duplicates row 3, z row 0 = 2 * M_3
+};
+
+void RunCase(const Case& c, FloatType z_type, IndexType label_type, uint64_t seed) {
+  const int64_t B = c.B, n = c.n, k = c.k;
+  Rng rng(seed);
+  std::vector<float> z_values(B * k), codes(n * k), grad_loss(B);
+  std::vector<int64_t> labels(B);
+  for (auto& v : codes) v = static_cast<float>(rng.Normal() / std::sqrt(double(std::max<int64_t>(k, 1))));
+  for (auto& v : z_values) v = static_cast<float>(rng.Normal());
+  for (auto& y : labels) y = rng.Below(n);
+  for (auto& g : grad_loss) g = static_cast<float>(2.0 * rng.Uniform() - 1.0);
+  if (c.tie && n > 7 && B > 0) {
+    for (int64_t j = 0; j < k; ++j) codes[7 * k + j] = codes[3 * k + j];
+    for (int64_t j = 0; j < k; ++j) z_values[j] = 2.0f * codes[3 * k + j];
+    labels[0] = 7;
+  }
+  if (c.zero_row && B > 2) {
+    for (int64_t j = 0; j < k; ++j) z_values[2 * k + j] = 0.0f;
+  }
+  if (c.nan_row && B > 1 && k > 0) z_values[1 * k + k / 2] = std::nanf("");
+
+  const ZData zd = MakeZ(z_values, z_type);
+  const std::vector<float>& grad_loss_used = grad_loss;
+  Reference ref = ComputeReference(zd.as_float, codes, labels, grad_loss_used,
+                                   c.scale, B, n, k);
+
+  DeviceBuffer<unsigned char> d_z(zd.bytes.size());
+  DeviceBuffer<float> d_codes(n * k), d_loss(B), d_lse(B), d_ecode(B * k),
+      d_esq(B), d_grad_loss(B), d_grad(n * k);
+  DeviceBuffer<int32_t> d_rank(B), d_labels32(B);
+  DeviceBuffer<int64_t> d_index(B), d_labels64(B);
+  d_z.Upload(zd.bytes);
+  d_codes.Upload(codes);
+  d_grad_loss.Upload(grad_loss_used);
+  std::vector<int32_t> labels32(labels.begin(), labels.end());
+  d_labels32.Upload(labels32);
+  d_labels64.Upload(labels);
+  const void* d_lab = label_type == IndexType::kInt32
+                          ? static_cast<const void*>(d_labels32.ptr)
+                          : static_cast<const void*>(d_labels64.ptr);
+  // Poison the outputs so that anything left unwritten shows up.
+  for (auto* buf : {&d_loss, &d_lse, &d_ecode, &d_esq, &d_grad}) buf->Fill(0xFF);
+  d_rank.Fill(0xFF);
+  d_index.Fill(0xFF);
+
+  using namespace keras_ecoc::cuda;
+  CUDA_OK(EcocCrossEntropyForward(d_z.ptr, z_type, d_codes.ptr, d_lab, label_type,
+                                  c.scale, kEpsilon, B, n, k, d_loss.ptr,
+                                  d_lse.ptr, d_ecode.ptr, d_esq.ptr, 0));
+  CUDA_OK(EcocCrossEntropyCodesGrad(d_z.ptr, z_type, d_codes.ptr, d_lab,
+                                    label_type, c.scale, kEpsilon, d_lse.ptr,
+                                    d_grad_loss.ptr, B, n, k, d_grad.ptr, 0));
+  CUDA_OK(EcocLabelRank(d_z.ptr, z_type, d_codes.ptr, d_lab, label_type,
+                        kEpsilon, B, n, k, d_rank.ptr, 0));
+  CUDA_OK(EcocNearestCodeword(d_z.ptr, z_type, d_codes.ptr, kEpsilon, B, n, k,
+                              d_index.ptr, 0));
+  CUDA_OK(cudaDeviceSynchronize());
+
+  char prefix[160];
+  std::snprintf(prefix, sizeof(prefix), "%s [z=%s labels=%s B=%lld n=%lld k=%lld s=%g]",
+                c.name.c_str(), TypeName(z_type),
+                label_type == IndexType::kInt32 ? "int32" : "int64",
+                static_cast<long long>(B), static_cast<long long>(n),
+                static_cast<long long>(k), c.scale);
+  const std::string p(prefix);
+  const double tol = 2e-4;
+  CompareFloat(p + " loss", d_loss.Download(), ref.loss, tol);
+  CompareFloat(p + " lse", d_lse.Download(), ref.lse, tol);
+  CompareFloat(p + " expected_code", d_ecode.Download(), ref.expected_code, tol);
+  CompareFloat(p + " expected_sqnorm", d_esq.Download(), ref.expected_sqnorm, tol);
+  CompareFloat(p + " grad_codes", d_grad.Download(), ref.grad_codes, tol);
+
+  // rank / index: exact where the float64 ordering is unambiguous; classes
+  // whose distance is within float32 rounding of the reference boundary may
+  // go either way.
+  const std::vector<int32_t> rank = d_rank.Download();
+  const std::vector<int64_t> index = d_index.Download();
+  int64_t rank_bad = 0, index_bad = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const std::vector<double>& d = ref.dist[b];
+    const bool nan_row = std::isnan(ref.loss[b]);
+    if (nan_row) {
+      // Documented behaviour: NaN compares false, so rank 0 and index 0.
+      if (rank[b] != 0) ++rank_bad;
+      if (index[b] != 0) ++index_bad;
+      continue;
+    }
+    const double dy = d[labels[b]];
+    const double slack = 1e-5 * (1.0 + dy);
+    int64_t lo = 0, hi = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (i == labels[b]) continue;
+      if (d[i] < dy - slack) ++lo;
+      if (d[i] < dy + slack) ++hi;
+    }
+    if (rank[b] < lo || rank[b] > hi) ++rank_bad;
+    const double dmin = *std::min_element(d.begin(), d.end());
+    const int64_t g = index[b];
+    if (g < 0 || g >= n || d[g] > dmin + 1e-5 * (1.0 + dmin)) ++index_bad;
+  }
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), "%lld of %lld rows outside the reference range",
+                static_cast<long long>(rank_bad), static_cast<long long>(B));
+  Report(p + " rank", rank_bad == 0, buf);
+  std::snprintf(buf, sizeof(buf), "%lld of %lld rows not a nearest codeword",
+                static_cast<long long>(index_bad), static_cast<long long>(B));
+  Report(p + " index", index_bad == 0, buf);
+  if (c.tie && n > 7 && B > 0) {
+    // Classes 3 and 7 are bit-identical: the tie must go to 3, and the label
+    // 7 must not be outranked by its twin.
+    std::snprintf(buf, sizeof(buf), "index[0] = %lld (want 3), rank[0] = %d (want 0)",
+                  static_cast<long long>(index[0]), rank[0]);
+    Report(p + " tie-break", index[0] == 3 && rank[0] == 0, buf);
+  }
+}
+
+// B = 0: every entry point must succeed, and the codes gradient must still
+// be overwritten with zeros.
+void RunEmptyBatch() {
+  using namespace keras_ecoc::cuda;
+  const int64_t n = 10, k = 8;
+  DeviceBuffer<float> d_codes(n * k), d_grad(n * k);
+  d_codes.Fill(0);
+  d_grad.Fill(0xFF);
+  CUDA_OK(EcocCrossEntropyForward(nullptr, FloatType::kFloat32, d_codes.ptr, nullptr,
+                                  IndexType::kInt32, 5.0f, kEpsilon, 0, n, k,
+                                  nullptr, nullptr, nullptr, nullptr, 0));
+  CUDA_OK(EcocCrossEntropyCodesGrad(nullptr, FloatType::kFloat32, d_codes.ptr,
+                                    nullptr, IndexType::kInt64, 5.0f, kEpsilon,
+                                    nullptr, nullptr, 0, n, k, d_grad.ptr, 0));
+  CUDA_OK(EcocLabelRank(nullptr, FloatType::kFloat16, d_codes.ptr, nullptr,
+                        IndexType::kInt32, kEpsilon, 0, n, k, nullptr, 0));
+  CUDA_OK(EcocNearestCodeword(nullptr, FloatType::kBFloat16, d_codes.ptr, kEpsilon,
+                              0, n, k, nullptr, 0));
+  CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<float> g = d_grad.Download();
+  const bool zeros = std::all_of(g.begin(), g.end(), [](float v) { return v == 0.0f; });
+  Report("empty batch [B=0 n=10 k=8]", zeros, zeros ? "all calls succeeded, grad_codes zeroed"
+                                                    : "grad_codes not zeroed");
+}
+
+void RunChecks(int sms) {
+  // Shapes chosen to hit every path: B and n not multiples of the tiles,
+  // k = 1, k = 0, k > 128 (several staged column chunks, last one partial),
+  // n = 1, and batches/classes large enough that the launchers pick 2 and 4
+  // rows (classes) per warp on this device.
+  const int64_t big = 16LL * sms + 37;    // -> 4 items per warp
+  const int64_t mid = 8LL * sms + 5;      // -> 2 items per warp
+  std::vector<Case> cases = {
+      {"basic", 37, 100, 32, 8.0f, true, true, true},
+      {"k=1", 5, 3, 1, 4.0f},
+      {"k=0", 4, 5, 0, 4.0f},
+      {"n=1", 9, 1, 16, 6.0f},
+      {"k=130", 21, 45, 130, 5.0f, false, false, true},
+      {"k=300", 19, 77, 300, 3.0f, true, true, false},
+      {"large n", 70, 5003, 64, 10.0f},
+      {"large B, 4 rows/warp", big, 40, 24, 7.0f},
+      {"mid B and n, 2 per warp", mid, mid, 20, 7.0f},
+      {"large n, 4 classes/warp", 33, big, 48, 12.0f},
+  };
+  const FloatType z_types[] = {FloatType::kFloat32, FloatType::kFloat16, FloatType::kBFloat16};
+  const IndexType l_types[] = {IndexType::kInt32, IndexType::kInt64};
+  uint64_t seed = 20240611;
+  for (const Case& c : cases) {
+    const bool all_combos = c.name == "basic" || c.name == "k=300";
+    for (FloatType zt : z_types) {
+      for (IndexType lt : l_types) {
+        if (!all_combos && !(zt == FloatType::kFloat32 && lt == IndexType::kInt32) &&
+            !(zt == FloatType::kBFloat16 && lt == IndexType::kInt64)) {
+          continue;
+        }
+        RunCase(c, zt, lt, seed++);
+      }
+    }
+  }
+  RunEmptyBatch();
+}
+
+// ---------------------------------------------------------------------------
+// Benchmark.
+
+float MedianMs(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+template <typename F>
+float TimeMs(F&& launch, int warmup, int repeats) {
+  cudaEvent_t start, stop;
+  CUDA_OK(cudaEventCreate(&start));
+  CUDA_OK(cudaEventCreate(&stop));
+  for (int i = 0; i < warmup; ++i) CUDA_OK(launch());
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<float> times;
+  for (int i = 0; i < repeats; ++i) {
+    CUDA_OK(cudaEventRecord(start));
+    CUDA_OK(launch());
+    CUDA_OK(cudaEventRecord(stop));
+    CUDA_OK(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    CUDA_OK(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(ms);
+  }
+  CUDA_OK(cudaEventDestroy(start));
+  CUDA_OK(cudaEventDestroy(stop));
+  return MedianMs(times);
+}
+
+void RunBench(bool quick) {
+  using namespace keras_ecoc::cuda;
+  const int warmup = quick ? 2 : 5;
+  const int repeats = quick ? 5 : 25;
+  std::vector<int64_t> ns = {100, 1000, 10000, 100000};
+  if (quick) ns = {1000, 10000};
+  std::printf("\n## Timings (float32 z, int32 labels; median of %d after %d warm-up)\n\n",
+              repeats, warmup);
+  std::printf("| B | k | n | forward (ms) | codes grad (ms) | B x n float32 buffer (MiB) | "
+              "device memory allocated by the kernels (bytes) |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|\n");
+  long long worst_delta = 0;
+  for (int64_t B : {16, 256}) {
+    for (int64_t k : {32, 128}) {
+      for (int64_t n : ns) {
+        Rng rng(1234 + B + k + n);
+        std::vector<float> z(B * k), codes(n * k), g(B, 1.0f / B);
+        std::vector<int32_t> labels(B);
+        for (auto& v : z) v = static_cast<float>(rng.Normal());
+        for (auto& v : codes) v = static_cast<float>(rng.Normal() / std::sqrt(double(k)));
+        for (auto& y : labels) y = static_cast<int32_t>(rng.Below(n));
+        DeviceBuffer<float> d_z(B * k), d_codes(n * k), d_loss(B), d_lse(B),
+            d_ecode(B * k), d_esq(B), d_g(B), d_grad(n * k);
+        DeviceBuffer<int32_t> d_labels(B);
+        d_z.Upload(z);
+        d_codes.Upload(codes);
+        d_g.Upload(g);
+        d_labels.Upload(labels);
+        auto forward = [&]() {
+          return EcocCrossEntropyForward(d_z.ptr, FloatType::kFloat32, d_codes.ptr,
+                                         d_labels.ptr, IndexType::kInt32, 10.0f,
+                                         kEpsilon, B, n, k, d_loss.ptr, d_lse.ptr,
+                                         d_ecode.ptr, d_esq.ptr, 0);
+        };
+        auto grad = [&]() {
+          return EcocCrossEntropyCodesGrad(d_z.ptr, FloatType::kFloat32, d_codes.ptr,
+                                           d_labels.ptr, IndexType::kInt32, 10.0f,
+                                           kEpsilon, d_lse.ptr, d_g.ptr, B, n, k,
+                                           d_grad.ptr, 0);
+        };
+        // One untimed call of each first: module loading may allocate.
+        CUDA_OK(forward());
+        CUDA_OK(grad());
+        CUDA_OK(cudaDeviceSynchronize());
+        size_t free_before = 0, free_after = 0, total = 0;
+        CUDA_OK(cudaMemGetInfo(&free_before, &total));
+        const float fwd_ms = TimeMs(forward, warmup, repeats);
+        const float grad_ms = TimeMs(grad, warmup, repeats);
+        CUDA_OK(cudaMemGetInfo(&free_after, &total));
+        const long long delta = static_cast<long long>(free_before) -
+                                static_cast<long long>(free_after);
+        worst_delta = std::max(worst_delta, delta);
+        std::printf("| %lld | %lld | %lld | %.4f | %.4f | %.1f | %lld |\n",
+                    static_cast<long long>(B), static_cast<long long>(k),
+                    static_cast<long long>(n), fwd_ms, grad_ms,
+                    double(B) * n * 4 / (1 << 20), delta);
+        std::fflush(stdout);
+      }
+    }
+  }
+  std::printf("\nLargest drop in free device memory while the kernels ran: %lld bytes "
+              "(cudaMemGetInfo before/after; the kernels allocate nothing).\n",
+              worst_delta);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool check = true, bench = true, quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--check-only") == 0) {
+      bench = false;
+    } else if (std::strcmp(argv[i], "--bench-only") == 0) {
+      check = false;
+    } else if (std::strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else {
+      std::fprintf(stderr, "usage: %s [--check-only | --bench-only] [--quick]\n", argv[0]);
+      return 3;
+    }
+  }
+  if (!check && !bench) {
+    std::fprintf(stderr, "--check-only and --bench-only are exclusive\n");
+    return 3;
+  }
+
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    std::printf("ecoc_harness: no CUDA device available (%s); nothing was run.\n",
+                err != cudaSuccess ? cudaGetErrorString(err) : "device count is 0");
+    return 2;
+  }
+  cudaDeviceProp prop;
+  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+  int runtime = 0, driver = 0;
+  CUDA_OK(cudaRuntimeGetVersion(&runtime));
+  CUDA_OK(cudaDriverGetVersion(&driver));
+  std::printf("Device 0: %s, compute capability %d.%d, %d SMs, %.1f GiB; runtime %d, driver %d\n",
+              prop.name, prop.major, prop.minor, prop.multiProcessorCount,
+              prop.totalGlobalMem / double(1 << 30), runtime, driver);
+
+  if (check) {
+    RunChecks(prop.multiProcessorCount);
+    std::printf("\n%d checks, %d failed\n", g_checks, g_failures);
+  }
+  if (bench) RunBench(quick);
+  if (g_failures > 0) {
+    std::printf("FAILED\n");
+    return 1;
+  }
+  std::printf("OK\n");
+  return 0;
+}

@@ -1,0 +1,110 @@
+"""Shared pytest configuration and float64 NumPy references.
+
+The references here are written independently of `keras_ecoc.decoding`:
+squared distances are formed as explicit differences in float64 rather than
+by the expanded matrix product the library uses.
+"""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np
+import pytest
+
+SHARED_DATA = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data"
+)
+
+
+
+@pytest.fixture
+def rng(request):
+    # A fresh but reproducible stream per test: seeded by the test's name.
+    return np.random.default_rng(abs(hash(request.node.nodeid)) % (2**32))
+
+
+def shared_data(name):
+    """Path of a file in ../shared/data, or skip when it is absent."""
+    path = os.path.join(SHARED_DATA, name)
+    if not os.path.exists(path):
+        pytest.skip(f"{name} not found in ../shared/data")
+    return path
+
+
+def reference_unit(z, epsilon=1e-12):
+    z = np.asarray(z, np.float64)
+    sq = np.sum(z * z, axis=-1, keepdims=True)
+    return z / np.sqrt(np.maximum(sq, epsilon))
+
+
+def reference_logits(z, codes, scale=1.0):
+    """-1/2 * scale * ||M_i - u||^2 by explicit differences, float64."""
+    u = reference_unit(z)
+    diff = np.asarray(codes, np.float64)[None, :, :] - u[:, None, :]
+    return -0.5 * scale * np.sum(diff * diff, axis=-1)
+
+
+def reference_loss(labels, z, codes, scale=1.0):
+    logits = reference_logits(z, codes, scale)
+    top = logits.max(axis=-1, keepdims=True)
+    lse = top[:, 0] + np.log(np.sum(np.exp(logits - top), axis=-1))
+    return lse - logits[np.arange(len(labels)), labels]
+
+
+def reference_grad_z(labels, z, codes, scale=1.0, epsilon=1e-12):
+    """The paper's analytic gradient of the summed loss w.r.t. z, float64.
+
+    dL/du = scale * (sum_i p_i M_i - M_y); dL/dz = (I - u u^T) dL/du / ||z||.
+    """
+    z = np.asarray(z, np.float64)
+    codes = np.asarray(codes, np.float64)
+    logits = reference_logits(z, codes, scale)
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    grad_u = scale * (p @ codes - codes[labels])
+    norm = np.sqrt(np.maximum(np.sum(z * z, -1, keepdims=True), epsilon))
+    u = z / norm
+    return (grad_u - np.sum(u * grad_u, -1, keepdims=True) * u) / norm
+
+
+def numeric_grad(fn, x, step=1e-6):
+    """Central finite differences of a float64 scalar function."""
+    x = np.array(x, np.float64)
+    grad = np.zeros_like(x)
+    for index in np.ndindex(x.shape):
+        old = x[index]
+        x[index] = old + step
+        up = fn(x)
+        x[index] = old - step
+        down = fn(x)
+        x[index] = old
+        grad[index] = (up - down) / (2 * step)
+    return grad
+
+
+def backend_grad(fn, x):
+    """Gradient of scalar fn(tensor) at x (float32) on the active backend."""
+    import keras
+
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        t = tf.constant(x, tf.float32)
+        with tf.GradientTape() as tape:
+            tape.watch(t)
+            value = fn(t)
+        return tape.gradient(value, t).numpy()
+    if backend == "jax":
+        import jax
+        import jax.numpy as jnp
+
+        return np.asarray(jax.grad(fn)(jnp.asarray(x, jnp.float32)))
+    if backend == "torch":
+        import torch
+
+        t = torch.tensor(np.asarray(x, np.float32), requires_grad=True)
+        fn(t).backward()
+        return t.grad.numpy()
+    pytest.skip(f"no gradient helper for backend {backend}")

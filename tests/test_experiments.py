@@ -1,0 +1,227 @@
+"""The experiment command (`python -m keras_ecoc.experiments`) on tiny data.
+
+Every sub-command runs in-process on a few images of a few classes for one
+epoch and must write sane JSON, Markdown and PNG files. The full runs of
+docs/results.md are not part of the suite. Backend-neutral: the experiments
+only use Keras models and NumPy.
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from keras_ecoc.experiments import __main__ as cli
+from keras_ecoc.experiments import attribute_correlation
+from keras_ecoc.experiments import tsne
+from keras_ecoc.experiments.scale import parse_scale_config
+from keras_ecoc.experiments.tsne import neighbour_agreement
+
+# 6 Omniglot classes (embedded set), 3 training and 2 test images a class.
+TINY = ["--classes", "6", "--train-per-class", "3", "--test-per-class", "2",
+        "--epochs", "1", "--seeds", "0", "--verbose", "0",
+        "--similarity-epochs", "1"]
+
+
+def _load(tmp_path, stem):
+    with open(tmp_path / f"{stem}.json") as f:
+        data = json.load(f)
+    markdown = (tmp_path / f"{stem}.md").read_text()
+    assert "|---|" in markdown
+    return data, markdown
+
+
+def _check_png(path):
+    assert os.path.exists(path), path
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert 1_000 < os.path.getsize(path) < 200_000
+
+
+def _check_accuracy(value):
+    assert value is not None and 0.0 <= value <= 1.0
+
+
+def _fake_cub(tmp_path, num_classes=8, attributes=20):
+    """A CUB-layout .npz (images_center/images_bbox, is_train, attributes)."""
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(num_classes), 6).astype("int16")
+    is_train = np.tile([1, 1, 1, 1, 0, 0], num_classes).astype("uint8")
+    images = rng.integers(0, 256, (len(labels), 16, 16, 3), dtype=np.uint8)
+    path = tmp_path / "fake_cub.npz"
+    np.savez(path, images_center=images, images_bbox=images, labels=labels,
+             is_train=is_train, image_id=np.arange(len(labels), dtype="int32"),
+             class_attributes_continuous=rng.uniform(
+                 0, 100, (num_classes, attributes)).astype("float32"))
+    return str(path)
+
+
+def test_attribute_correlation_matches_numpy():
+    rng = np.random.default_rng(1)
+    codes = rng.standard_normal((15, 6))
+    attributes = rng.uniform(0, 100, (15, 9))
+    r = attribute_correlation(codes, attributes)
+    reference = np.corrcoef(codes.T, attributes.T)[:6, 6:]
+    assert r.shape == (6, 9)
+    np.testing.assert_allclose(r, reference, atol=1e-10)
+    assert np.all(np.abs(r) <= 1.0)
+
+
+def test_attribute_correlation_constant_columns_are_zero():
+    codes = np.array([[1.0, 1.0], [1.0, -1.0], [1.0, 1.0], [1.0, -1.0]])
+    attributes = np.array([[0.0, 5.0], [0.0, 1.0], [0.0, 5.0], [0.0, 1.0]])
+    r = attribute_correlation(codes, attributes)
+    np.testing.assert_allclose(r, [[0.0, 0.0], [0.0, 1.0]], atol=1e-12)
+    with pytest.raises(ValueError, match="same number of rows"):
+        attribute_correlation(codes, attributes[:3])
+
+
+def test_tsne_separates_clusters():
+    rng = np.random.default_rng(0)
+    centers = rng.standard_normal((4, 30)) * 8.0
+    labels = np.repeat(np.arange(4), 30)
+    x = centers[labels] + rng.standard_normal((120, 30))
+    y = tsne(x, perplexity=20, n_iter=300)
+    assert y.shape == (120, 2) and np.all(np.isfinite(y))
+    assert neighbour_agreement(y, labels) > 0.97
+    # Every cluster's points sit closer to their own centroid than to others.
+    centroids = np.stack([y[labels == c].mean(0) for c in range(4)])
+    nearest = np.argmin(((y[:, None] - centroids[None]) ** 2).sum(-1), 1)
+    assert np.mean(nearest == labels) > 0.97
+
+
+def test_parse_scale_config():
+    assert parse_scale_config("fixed:1") == (1.0, False)
+    assert parse_scale_config("learnable:8") == (8.0, True)
+    for bad in ("fixed", "learn:2", "fixed:-1"):
+        with pytest.raises(ValueError):
+            parse_scale_config(bad)
+
+
+def test_ablation_command(tmp_path):
+    encodings = ["one_hot", "spectral_median"]
+    cli.main(["ablation", *TINY, "--code-lengths", "4", "9",
+              "--encodings", *encodings, "--output", str(tmp_path)])
+    data, markdown = _load(tmp_path, "ablation")
+    _check_png(tmp_path / "ablation.png")
+    assert {r["encoding"] for r in data["summary"]} == set(encodings)
+    for encoding in encodings:
+        assert encoding in markdown
+    # k = 9 > n - 1 = 5 is impossible for spectral codes: skipped, not run.
+    assert data["skipped"] == [{"encoding": "spectral_median", "code_length": 9,
+                                "reason": "k must be <= 5"}]
+    assert [(r["encoding"], r["code_length"]) for r in data["runs"]] == [
+        ("one_hot", 6), ("spectral_median", 4)]
+    for run in data["runs"]:
+        _check_accuracy(run["final_accuracy"])
+        assert len(run["epoch_accuracies"]) == 1
+    assert data["dataset"]["num_classes"] == 6
+    assert data["dataset"]["train_images"] == 18
+    assert data["settings"]["similarity"]["epochs"] == 1
+
+
+def test_bits_command(tmp_path):
+    cli.main(["bits", *TINY, "--code-lengths", "3", "5",
+              "--encodings", "dense_random", "--output", str(tmp_path)])
+    data, _ = _load(tmp_path, "bits")
+    _check_png(tmp_path / "bits.png")
+    pairs = {(r["encoding"], r["code_length"]) for r in data["summary"]}
+    assert pairs == {("one_hot", 6), ("dense_random", 3), ("dense_random", 5)}
+    for row in data["summary"]:
+        _check_accuracy(row["final_accuracy_mean"])
+        assert row["final_accuracy_std"] == 0.0  # one seed
+
+
+def test_batch_size_command(tmp_path):
+    cli.main(["batch-size", *TINY, "--batch-sizes", "4", "9",
+              "--encodings", "one_hot", "gaussian", "--code-length", "4",
+              "--eval-per-epoch", "2", "--fraction", "0.5",
+              "--output", str(tmp_path)])
+    data, _ = _load(tmp_path, "batch_size")
+    _check_png(tmp_path / "batch_size.png")
+    assert {(r["batch_size"], r["encoding"]) for r in data["summary"]} == {
+        (4, "one_hot"), (4, "gaussian"), (9, "one_hot"), (9, "gaussian")}
+    for run in data["runs"]:
+        # 18 images: 5 steps at batch 4, 2 at batch 9.
+        assert run["steps"][-1] == {4: 5, 9: 2}[run["batch_size"]]
+        for value in run["accuracies"]:
+            _check_accuracy(value)
+        if run["steps_to_target"] is not None:
+            assert run["steps_to_target"] in run["steps"]
+        assert run["target"] == pytest.approx(
+            0.5 * max(r["best_accuracy_mean"] for r in data["summary"]
+                      if r["batch_size"] == run["batch_size"]))
+    assert len(data["curves"]) == 4
+
+
+def test_attributes_command(tmp_path):
+    path = _fake_cub(tmp_path)
+    out = tmp_path / "out"
+    cli.main(["attributes", "--dataset", path, "--seeds", "0", "--epochs", "1",
+              "--similarity-epochs", "1", "--verbose", "0",
+              "--code-lengths", "3", "--random-draws", "2",
+              "--encodings", "dense_random", "spectral",
+              "--output", str(out)])
+    data, markdown = _load(out, "attributes")
+    _check_png(out / "attributes.png")
+    assert {r["encoding"] for r in data["summary"]} == {"dense_random",
+                                                       "spectral"}
+    assert len([c for c in data["codes"] if c["encoding"] == "dense_random"]) == 2
+    assert data["settings"]["num_attributes"] == 20
+    for record in data["codes"]:
+        assert len(record["top_attributes"]) == 3  # one list per bit
+        for bit in record["top_attributes"]:
+            values = [abs(t["r"]) for t in bit]
+            assert all(0.0 <= v <= 1.0 for v in values)
+            assert values == sorted(values, reverse=True)
+        assert 0.0 <= record["mean_top_abs"] <= record["mean_max_abs"] <= 1.0
+    assert "Top 3 attributes" in markdown
+
+
+def test_attributes_need_class_attributes(tmp_path):
+    with pytest.raises(ValueError, match="attributes"):
+        cli.main(["attributes", *TINY, "--output", str(tmp_path)])
+
+
+def test_pictures_command(tmp_path):
+    cli.main(["pictures", *TINY, "--encodings", "one_hot", "spectral",
+              "--code-length", "4", "--tsne-iterations", "50",
+              "--confusion-classes", "4", "--output", str(tmp_path)])
+    data, _ = _load(tmp_path, "pictures")
+    _check_png(tmp_path / "pictures_tsne.png")
+    _check_png(tmp_path / "pictures_confusion.png")
+    assert [r["encoding"] for r in data["encodings"]] == ["one_hot", "spectral"]
+    for record in data["encodings"]:
+        _check_accuracy(record["test_accuracy"])
+        confusion = np.array(record["confusion"])
+        assert confusion.shape == (4, 4)
+        assert np.all(confusion >= 0) and np.all(confusion.sum(1) <= 1 + 1e-9)
+        assert 0.0 <= record["knn5_agreement_tsne"] <= 1.0
+
+
+def test_scale_command(tmp_path):
+    cli.main(["scale", *TINY, "--encodings", "gaussian", "--code-length", "4",
+              "--scale-configs", "fixed:1", "learnable:8",
+              "--output", str(tmp_path)])
+    data, _ = _load(tmp_path, "scale")
+    _check_png(tmp_path / "scale.png")
+    configs = {(r["encoding"], r["scale_config"]): r for r in data["summary"]}
+    assert set(configs) == {("one_hot", "n/a"), ("gaussian", "fixed:1"),
+                            ("gaussian", "learnable:8")}
+    assert configs[("gaussian", "fixed:1")]["final_scale_mean"] == (
+        pytest.approx(1.0))
+    assert configs[("one_hot", "n/a")]["final_scale_mean"] is None
+
+
+@pytest.mark.slow
+def test_all_smoke(tmp_path):
+    # `all` wiring only: one-hot everywhere keeps it to a few tiny runs.
+    results = cli.main(["all", "--smoke", "--verbose", "0", "--classes", "6",
+                        "--encodings", "one_hot", "--tsne-iterations", "30",
+                        "--output", str(tmp_path)])
+    assert set(results) == {"ablation", "bits", "batch-size", "pictures",
+                            "scale"}
+    assert "## batch-size" in (tmp_path / "README.md").read_text()
+    for name in ("ablation", "bits", "batch_size", "pictures", "scale"):
+        assert (tmp_path / f"{name}.json").exists()
