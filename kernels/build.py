@@ -235,7 +235,7 @@ def _units(tf: dict, cxx: str, nvcc: str | None, cuda_home: str | None, with_xla
         else:
             cuda_inc = os.path.join(cuda_home, "include")
             units.append(_Unit("ecoc_ops_gpu", src(GPU_OPS_SRC), [
-                cxx, "-std=c++17", "-fPIC", "-O3", "-DNDEBUG", *CXX_WARNINGS, "-DGOOGLE_CUDA=1",
+                cxx, "-std=c++17", "-fPIC", "-O3", "-DNDEBUG", *CXX_WARNINGS, "-DGOOGLE_CUDA=1", "-DEIGEN_USE_GPU",
                 f"-I{shim_dir}", f"-I{cuda_inc}", f"-I{KERNELS_DIR}", *tf["cflags"]], "cuda"))
             units.append(_Unit("ecoc_kernels_cu", src(CUDA_SRC), [
                 nvcc, "-std=c++17", "-x", "cu", "-O3", "-DGOOGLE_CUDA=1", "-DEIGEN_USE_GPU", "-DNDEBUG",

@@ -76,30 +76,52 @@ absl::Status CudaError(const char* op, cudaError_t err) {
   return absl::InternalError(message);
 }
 
-// Shapes shared by every op: z [B, k], codes [n, k].
-absl::Status CheckZAndCodes(const Tensor& z, const Tensor& codes) {
+// Checks z [B, k], codes [n, k], labels [B] and a scalar scale (the latter two
+// when given).  Same checks and wording as ValidateInputs in
+// ecoc_kernels_cpu.cc, so that CPU and GPU fail alike.
+absl::Status ValidateInputs(const Tensor& z, const Tensor& codes,
+                            const Tensor* labels, const Tensor* scale) {
   if (z.dims() != 2) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("z must be a matrix [batch, code_length], got shape ",
-                     z.shape().DebugString()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "z must be a rank-2 tensor [batch, code_length], got shape ",
+        z.shape().DebugString()));
   }
   if (codes.dims() != 2) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "codes must be a matrix [num_classes, code_length], got shape ",
+        "codes must be a rank-2 tensor [num_classes, code_length], got shape ",
         codes.shape().DebugString()));
   }
   if (codes.dim_size(1) != z.dim_size(1)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "z and codes must have the same code_length, got z ",
-        z.shape().DebugString(), " and codes ", codes.shape().DebugString()));
+        "z has code length (last dimension) ", z.dim_size(1),
+        " but codes has code length ", codes.dim_size(1),
+        "; they must be equal"));
   }
-  return absl::OkStatus();
-}
-
-absl::Status CheckScalar(const Tensor& t, const char* name) {
-  if (!TensorShapeUtils::IsScalar(t.shape())) {
+  if (codes.dim_size(0) < 1) {
+    return absl::InvalidArgumentError(
+        "codes must have at least one row (one class), got shape " +
+        codes.shape().DebugString());
+  }
+  if (codes.dim_size(0) > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("at most 2^31 - 1 classes are supported, got ",
+                     codes.dim_size(0)));
+  }
+  if (labels != nullptr) {
+    if (labels->dims() != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "labels must be a rank-1 tensor [batch], got shape ",
+          labels->shape().DebugString()));
+    }
+    if (labels->dim_size(0) != z.dim_size(0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "z has batch size ", z.dim_size(0), " but labels has ",
+          labels->dim_size(0), " elements; they must be equal"));
+    }
+  }
+  if (scale != nullptr && scale->dims() != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        name, " must be a scalar, got shape ", t.shape().DebugString()));
+        "scale must be a scalar, got shape ", scale->shape().DebugString()));
   }
   return absl::OkStatus();
 }
@@ -108,8 +130,7 @@ absl::Status CheckBatchVector(const Tensor& t, const char* name,
                               int64_t batch) {
   if (t.dims() != 1 || t.dim_size(0) != batch) {
     return absl::InvalidArgumentError(absl::StrCat(
-        name, " must be a vector of length batch = ", batch, ", got shape ",
-        t.shape().DebugString()));
+        name, " must have shape [", batch, "], got ", t.shape().DebugString()));
   }
   return absl::OkStatus();
 }
@@ -121,14 +142,15 @@ absl::Status ValidateAndUploadLabels(OpKernelContext* context,
                                      const Tensor& labels, int64_t batch,
                                      int64_t num_classes,
                                      Tensor* labels_device) {
-  TF_RETURN_IF_ERROR(CheckBatchVector(labels, "labels", batch));
+  // Shapes were checked by ValidateInputs; wording as CheckedLabels on CPU.
   const auto flat = labels.flat<Tlabels>();
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t y = static_cast<int64_t>(flat(b));
     if (y < 0 || y >= num_classes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("labels[", b, "] = ", y, " is not in [0, ",
-                       num_classes, ") (num_classes = ", num_classes, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "labels[", b, "] = ", y, " is outside the valid range [0, ",
+          num_classes, ") of class indices (codes has ", num_classes,
+          " rows)"));
     }
   }
   TF_RETURN_IF_ERROR(context->allocate_temp(
@@ -169,8 +191,7 @@ class EcocCrossEntropyGpuOp : public OpKernel {
     const Tensor& codes = context->input(1);
     const Tensor& labels = context->input(2);
     const Tensor& scale = context->input(3);
-    OP_REQUIRES_OK(context, CheckZAndCodes(z, codes));
-    OP_REQUIRES_OK(context, CheckScalar(scale, "scale"));
+    OP_REQUIRES_OK(context, ValidateInputs(z, codes, &labels, &scale));
     const int64_t batch = z.dim_size(0);
     const int64_t code_length = z.dim_size(1);
     const int64_t num_classes = codes.dim_size(0);
@@ -220,8 +241,7 @@ class EcocCrossEntropyCodesGradGpuOp : public OpKernel {
     const Tensor& scale = context->input(3);
     const Tensor& lse = context->input(4);
     const Tensor& grad_loss = context->input(5);
-    OP_REQUIRES_OK(context, CheckZAndCodes(z, codes));
-    OP_REQUIRES_OK(context, CheckScalar(scale, "scale"));
+    OP_REQUIRES_OK(context, ValidateInputs(z, codes, &labels, &scale));
     const int64_t batch = z.dim_size(0);
     const int64_t code_length = z.dim_size(1);
     const int64_t num_classes = codes.dim_size(0);
@@ -264,7 +284,7 @@ class EcocLabelRankGpuOp : public OpKernel {
     const Tensor& z = context->input(0);
     const Tensor& codes = context->input(1);
     const Tensor& labels = context->input(2);
-    OP_REQUIRES_OK(context, CheckZAndCodes(z, codes));
+    OP_REQUIRES_OK(context, ValidateInputs(z, codes, &labels, nullptr));
     const int64_t batch = z.dim_size(0);
     const int64_t code_length = z.dim_size(1);
     const int64_t num_classes = codes.dim_size(0);
@@ -300,14 +320,10 @@ class EcocNearestCodewordGpuOp : public OpKernel {
   void Compute(OpKernelContext* context) override {
     const Tensor& z = context->input(0);
     const Tensor& codes = context->input(1);
-    OP_REQUIRES_OK(context, CheckZAndCodes(z, codes));
+    OP_REQUIRES_OK(context, ValidateInputs(z, codes, nullptr, nullptr));
     const int64_t batch = z.dim_size(0);
     const int64_t code_length = z.dim_size(1);
     const int64_t num_classes = codes.dim_size(0);
-    OP_REQUIRES(context, num_classes > 0 || batch == 0,
-                absl::InvalidArgumentError(
-                    "codes must have at least one row (class) when the batch "
-                    "is not empty"));
 
     Tensor* index = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({batch}), &index));

@@ -584,3 +584,15 @@ print("TF_BEFORE" if before else "", "TF_AFTER" if "tensorflow" in sys.modules e
     if "TF_BEFORE" in proc.stdout:
         pytest.skip("`import keras_ecoc` itself imports tensorflow under jax; cannot check keras_ecoc.ops")
     assert "TF_AFTER" not in proc.stdout, "keras_ecoc.ops imported tensorflow under the jax backend"
+
+
+def test_scale_as_keras_variable(lib, tf, rng):
+    from keras_ecoc import ops as eops
+
+    z, codes, labels, scale = random_problem(rng, 7, 13, 5, scale=3.0)
+    var = keras.Variable(3.0, dtype="float32")
+    with tf.GradientTape() as tape:
+        total = tf.reduce_sum(eops.ecoc_cross_entropy(z, codes, labels, var))
+    (ds,) = tape.gradient(total, [var.value])
+    _, rds, _ = ref_grads(z, codes, labels, 3.0, np.ones(7))
+    np.testing.assert_allclose(float(ds), rds, rtol=1e-4)

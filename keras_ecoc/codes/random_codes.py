@@ -215,8 +215,10 @@ def sparse_random(
     with equal probability; a 0 means the class is left out of that binary
     problem. Draws `trials` candidates and keeps the best admissible one. A
     candidate is admissible if every column holds at least one +1 and one -1,
-    no two columns are identical or complementary, and no two rows are
-    identical. The best candidate has the largest minimum Allwein distance
+    no two columns are identical or complementary, no two rows are
+    identical, and no row is all zeros (that class would take part in no
+    binary problem, yet sit at distance `code_length / 2` from every other
+    class). The best candidate has the largest minimum Allwein distance
     between rows, `d(i, l) = sum_j (1 - m_ij * m_lj) / 2` (a shared 0 counts
     1/2), ties broken by the larger mean distance, then by the earlier draw.
 
@@ -354,6 +356,9 @@ def _select_best(draw, n, k, trials, kind, zero_probability):
             row_norms[:, :, None] + row_norms[:, None, :] - 2.0 * gram_rows
         )
         rows_ok = ~((squared_gaps == 0) & off_diagonal_rows).any(axis=(1, 2))
+        # A ternary class whose codeword is all zeros takes part in no
+        # binary problem.
+        rows_ok &= (row_norms > 0).all(axis=1)
         distances = (k - gram_rows) / 2.0
         min_distance = np.where(off_diagonal_rows, distances, np.inf).min(
             axis=(1, 2)
@@ -376,7 +381,8 @@ def _select_best(draw, n, k, trials, kind, zero_probability):
             f"admissible ({num_column_rejects} had a column that is constant "
             f"(or lacks a +1 or a -1), or two identical or complementary "
             f"columns; {num_row_rejects} had two classes with identical "
-            f"codewords). Increase `trials`, or change `code_length`"
+            f"codewords or an all-zero codeword). Increase `trials`, or "
+            f"change `code_length`"
             + (" or `zero_probability`" if zero_probability else "")
             + f". Received: trials={trials}"
         )

@@ -106,9 +106,7 @@ def ablation_markdown(results):
             if encoding == "one_hot" and k != n or r is None:
                 row.append("")
             else:
-                row.append(report.format_mean_std(
-                    r["final_accuracy_mean"], r["final_accuracy_std"],
-                    percent=True))
+                row.append(report.accuracy_cell(r))
         rows.append(row)
     s = results["settings"]
     text = (f"Test accuracy (%) after {s['epochs']} epochs, batch "

@@ -63,14 +63,17 @@ def run_batch_size(data, batch_sizes=BATCH_SIZES, encodings=BATCH_ENCODINGS,
             progress.end(record)
     targets, curve_rows = {}, []
     for batch_size in batch_sizes:
-        best = max(report.mean_std([r["best_accuracy"] for r in runs
-                                    if r["batch_size"] == batch_size
-                                    and r["encoding"] == e])[0]
-                   for e in encodings)
+        bests = [report.mean_std([r["best_accuracy"] for r in runs
+                                  if r["batch_size"] == batch_size
+                                  and r["encoding"] == e])[0]
+                 for e in encodings]
+        best = max([b for b in bests if b is not None], default=0.0)
         targets[batch_size] = fraction * best
         for encoding in encodings:
             group = [r for r in runs if r["batch_size"] == batch_size
-                     and r["encoding"] == encoding]
+                     and r["encoding"] == encoding and r["status"] == "ok"]
+            if not group:
+                continue
             steps, mean, std = curves.mean_curve(group)
             curve_rows.append({"batch_size": batch_size, "encoding": encoding,
                                "steps": steps, "mean": mean, "std": std})
@@ -84,6 +87,7 @@ def run_batch_size(data, batch_sizes=BATCH_SIZES, encodings=BATCH_ENCODINGS,
         group = [r for r in runs if r["batch_size"] == row["batch_size"]
                  and r["encoding"] == row["encoding"]]
         row["reached"] = sum(r["steps_to_target"] is not None for r in group)
+        row["wall_time_mean"] = row["wall_time_mean"] or 0.0
         row["repeats"] = len(group)
         row["code_length"] = group[0]["code_length"]
     results = {

@@ -92,9 +92,7 @@ def bits_markdown(results):
         row = [str(k)]
         for e in encodings:
             r = cells.get((e, k))
-            row.append(report.format_mean_std(
-                r["final_accuracy_mean"], r["final_accuracy_std"],
-                percent=True) if r else "")
+            row.append(report.accuracy_cell(r) if r else "")
         rows.append(row)
     oh = results["one_hot"]
     rows.append([f"one-hot (n = {oh['code_length']})",
@@ -119,6 +117,7 @@ def _write(results, output_dir, name):
             continue
         rows = sorted((r for r in summary if r["encoding"] == e),
                       key=lambda r: r["code_length"])
+        rows = [r for r in rows if r["final_accuracy_mean"] is not None]
         series.append((e, [r["code_length"] for r in rows],
                        [r["final_accuracy_mean"] for r in rows],
                        [r["final_accuracy_std"] for r in rows]))

@@ -221,6 +221,25 @@ def train_run(data, encoding, code_length, seed, similarity, batch_size,
     codes = encoding_codes(encoding, data.num_classes, code_length, similarity,
                            seed)
     steps_per_epoch = int(np.ceil(len(data.y_train) / batch_size))
+    if codes is not None:
+        distinct = len(np.unique(codes, axis=0))
+        if distinct < len(codes):
+            # Thresholded codes with few bits can give classes identical
+            # codewords; such a code cannot tell them apart and the layers
+            # reject it. Recorded as a failed run (accuracy None).
+            log(f"    -> not trained: {len(codes) - distinct} duplicate "
+                f"codewords ({distinct} distinct of {len(codes)})")
+            record = {
+                "encoding": encoding, "code_length": int(codes.shape[1]),
+                "batch_size": batch_size, "seed": int(seed),
+                "epochs": int(epochs), "steps_per_epoch": steps_per_epoch,
+                "status": "duplicate_codewords", "distinct_rows": distinct,
+                "steps": [], "accuracies": [], "epoch_accuracies": [],
+                "final_accuracy": None, "best_accuracy": None,
+                "wall_time": None, "final_scale": None,
+            }
+            record.update(extra or {})
+            return record
     kwargs = {}
     if scale is not None:
         kwargs["scale"] = float(scale)
@@ -233,6 +252,7 @@ def train_run(data, encoding, code_length, seed, similarity, batch_size,
     record = result.to_dict()
     record.update(
         seed=int(seed), epochs=int(epochs), steps_per_epoch=steps_per_epoch,
+        status="ok",
         best_accuracy=float(max(result.accuracies)),
         final_accuracy=float(result.final_accuracy),
         **code_stats(codes),
@@ -268,7 +288,7 @@ class RunProgress:
 
     def end(self, record=None):
         self.done += 1
-        if record is not None:
+        if record is not None and record.get("final_accuracy") is not None:
             log(f"    -> final accuracy {record['final_accuracy']:.4f} "
                 f"(best {record['best_accuracy']:.4f}) in "
                 f"{record['wall_time']:.0f} s")

@@ -92,8 +92,21 @@ def summarize(runs, keys, metrics=("final_accuracy", "best_accuracy",
     for key, group in group_runs(runs, keys).items():
         row = dict(zip(keys, key))
         row["seeds"] = [r.get("seed") for r in group]
+        row["failed"] = sum(r.get("status", "ok") != "ok" for r in group)
         for metric in metrics:
             mean, std = mean_std([r.get(metric) for r in group])
             row[f"{metric}_mean"], row[f"{metric}_std"] = mean, std
         summary.append(row)
     return summary
+
+
+def accuracy_cell(row, metric="final_accuracy"):
+    """'51.2 ± 1.0' for a summary row, noting runs that could not train."""
+    text = format_mean_std(row[f"{metric}_mean"], row[f"{metric}_std"],
+                           percent=True)
+    failed = row.get("failed", 0)
+    if failed:
+        text = ("duplicate codewords" if failed == len(row["seeds"]) else
+                f"{text} ({failed}/{len(row['seeds'])} runs: duplicate "
+                "codewords)")
+    return text

@@ -73,7 +73,10 @@ def run_scale(data, configs=SCALE_CONFIGS, encodings=("gaussian", "spectral"),
     curve_rows = []
     for row in summary:
         group = [r for r in runs if r["encoding"] == row["encoding"]
-                 and r["scale_config"] == row["scale_config"]]
+                 and r["scale_config"] == row["scale_config"]
+                 and r["status"] == "ok"]
+        if not group:
+            continue
         steps, mean, std = curves.mean_curve(group)
         curve_rows.append({"encoding": row["encoding"],
                            "scale_config": row["scale_config"],
@@ -131,6 +134,9 @@ def _write(results, output_dir, name):
         series += [("one-hot", c["steps"], c["mean"], c["std"])
                    for c in one_hot]
         panels.append((e, series))
+    if not panels:  # one-hot only
+        panels = [("one-hot", [("one-hot", c["steps"], c["mean"], c["std"])
+                               for c in one_hot])]
     files = [plots.curve_panels(
         common.output_path(output_dir, f"{name}.png"), panels,
         f"Decoding scale on {results['dataset']['name']}")]

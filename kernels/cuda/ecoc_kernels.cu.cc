@@ -38,8 +38,9 @@
 //   cannot contract or reorder differently in different places), whether it is
 //   the label distance computed up front or the one computed inside a tile.
 //   This keeps "logit_bi > logit_{b,y_b}" exact for i == y_b (the label never
-//   outranks itself) and makes the gradient kernel see bit-identical logits
-//   to the forward kernel.
+//   outranks itself), makes bit-identical codewords tie exactly, and gives
+//   the gradient kernel the forward kernel's distances bit for bit (u_b goes
+//   through one shared norm helper too).
 // * Warp reductions use the xor butterfly: IEEE addition is commutative, so
 //   every lane ends with bit-identical sums and the per-row running state is
 //   uniform across the warp without an extra broadcast.
@@ -61,6 +62,10 @@ namespace cuda {
 namespace {
 
 constexpr int kWarpSize = 32;
+// 4 warps per block: small blocks give more of them for modest batches (the
+// forward pass parallelizes over rows only).  Kernels are declared with
+// __launch_bounds__(kThreads, 1): without the explicit minimum nvcc 13 capped
+// them at 64 registers and spilled the per-row state.
 constexpr int kWarpsPerBlock = 4;
 constexpr int kThreads = kWarpSize * kWarpsPerBlock;
 // Streamed items per tile: one class (row-streaming) or one batch row
@@ -171,7 +176,7 @@ __device__ __forceinline__ void StageCodeTile(const float* codes,
                                               int warp, int lane) {
   for (int c = warp; c < kTile; c += kWarpsPerBlock) {
     const bool valid = c0 + c < num_classes;
-    const float* src = codes + (c0 + c) * code_length + j0;
+    const float* src = valid ? codes + (c0 + c) * code_length + j0 : codes;
     float ss = 0.0f;
     for (int j = lane; j < width; j += kWarpSize) {
       const float v = valid ? src[j] : 0.0f;
@@ -395,8 +400,8 @@ __global__ void __launch_bounds__(kThreads, 1) RowStreamKernel(RowArgs a) {
           }
         }
       } else if (kMode == RowMode::kRank) {
-        // logit_bi > logit_by  <=>  dist_bi < dist_by (scale > 0).  NaN
-        // compares false and is not counted.
+        // logit_bi > logit_by  <=>  dist_bi < dist_by (scale > 0).  A NaN
+        // distance compares false and is not counted.
 #pragma unroll
         for (int t = 0; t < RPW; ++t) {
           count[t] += (class_ok && dist[t] < label_dist[t]) ? 1 : 0;
@@ -437,7 +442,12 @@ __global__ void __launch_bounds__(kThreads, 1) RowStreamKernel(RowArgs a) {
       } else if (kMode == RowMode::kRank) {
         const long long total = WarpSumInt(count[t]);
         if (b < a.batch && lane == 0) {
-          a.rank[b] = label_ok[t] ? static_cast<int32_t>(total) : -1;
+          // A NaN label distance (NaN in z) ranks last, as on the CPU.
+          const long long worst =
+              a.num_classes < INT_MAX ? a.num_classes : INT_MAX;
+          a.rank[b] = !label_ok[t]                   ? -1
+                      : label_dist[t] != label_dist[t] ? static_cast<int32_t>(worst)
+                                                       : static_cast<int32_t>(total);
         }
       } else {
         float d = best_dist[t];
@@ -491,6 +501,24 @@ __host__ __device__ constexpr int64_t GradSmemFloats(int cpw, int64_t k,
          + kTile;                         // 1/||z_b|| of the batch tile
 }
 
+// Stages u[b0 + r, j0 : j0 + width) = z[...] * inv_norm[r] for r < kTile into
+// tile[r * pitch + j] (zeros past the end of the batch), with the same
+// product as the forward kernel's prologue.  Coalesced like StageCodeTile.
+template <typename ZT>
+__device__ __forceinline__ void StageBatchTile(const ZT* z, int64_t code_length,
+                                               int64_t b0, int rows, int j0,
+                                               int width, int pitch,
+                                               const float* inv_norm,
+                                               float* tile, int warp, int lane) {
+  for (int r = warp; r < kTile; r += kWarpsPerBlock) {
+    const bool valid = r < rows;
+    const ZT* src = valid ? z + (b0 + r) * code_length + j0 : z;
+    for (int j = lane; j < width; j += kWarpSize) {
+      tile[r * pitch + j] = valid ? ToFloat(src[j]) * inv_norm[r] : 0.0f;
+    }
+  }
+}
+
 template <typename ZT, int CPW>
 __global__ void __launch_bounds__(kThreads, 1) ClassStreamKernel(GradArgs a) {
   extern __shared__ float smem[];
@@ -520,7 +548,7 @@ __global__ void __launch_bounds__(kThreads, 1) ClassStreamKernel(GradArgs a) {
       const int64_t i = cls0 + t;
       float* m = m_s + (warp * CPW + t) * k;
       float* g = g_s + (warp * CPW + t) * k;
-      const float* src = a.codes + i * a.code_length;
+      const float* src = i < a.num_classes ? a.codes + i * a.code_length : a.codes;
       for (int j = lane; j < k; j += kWarpSize) {
         m[j] = i < a.num_classes ? src[j] : 0.0f;
         g[j] = 0.0f;
@@ -559,12 +587,8 @@ __global__ void __launch_bounds__(kThreads, 1) ClassStreamKernel(GradArgs a) {
         const int width = min(chunk, k - j0);
         last_j0 = j0;
         __syncthreads();  // inv_s written / previous chunk consumed
-        for (int r = warp; r < kTile; r += kWarpsPerBlock) {
-          const ZT* src = z + (b0 + r) * a.code_length + j0;
-          for (int j = lane; j < width; j += kWarpSize) {
-            u_s[r * pitch + j] = r < rows ? ToFloat(src[j]) * inv_s[r] : 0.0f;
-          }
-        }
+        StageBatchTile(z, a.code_length, b0, rows, j0, width, pitch, inv_s,
+                       u_s, warp, lane);
         __syncthreads();
         const float* u = u_s + lane * pitch;
         for (int j = 0; j < width; ++j) {
@@ -596,12 +620,8 @@ __global__ void __launch_bounds__(kThreads, 1) ClassStreamKernel(GradArgs a) {
         const int width = min(chunk, k - j0);
         if (j0 != last_j0) {
           __syncthreads();
-          for (int r = warp; r < kTile; r += kWarpsPerBlock) {
-            const ZT* src = z + (b0 + r) * a.code_length + j0;
-            for (int j = lane; j < width; j += kWarpSize) {
-              u_s[r * pitch + j] = r < rows ? ToFloat(src[j]) * inv_s[r] : 0.0f;
-            }
-          }
+          StageBatchTile(z, a.code_length, b0, rows, j0, width, pitch, inv_s,
+                         u_s, warp, lane);
           __syncthreads();
         }
         for (int j = lane; j < width; j += kWarpSize) {

@@ -354,8 +354,9 @@ void RunCase(const Case& c, FloatType z_type, IndexType label_type, uint64_t see
     const std::vector<double>& d = ref.dist[b];
     const bool nan_row = std::isnan(ref.loss[b]);
     if (nan_row) {
-      // Documented behaviour: NaN compares false, so rank 0 and index 0.
-      if (rank[b] != 0) ++rank_bad;
+      // Same as the CPU kernel: a NaN row ranks last (rank = n) and its
+      // nearest codeword is 0 (NaN never wins).
+      if (rank[b] != n) ++rank_bad;
       if (index[b] != 0) ++index_bad;
       continue;
     }

@@ -1,0 +1,299 @@
+"""Spectral output codes: eigenvectors of the class graph Laplacian.
+
+Rodriguez et al. embed the classes with the leading non-trivial eigenvectors
+of the normalized Laplacian of a class similarity graph (a relaxation of the
+normalized cut), so that similar classes get nearby codewords.
+"""
+
+import warnings
+
+import numpy as np
+import scipy.sparse
+import scipy.sparse.csgraph
+
+from keras_ecoc.codes import _eigen
+from keras_ecoc.codes._validation import as_float_matrix
+from keras_ecoc.codes._validation import check_choice
+from keras_ecoc.codes._validation import check_finite
+from keras_ecoc.codes._validation import check_int
+from keras_ecoc.codes._validation import describe
+from keras_ecoc.codes._validation import duplicate_row_pairs
+from keras_ecoc.codes._validation import format_list
+from keras_ecoc.codes._validation import make_rng
+
+THRESHOLDS = (None, "zero", "median")
+NORMALIZATIONS = ("sqrt_n", None)
+SOLVERS = ("auto", "dense", "chebyshev", "arpack")
+
+# With solver="auto", sparse graphs up to this many classes are densified:
+# LAPACK is exact and faster than an iterative solver at this size.
+_DENSE_MAX_CLASSES = 2000
+
+# Relative asymmetry |S - S^T| / max|S| tolerated (float32 round-off).
+_SYMMETRY_RTOL = 1e-6
+
+# Entries within this relative margin of a column's largest magnitude are
+# ties for the sign convention, so that round-off cannot flip a column.
+_SIGN_TIE_RTOL = 1e-6
+
+
+def spectral(
+    similarity,
+    code_length,
+    threshold=None,
+    normalization="sqrt_n",
+    solver="auto",
+    seed=0,
+    return_eigenvalues=False,
+):
+    """Returns spectral codes: Laplacian eigenvectors of a class graph.
+
+    With `S` the `(n, n)` class similarity and `D` its diagonal degree
+    matrix, the codes are the eigenvectors `1 .. code_length` of the
+    symmetric normalized Laplacian `L = I - D^-1/2 S D^-1/2`, ordered by
+    ascending eigenvalue (the normalized-cut cost of the split each column
+    encodes). Eigenvector 0, the trivial `D^1/2 1` with eigenvalue 0, is
+    skipped: the codes are orthogonal to it.
+
+    **Scaling.** With `normalization="sqrt_n"` (the default) the
+    orthonormal eigenvectors are multiplied by `sqrt(n)`, so that
+    `M^T M = n I`: the entries then have unit mean square, like +-1 codes
+    and N(0, 1) Gaussian codes, and one decoder temperature suits every code
+    family. Only whole columns are rescaled (all by the same factor); the
+    rows are *not* normalized individually, so the relative geometry of the
+    class codewords is preserved. `normalization=None` returns the raw
+    orthonormal eigenvectors (`M^T M = I`).
+
+    **Signs.** An eigenvector's sign is arbitrary, so each column is flipped
+    to make its entry of largest magnitude positive (entries within a
+    relative 1e-6 of the largest count as ties; the first one wins). Dense
+    and sparse solvers therefore return the same codes.
+
+    The diagonal of `S` is used as given (a self-loop adds to its class's
+    degree); `class_similarity` returns a zero diagonal. A graph with
+    several connected components triggers a warning: the null space of `L`
+    then has several dimensions, and the first codes are component
+    indicators with eigenvalue 0.
+
+    Args:
+        similarity: Symmetric non-negative `(n, n)` matrix, a NumPy array or
+            a `scipy.sparse` matrix (e.g. from `class_similarity`). Every
+            class needs a positive similarity to some class.
+        code_length: Number of eigenvectors `k`, an integer in
+            `[1, n - 1]`.
+        threshold: `None` for the real-valued eigenvectors (the best codes
+            in the paper), or `"zero"` / `"median"` to binarize them to +-1
+            with `binarize`.
+        normalization: `"sqrt_n"` or `None`, see above. Ignored for the
+            values when `threshold` is set (binary codes are +-1).
+        solver: `"dense"` (LAPACK `eigh`), `"chebyshev"` (Chebyshev-filtered
+            subspace iteration on the sparse matrix, for many classes),
+            `"arpack"` (`scipy.sparse.linalg.eigsh` on `I + A`), or
+            `"auto"`: `"dense"` for dense input and for sparse input with at
+            most 2000 classes, else `"chebyshev"`. The iterative solvers use
+            the dense one when `n - 1 <= code_length + 16`.
+        seed: Seed of the iterative solvers' random start (an integer or
+            `None`); results agree across seeds up to the solver tolerance.
+        return_eigenvalues: Whether to also return the eigenvalues.
+
+    Returns:
+        float32 `np.ndarray` of shape `(n, code_length)`; with
+        `return_eigenvalues=True`, a tuple `(codes, eigenvalues)` where
+        `eigenvalues` is float64 of shape `(code_length,)`, ascending, in
+        `[0, 2]`.
+
+    Raises:
+        TypeError: If `similarity` is not numeric or an argument has the
+            wrong type.
+        ValueError: If `similarity` is not square, not symmetric, has
+            negative, NaN or inf entries, or has classes with zero degree
+            (named in the message); if `code_length` is not in `[1, n - 1]`;
+            or if `threshold`, `normalization` or `solver` is unknown.
+    """
+    threshold = check_choice(threshold, "threshold", THRESHOLDS)
+    normalization = check_choice(normalization, "normalization", NORMALIZATIONS)
+    solver = check_choice(solver, "solver", SOLVERS)
+    if not isinstance(return_eigenvalues, (bool, np.bool_)):
+        raise TypeError(
+            f"Argument `return_eigenvalues` must be a bool. "
+            f"Received: return_eigenvalues={describe(return_eigenvalues)}"
+        )
+    rng = make_rng(seed)
+    similarity = _as_similarity(similarity)
+    n = similarity.shape[0]
+    k = check_int(
+        code_length,
+        "code_length",
+        minimum=1,
+        maximum=n - 1,
+        reason=(
+            " for spectral codes (eigenvectors 1..n-1 of the Laplacian of "
+            f"n={n} classes)"
+        ),
+    )
+
+    degrees = np.asarray(similarity.sum(axis=1)).reshape(-1)
+    isolated = np.flatnonzero(degrees <= 0)
+    if len(isolated):
+        raise ValueError(
+            f"Argument `similarity` gives classes {format_list(isolated)} "
+            f"no positive similarity to any class (zero degree), so the "
+            f"normalized Laplacian is undefined. Connect every class, e.g. "
+            f"with a larger `n_neighbors` or another kernel. "
+            f"Received: similarity={describe(similarity)}"
+        )
+    num_components, _ = scipy.sparse.csgraph.connected_components(
+        similarity, directed=False
+    )
+    if num_components > 1:
+        warnings.warn(
+            f"The similarity graph has {num_components} connected "
+            f"components, so the trivial eigenvector of the Laplacian is not "
+            f"unique and the first {min(num_components - 1, k)} code columns "
+            f"(eigenvalue 0) only tell the components apart. Connect the "
+            f"graph (e.g. a larger `n_neighbors`) for informative codes.",
+            UserWarning,
+            stacklevel=2,
+        )
+
+    inv_sqrt = 1.0 / np.sqrt(degrees)
+    if scipy.sparse.issparse(similarity):
+        scaling = scipy.sparse.diags(inv_sqrt)
+        adjacency = (scaling @ similarity @ scaling).tocsr()
+    else:
+        adjacency = similarity * inv_sqrt[:, None] * inv_sqrt[None, :]
+    u0 = np.sqrt(degrees)
+    u0 /= np.linalg.norm(u0)
+
+    if solver == "auto":
+        dense = not scipy.sparse.issparse(similarity) or n <= _DENSE_MAX_CLASSES
+        solver = "dense" if dense else "chebyshev"
+    if solver != "dense" and n - 1 <= k + 16:
+        solver = "dense"
+    if solver == "dense":
+        eigenvalues, vectors = _eigen.dense_eigenpairs(adjacency, u0, k)
+    elif solver == "arpack":
+        eigenvalues, vectors = _eigen.arpack_eigenpairs(adjacency, u0, k, rng)
+    else:
+        eigenvalues, vectors = _eigen.chebyshev_eigenpairs(
+            adjacency, u0, k, rng
+        )
+    # Round-off can push the first eigenvalue of a disconnected graph a hair
+    # below 0 (or the last above 2).
+    eigenvalues = np.clip(eigenvalues, 0.0, 2.0)
+
+    vectors = fix_signs(vectors)
+    if normalization == "sqrt_n":
+        vectors = vectors * np.sqrt(n)
+    codes = vectors.astype(np.float32)
+    if threshold is not None:
+        codes = binarize(codes, threshold)
+        _, total = duplicate_row_pairs(codes, max_pairs=0)
+        if total:
+            warnings.warn(
+                f"Binarizing with threshold={threshold!r} gave identical "
+                f"codewords to {total} pairs of classes, which a decoder "
+                f"cannot tell apart; use a larger `code_length` or "
+                f"threshold=None.",
+                UserWarning,
+                stacklevel=2,
+            )
+    if return_eigenvalues:
+        return codes, eigenvalues
+    return codes
+
+
+def binarize(codes, threshold):
+    """Turns real-valued codes into +-1 codes, column by column.
+
+    Args:
+        codes: float array of shape `(num_classes, code_length)`.
+        threshold: `"zero"`: +1 where the entry is >= 0, else -1.
+            `"median"`: +1 where the entry is >= the median of its column,
+            else -1, which balances each column.
+
+    Returns:
+        float32 `np.ndarray` of shape `(num_classes, code_length)` with
+        entries +-1. Rows may coincide; check with `report` or
+        `validate_codes`.
+
+    Raises:
+        TypeError: If `codes` is not numeric.
+        ValueError: If `codes` is not 2-D or holds NaN or inf, or if
+            `threshold` is not `"zero"` or `"median"`.
+    """
+    threshold = check_choice(threshold, "threshold", ("zero", "median"))
+    codes = as_float_matrix(codes, "codes")
+    if threshold == "zero":
+        cut = 0.0
+    else:
+        cut = np.median(codes, axis=0)
+    return np.where(codes >= cut, 1.0, -1.0).astype(np.float32)
+
+
+def fix_signs(vectors):
+    """Flips columns so that each one's largest-magnitude entry is positive.
+
+    Args:
+        vectors: float `np.ndarray` of shape `(n, k)`.
+
+    Returns:
+        float `np.ndarray` of shape `(n, k)`.
+    """
+    magnitude = np.abs(vectors)
+    peak = magnitude.max(axis=0)
+    first = np.argmax(magnitude >= peak * (1.0 - _SIGN_TIE_RTOL), axis=0)
+    signs = np.where(vectors[first, np.arange(vectors.shape[1])] < 0, -1.0, 1.0)
+    return vectors * signs
+
+
+def _as_similarity(similarity):
+    """Checks a similarity matrix; returns float64 ndarray or CSR."""
+    if scipy.sparse.issparse(similarity):
+        matrix = scipy.sparse.csr_matrix(similarity, dtype=np.float64, copy=True)
+        matrix.sum_duplicates()
+        if matrix.ndim != 2:
+            raise ValueError(
+                f"Argument `similarity` must be 2-D. "
+                f"Received: similarity={describe(similarity)}"
+            )
+        values = matrix.data
+    else:
+        matrix = as_float_matrix(similarity, "similarity")
+        values = matrix
+    rows, cols = matrix.shape
+    if rows != cols or rows < 2:
+        raise ValueError(
+            f"Argument `similarity` must be a square matrix of shape "
+            f"(num_classes, num_classes) with num_classes >= 2. "
+            f"Received: similarity={describe(similarity)}"
+        )
+    check_finite(values, "similarity")
+    if (values < 0).any():
+        if scipy.sparse.issparse(matrix):
+            coo = matrix.tocoo()
+            where = np.flatnonzero(coo.data < 0)[0]
+            first = (int(coo.row[where]), int(coo.col[where]))
+        else:
+            first = tuple(int(i) for i in np.argwhere(matrix < 0)[0])
+        raise ValueError(
+            f"Argument `similarity` must be non-negative (the Laplacian "
+            f"needs non-negative edge weights), but "
+            f"{int((values < 0).sum())} entries are negative, the first at "
+            f"{first}. Clip them, e.g. np.maximum(similarity, 0). "
+            f"Received: similarity={describe(similarity)}"
+        )
+    scale = abs(values).max() if values.size else 0.0
+    asymmetry = abs(matrix - matrix.T).max()
+    if asymmetry > _SYMMETRY_RTOL * scale:
+        raise ValueError(
+            f"Argument `similarity` must be symmetric, but "
+            f"max|S - S^T| = {asymmetry:.3g} exceeds {_SYMMETRY_RTOL:g} "
+            f"times max|S| = {scale:.3g}. Symmetrize it, e.g. "
+            f"(S + S.T) / 2. Received: similarity={describe(similarity)}"
+        )
+    matrix = (matrix + matrix.T) / 2.0
+    if scipy.sparse.issparse(matrix):
+        matrix = matrix.tocsr()
+        matrix.eliminate_zeros()
+    return matrix
