@@ -42,4 +42,4 @@ test-torch:
 	KERAS_BACKEND=torch $(BIN)/python -m pytest tests -q -p no:cacheprovider
 
 test-notebooks:
-	KERAS_BACKEND=tensorflow $(BIN)/python -m pytest --nbmake notebooks -q -p no:cacheprovider
+	KERAS_BACKEND=tensorflow KERAS_ECOC_NOTEBOOK_MODE=smoke $(BIN)/python -m pytest --nbmake notebooks -q -p no:cacheprovider

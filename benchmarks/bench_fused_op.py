@@ -41,12 +41,13 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-METHODS = ("fused", "eager", "xla", "onehot")
+METHODS = ("fused", "eager", "xla", "onehot", "fused_xla")
 LABELS = {
     "fused": "(a) fused op",
     "eager": "(b) Keras eager",
     "xla": "(c) Keras XLA",
     "onehot": "(d) one-hot Dense+CE",
+    "fused_xla": "(e) fused op, XLA",
 }
 
 
@@ -117,9 +118,10 @@ def make_step(tf, method: str, B: int, k: int, n: int):
     codes_np = rng.normal(size=(n, k)).astype(np.float32)
     codes_np /= np.linalg.norm(codes_np, axis=1, keepdims=True)
     codes = tf.constant(codes_np)
-    if method == "fused" and not eops.fused_available():
+    fused = method in ("fused", "fused_xla")
+    if fused and not eops.fused_available():
         raise RuntimeError(eops.fused_status())
-    loss_fn = eops.ecoc_cross_entropy if method == "fused" else (
+    loss_fn = eops.ecoc_cross_entropy if fused else (
         lambda zz, cc, yy, ss: decoding.cross_entropy(yy, zz, cc, ss))
 
     def step():
@@ -130,7 +132,7 @@ def make_step(tf, method: str, B: int, k: int, n: int):
 
     if method == "fused":
         return tf.function(step)
-    if method == "xla":
+    if method in ("xla", "fused_xla"):
         return tf.function(step, jit_compile=True)
     return step
 
@@ -138,6 +140,8 @@ def make_step(tf, method: str, B: int, k: int, n: int):
 def analytic_largest_mb(method: str, B: int, k: int, n: int) -> float:
     if method == "fused":
         elems = B * k  # expected code / gradient; the op's tiles are O(16 x 512) per thread
+    elif method == "fused_xla":
+        elems = B * min(n, max(1024, (1 << 22) // B)) if B * n > (1 << 22) and n > 1024 else B * n
     elif method == "onehot":
         elems = max(B * n, k * n)  # logits, and the weight gradient
     else:
@@ -176,46 +180,50 @@ def worker_main(args) -> None:
     results = []
     for c in configs:
         try:
-            results.append(measure(tf, c["method"], c["B"], c["k"], c["n"], args.budget, args.max_repeats))
+            if "kind" in c:  # a model.fit measurement (--quick runs them in this process)
+                results.append(fit_measure(c["kind"], c["n"], c["k"], c["samples"], c["batch"]))
+            else:
+                results.append(measure(tf, c["method"], c["B"], c["k"], c["n"], args.budget,
+                                       args.max_repeats))
         except Exception as e:  # noqa: BLE001 - report, do not abort the sweep
             results.append({**c, "error": f"{type(e).__name__}: {e}"[:300]})
     print("RESULT " + json.dumps(results), flush=True)
 
 
-FIT_SCRIPT = r"""
-import json, os, sys, time
-os.environ["KERAS_BACKEND"] = "tensorflow"
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-sys.path.insert(0, ROOT)
-import numpy as np, tensorflow as tf, keras
-from keras_ecoc import ops as eops
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-from bench_fused_op import reset_peak_rss, rss_mb, peak_rss_mb
-kind, n, k, N, batch = KIND, N_CLASSES, K, N_SAMPLES, BATCH
-rng = np.random.default_rng(0)
-x = rng.normal(size=(N, 64)).astype(np.float32)
-y = rng.integers(0, n, size=N).astype(np.int32)
-keras.utils.set_random_seed(0)
-backbone = [keras.Input((64,)), keras.layers.Dense(256, activation="relu")]
-if kind == "ecoc":
-    codes = rng.normal(size=(n, k)).astype(np.float32)
-    codes /= np.linalg.norm(codes, axis=1, keepdims=True)
-    model = keras.Sequential(backbone + [keras.layers.Dense(k)])
-    loss = lambda yt, yp: eops.ecoc_cross_entropy(yp, codes, tf.reshape(yt, [-1]), 10.0)
-else:
-    model = keras.Sequential(backbone + [keras.layers.Dense(n)])
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=loss)
-model.fit(x[: 2 * batch], y[: 2 * batch], batch_size=batch, epochs=1, verbose=0)  # trace + warm up
-reset_peak_rss(); base = rss_mb()
-t0 = time.perf_counter()
-model.fit(x, y, batch_size=batch, epochs=1, verbose=0)
-dt = time.perf_counter() - t0
-steps = (N + batch - 1) // batch
-print("RESULT " + json.dumps({"kind": kind, "epoch_s": dt, "step_ms": dt / steps * 1e3,
-      "peak_mb": peak_rss_mb() - base, "params": int(model.count_params()),
-      "fused": eops.fused_status() if kind == "ecoc" else ""}))
-"""
+def fit_measure(kind: str, n: int, k: int, samples: int, batch: int) -> dict:
+    """One model.fit epoch (after a warm-up epoch): step time and peak RSS."""
+    tf = _setup_tf()
+    import keras  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+
+    from keras_ecoc import ops as eops  # noqa: PLC0415
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(samples, 64)).astype(np.float32)
+    y = rng.integers(0, n, size=samples).astype(np.int32)
+    keras.utils.set_random_seed(0)
+    backbone = [keras.Input((64,)), keras.layers.Dense(256, activation="relu")]
+    if kind == "ecoc":
+        codes = rng.normal(size=(n, k)).astype(np.float32)
+        codes /= np.linalg.norm(codes, axis=1, keepdims=True)
+        model = keras.Sequential(backbone + [keras.layers.Dense(k)])
+
+        def loss(y_true, y_pred):
+            return eops.ecoc_cross_entropy(y_pred, codes, tf.reshape(y_true, [-1]), 10.0)
+    else:
+        model = keras.Sequential(backbone + [keras.layers.Dense(n)])
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=loss)
+    model.fit(x[: 2 * batch], y[: 2 * batch], batch_size=batch, epochs=1, verbose=0)  # trace, warm up
+    reset_ok = reset_peak_rss()
+    base = rss_mb()
+    t0 = time.perf_counter()
+    model.fit(x, y, batch_size=batch, epochs=1, verbose=0)
+    dt = time.perf_counter() - t0
+    steps = (samples + batch - 1) // batch
+    return {"kind": kind, "epoch_s": dt, "step_ms": dt / steps * 1e3,
+            "peak_mb": (peak_rss_mb() - base) if reset_ok else float("nan"),
+            "params": int(model.count_params())}
 
 
 def run_subprocess(cmd: list, timeout: float) -> list | dict | None:
@@ -238,9 +246,9 @@ def run_subprocess(cmd: list, timeout: float) -> list | dict | None:
 
 
 def fit_benchmark(kind: str, n: int, k: int, samples: int, batch: int, timeout: float) -> dict:
-    script = (f"ROOT = {ROOT!r}\nKIND = {kind!r}\nN_CLASSES = {n}\nK = {k}\n"
-              f"N_SAMPLES = {samples}\nBATCH = {batch}\n") + FIT_SCRIPT
-    res = run_subprocess([sys.executable, "-c", script], timeout)
+    cfg = {"kind": kind, "n": n, "k": k, "samples": samples, "batch": batch}
+    res = run_subprocess([sys.executable, os.path.abspath(__file__), "--fit-worker", json.dumps(cfg)],
+                         timeout)
     return res or {"kind": kind, "error": "failed or timed out"}
 
 
@@ -310,8 +318,8 @@ def render(results: list, fits: list, args, elapsed: float) -> str:
         if any("error" in r or not r for r in (f, e, x)):
             verdicts.append(f"- B={B}, k={k}, n={n}: incomplete measurement")
             continue
-        mem_e = e["peak_mb"] / max(f["peak_mb"], 0.5)
-        mem_x = x["peak_mb"] / max(f["peak_mb"], 0.5)
+        mem_e = e["peak_mb"] / max(f["peak_mb"], 0.1)  # RSS is page-granular: floor 0.1 MB
+        mem_x = x["peak_mb"] / max(f["peak_mb"], 0.1)
         speed = x["time_ms"] / f["time_ms"]
         ok = mem_e >= 10 and mem_x >= 10 and speed >= 1.0
         verdicts.append(
@@ -342,15 +350,17 @@ Generated by `python benchmarks/bench_fused_op.py{' --quick' if args.quick else 
 
 Time: median over the timed repeats after a warm-up (tracing / XLA compilation
 excluded). Memory: peak RSS of the timed steps above the RSS after warm-up, in
-a fresh subprocess per cell (MB; the inputs, including the n x k code matrix,
-are part of the baseline). Methods:
+{'one subprocess (--quick)' if args.quick else 'a fresh subprocess per (B, k, n)'} (MB; the inputs, including the n x k code
+matrix, are part of the baseline). Methods:
 
 - (a) the fused op (`keras_ecoc.ops.ecoc_cross_entropy`) in a `tf.function`;
 - (b) the pure-Keras path (`keras_ecoc.decoding.cross_entropy`), eager;
 - (c) the same under `tf.function(jit_compile=True)`;
 - (d) the one-hot head a user would otherwise write, Dense(k -> n) + sparse
   softmax cross-entropy, in a `tf.function` (gradients w.r.t. the input and the
-  Dense weights, as in training).
+  Dense weights, as in training);
+- (e) the fused op under `tf.function(jit_compile=True)`, i.e. its XLA
+  lowering (tiled over classes when B·n > 4M, dense otherwise).
 
 {table}
 
@@ -383,15 +393,21 @@ def main(argv=None) -> int:
     p.add_argument("--max-repeats", type=int, default=20)
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--fit-worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--no-fit", action="store_true", help="skip the end-to-end model.fit comparison")
     args = p.parse_args(argv)
     if args.worker is not None:
         worker_main(args)
         return 0
+    if args.fit_worker is not None:
+        c = json.loads(args.fit_worker)
+        print("RESULT " + json.dumps(fit_measure(c["kind"], c["n"], c["k"], c["samples"], c["batch"])),
+              flush=True)
+        return 0
 
     methods = [m for m in args.methods.split(",") if m]
     if args.quick:
-        grid = [(16, 32, 100), (16, 32, 1000)]
+        grid = [(16, 32, 1000)]
         args.budget, args.max_repeats = 0.2, 3
         args.fit_n, args.fit_k, args.fit_samples, args.fit_batch = 2000, 16, 256, 64
     else:
@@ -400,25 +416,33 @@ def main(argv=None) -> int:
     t0 = time.time()
     results = []
     script = os.path.abspath(__file__)
+    fits = []
     if args.quick:
-        # One subprocess for the whole grid (peak counters are reset per cell).
+        # One subprocess for everything (peak counters are reset per cell).
         configs = [{"method": m, "B": B, "k": k, "n": n} for (B, k, n) in grid for m in methods]
+        if not args.no_fit:
+            configs += [{"kind": kind, "n": args.fit_n, "k": args.fit_k, "samples": args.fit_samples,
+                         "batch": args.fit_batch} for kind in ("ecoc", "onehot")]
         cmd = [sys.executable, script, "--worker", json.dumps(configs), "--budget", str(args.budget),
                "--max-repeats", str(args.max_repeats)]
-        results = run_subprocess(cmd, timeout=300) or [{**c, "error": "worker failed"} for c in configs]
+        out = run_subprocess(cmd, timeout=300) or [{**c, "error": "worker failed"} for c in configs]
+        results = [r for r in out if "kind" not in r]
+        fits = [r for r in out if "kind" in r]
     else:
         for B, k, n in grid:
-            for m in methods:
-                cfg = [{"method": m, "B": B, "k": k, "n": n}]
-                cmd = [sys.executable, script, "--worker", json.dumps(cfg), "--budget", str(args.budget),
-                       "--max-repeats", str(args.max_repeats)]
-                res = run_subprocess(cmd, timeout=600)
-                r = res[0] if res else {**cfg[0], "error": "worker failed or timed out"}
-                results.append(r)
+            # One fresh subprocess per configuration; the peak-RSS counter is
+            # reset before each method's timed steps.
+            cfg = [{"method": m, "B": B, "k": k, "n": n} for m in methods]
+            cmd = [sys.executable, script, "--worker", json.dumps(cfg), "--budget", str(args.budget),
+                   "--max-repeats", str(args.max_repeats)]
+            res = run_subprocess(cmd, timeout=900) or [{**c, "error": "worker failed or timed out"}
+                                                        for c in cfg]
+            results.extend(res)
+            for r in res:
                 msg = r.get("error") or f"{r['time_ms']:.2f} ms, +{r['peak_mb']:.1f} MB"
-                print(f"[bench] B={B} k={k} n={n} {m}: {msg}  ({time.time() - t0:.0f} s)", flush=True)
-    fits = []
-    if not args.no_fit:
+                print(f"[bench] B={B} k={k} n={n} {r['method']}: {msg}  ({time.time() - t0:.0f} s)",
+                      flush=True)
+    if not args.no_fit and not args.quick:
         for kind in ("ecoc", "onehot"):
             r = fit_benchmark(kind, args.fit_n, args.fit_k, args.fit_samples, args.fit_batch, timeout=900)
             fits.append(r)

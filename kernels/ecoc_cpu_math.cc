@@ -720,6 +720,8 @@ int CodesGrad(const Runtime* rt, const float* z, const int64_t* labels,
   int64_t R = 1;
   if (ctx.ntiles < 2 * threads) {
     R = Min64(P.nblk, CeilDiv(4 * threads, ctx.ntiles));
+    // Partial sums take R x n x kp floats: keep them under 16M floats.
+    R = Max64(1, Min64(R, (int64_t{1} << 24) / Max64(1, P.n * P.kp)));
   }
   ctx.blocks_per_split = CeilDiv(P.nblk, R);
   ctx.R = CeilDiv(P.nblk, ctx.blocks_per_split);

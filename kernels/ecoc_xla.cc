@@ -11,9 +11,17 @@
 //
 // XLA has no run-time errors: an out-of-range label gives a NaN loss (and a
 // rank of n), never a silent number.
+//
+// Registration caveat: TensorFlow turns the REGISTER_XLA_OP registrations into
+// kernels for the XLA_*_JIT devices once per process, when its device context
+// is first created. A library loaded after that (the usual case: the fused op
+// is loaded lazily, on first use) would have no XLA kernels, so the loader
+// calls KerasEcocEnsureXlaKernels() below right after tf.load_op_library; it
+// registers the kernels itself when they are missing.
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <mutex>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -21,6 +29,8 @@
 #include "absl/types/span.h"
 #include "tensorflow/compiler/tf2xla/xla_op_kernel.h"
 #include "tensorflow/compiler/tf2xla/xla_op_registry.h"
+#include "tensorflow/core/framework/kernel_def.pb.h"
+#include "tensorflow/core/framework/kernel_def_builder.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "xla/hlo/builder/lib/arithmetic.h"
@@ -465,5 +475,61 @@ REGISTER_XLA_OP(Name("EcocNearestCodeword")
                     .TypeConstraint("T", {DT_FLOAT, DT_HALF, DT_BFLOAT16}),
                 EcocNearestCodewordXla);
 
+template <class K>
+tensorflow::OpKernel* MakeKernel(tensorflow::OpKernelConstruction* ctx) {
+  return new K(ctx);
+}
+
+int EnsureXlaKernels() {
+  struct Spec {
+    const char* op;
+    bool has_labels;
+    tensorflow::OpKernel* (*factory)(tensorflow::OpKernelConstruction*);
+  };
+  const Spec specs[] = {
+      {"EcocCrossEntropy", true, MakeKernel<EcocCrossEntropyXla>},
+      {"EcocCrossEntropyCodesGrad", true, MakeKernel<EcocCrossEntropyCodesGradXla>},
+      {"EcocLabelRank", true, MakeKernel<EcocLabelRankXla>},
+      {"EcocNearestCodeword", false, MakeKernel<EcocNearestCodewordXla>},
+  };
+  int added = 0;
+  for (const char* device :
+       {tensorflow::DEVICE_CPU_XLA_JIT, tensorflow::DEVICE_GPU_XLA_JIT}) {
+    if (!tensorflow::XlaOpRegistry::IsBackendRegistered(device)) continue;
+    // DeviceKernels() first makes TensorFlow register the JIT kernels of all
+    // XLA ops it knows, if it has not done so yet (then ours are included).
+    bool present = false;
+    for (const tensorflow::KernelDef* kd :
+         tensorflow::XlaOpRegistry::DeviceKernels(device, true)) {
+      if (kd->op() == "EcocCrossEntropy") {
+        present = true;
+        break;
+      }
+    }
+    if (present) continue;
+    for (const Spec& spec : specs) {
+      tensorflow::KernelDefBuilder builder(spec.op);
+      builder.Device(device).TypeConstraint("T", {DT_FLOAT, DT_HALF, DT_BFLOAT16});
+      if (spec.has_labels) builder.TypeConstraint("Tlabels", {DT_INT32, DT_INT64});
+      // Registrars live for the whole process, like static registrations.
+      new tensorflow::kernel_factory::OpKernelRegistrar(builder.Build(),
+                                                        "XlaJitOp", spec.factory);
+      ++added;
+    }
+  }
+  return added;
+}
+
 }  // namespace
 }  // namespace keras_ecoc
+
+// Makes sure the XLA kernels of the four ops are registered for the XLA JIT
+// devices (see the registration caveat at the top). Idempotent; returns the
+// number of kernels it had to register itself.
+extern "C" __attribute__((visibility("default"))) int KerasEcocEnsureXlaKernels() {
+  static std::mutex mu;
+  static int result = -1;
+  std::lock_guard<std::mutex> lock(mu);
+  if (result < 0) result = keras_ecoc::EnsureXlaKernels();
+  return result;
+}

@@ -140,6 +140,30 @@ def test_duplicate_codewords_are_recorded_not_trained(monkeypatch):
     assert report.accuracy_cell(row) == "duplicate codewords"
 
 
+def test_duplicate_classes_are_dropped():
+    from keras_ecoc.datasets import ImageDataset
+    from keras_ecoc.experiments import common
+
+    rng = np.random.default_rng(0)
+    x = rng.random((3, 2, 4, 4, 1)).astype("float32")  # class, image, ...
+    x[2] = x[0]  # class 2 repeats class 0's images under another label
+    data = ImageDataset(
+        name="toy", x_train=x[:, :1].reshape(3, 4, 4, 1),
+        y_train=np.arange(3, dtype="int32"),
+        x_test=x[:, 1:].reshape(3, 4, 4, 1), y_test=np.arange(3, dtype="int32"),
+        class_names=["a", "b", "a again"],
+        class_attributes=np.arange(6.0).reshape(3, 2))
+    assert common.duplicate_classes(data) == [(2, 0)]
+    clean = common.drop_classes(data, [2])
+    assert clean.class_names == ["a", "b"] and clean.num_classes == 2
+    np.testing.assert_array_equal(clean.y_train, [0, 1])
+    np.testing.assert_array_equal(clean.class_attributes, [[0, 1], [2, 3]])
+    # The embedded Omniglot set lists Greek and Latin twice.
+    omniglot = common.load_data(common.DataOptions())
+    assert omniglot.num_classes == 242
+    assert len(set(omniglot.class_names)) == 242
+
+
 def test_bits_command(tmp_path):
     cli.main(["bits", *TINY, "--code-lengths", "3", "5",
               "--encodings", "dense_random", "--output", str(tmp_path)])

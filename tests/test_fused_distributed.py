@@ -1,4 +1,11 @@
-"""The fused op inside Keras model.fit under tf.distribute.MirroredStrategy.
+"""The fused op under tf.distribute.MirroredStrategy with two logical CPUs.
+
+* Keras model.fit with the fused loss (jit_compile=False: Keras + MirroredStrategy
+  + jit_compile=True fails on multiple logical CPU devices for any loss, e.g.
+  plain MSE: "Trying to access resource ... located in device CPU:1 from
+  device CPU:0", a known XLA limitation, unrelated to this op);
+* the op forward and gradient, XLA-compiled per replica via strategy.run,
+  against the same computation on the whole batch.
 
 Two logical CPU devices must be configured before TensorFlow initialises its
 devices, so the check runs in a fresh subprocess (which also keeps this from
@@ -46,7 +53,7 @@ SCRIPT = textwrap.dedent(
 
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     out = {"replicas": strategy.num_replicas_in_sync}
-    for jit in (False, True):
+    for jit in (False,):
         keras.utils.set_random_seed(0)
         with strategy.scope():
             model = keras.Sequential([keras.Input((10,)), keras.layers.Dense(32, activation="relu"),
@@ -56,12 +63,34 @@ SCRIPT = textwrap.dedent(
         evaluated = model.evaluate(x, y, batch_size=64, verbose=0)
         direct = float(np.mean(eops.ecoc_cross_entropy(model.predict(x, verbose=0), codes, y, 8.0)))
         out[f"jit={jit}"] = {"loss": history.history["loss"], "evaluated": evaluated, "direct": direct}
+
+    z = rng.normal(size=(128, k)).astype(np.float32)
+
+    @tf.function(jit_compile=True)
+    def step(zz, yy):
+        with tf.GradientTape() as tape:
+            tape.watch(zz)
+            loss = eops.ecoc_cross_entropy(zz, codes, yy, 8.0)
+            total = tf.reduce_sum(loss)
+        return loss, tape.gradient(total, zz)
+
+    ds = tf.data.Dataset.from_tensor_slices((z, y[:128])).batch(64)
+    losses, grads = [], []
+    for zb, yb in strategy.experimental_distribute_dataset(ds):
+        l, g = strategy.run(step, args=(zb, yb))
+        losses.append(strategy.gather(l, axis=0).numpy())
+        grads.append(strategy.gather(g, axis=0).numpy())
+    ref_l, ref_g = step(tf.constant(z), tf.constant(y[:128]))
+    out["xla_replicas"] = {
+        "loss_err": float(np.max(np.abs(np.concatenate(losses) - ref_l.numpy()))),
+        "grad_err": float(np.max(np.abs(np.concatenate(grads) - ref_g.numpy()))),
+    }
     print(json.dumps(out))
     """
 )
 
 
-def test_fit_under_mirrored_strategy_two_cpus():
+def test_mirrored_strategy_two_cpus():
     if keras.backend.backend() != "tensorflow":
         pytest.skip("the fused op is TensorFlow-only")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -75,7 +104,9 @@ def test_fit_under_mirrored_strategy_two_cpus():
             pytest.fail(result["unavailable"])
         pytest.skip(result["unavailable"])
     assert result["replicas"] == 2
-    for jit in ("jit=False", "jit=True"):
+    assert result["xla_replicas"]["loss_err"] < 1e-5, result
+    assert result["xla_replicas"]["grad_err"] < 1e-5, result
+    for jit in ("jit=False",):
         losses = result[jit]["loss"]
         assert all(map(lambda v: v == v, losses)), losses  # no NaN
         assert losses[-1] < losses[0], losses

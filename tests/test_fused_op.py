@@ -596,3 +596,26 @@ def test_scale_as_keras_variable(lib, tf, rng):
     (ds,) = tape.gradient(total, [var.value])
     _, rds, _ = ref_grads(z, codes, labels, 3.0, np.ones(7))
     np.testing.assert_allclose(float(ds), rds, rtol=1e-4)
+
+
+def test_xla_works_when_loaded_after_tensorflow_started():
+    """The usual order: TF's device context exists before the lazy library load."""
+    if BACKEND != "tensorflow":
+        pytest.skip(f"backend is {BACKEND}")
+    code = """
+import numpy as np, tensorflow as tf
+tf.constant(1.0) + 1.0  # creates the eager context and the XLA JIT kernels
+from keras_ecoc import ops
+z = np.random.default_rng(0).normal(size=(4, 3)).astype("float32")
+codes = np.eye(5, 3, dtype="float32")
+f = tf.function(lambda zz: ops.ecoc_cross_entropy(zz, codes, [0, 1, 2, 3], 2.0), jit_compile=True)
+if not ops.fused_available():
+    print("UNAVAILABLE", ops.fused_status()); raise SystemExit(0)
+np.testing.assert_allclose(f(z), ops.ecoc_cross_entropy(z, codes, [0, 1, 2, 3], 2.0), rtol=1e-5)
+print("OK", ops.fused_status())
+"""
+    proc = _run_python(code, KERAS_BACKEND="tensorflow")
+    if "UNAVAILABLE" in proc.stdout and not REQUIRE_FUSED:
+        pytest.skip(proc.stdout)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "with XLA lowerings" in proc.stdout

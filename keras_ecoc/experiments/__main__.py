@@ -51,6 +51,10 @@ def _common_parser():
                    help="resize images to SIZE x SIZE")
     g.add_argument("--cub-crop", choices=("bbox", "center"), default="bbox",
                    help="crop of the CUB .npz files (default: bbox)")
+    g.add_argument("--keep-duplicate-classes", action="store_true",
+                   help="keep classes whose images duplicate another "
+                   "class's (dropped by default: the Omniglot files list "
+                   "Greek and Latin twice, 292 labels for 242 classes)")
     g = p.add_argument_group("training")
     g.add_argument("--seeds", type=int, nargs="+", default=None,
                    help="repeats (default: 0 1)")
@@ -100,6 +104,9 @@ def build_parser():
                    help="default: 16 32 128")
     p.add_argument("--fraction", type=float, default=0.9,
                    help="steps to reach this fraction of the best accuracy")
+    p.add_argument("--resume", default=None,
+                   help="a batch_size.json of an earlier run with the same "
+                   "settings: its runs are reused (e.g. to add seeds)")
     p = sub.add_parser("attributes", parents=[common],
                        help="code bits against CUB attributes (Table 2)")
     p.add_argument("--random-draws", type=int, default=None,
@@ -148,7 +155,7 @@ def _data_options(o):
         dataset=o["dataset"], classes=o["classes"],
         train_per_class=o["train_per_class"],
         test_per_class=o["test_per_class"], image_size=o["image_size"],
-        cub_crop=o["cub_crop"])
+        cub_crop=o["cub_crop"], dedupe=not o["keep_duplicate_classes"])
 
 
 def _pick(o, key, default):
@@ -193,8 +200,15 @@ def run_experiment(experiment, o, output_dir):
             eval_per_epoch=_pick(o, "eval_per_epoch", 1), **scale_kwargs,
             **shared)
     if experiment == "batch-size":
+        previous = None
+        if o.get("resume"):
+            import json
+
+            with open(o["resume"]) as f:
+                previous = json.load(f)["runs"]
         return batch_size.run_batch_size(
-            data, batch_sizes=_pick(o, "batch_sizes", batch_size.BATCH_SIZES),
+            data, previous_runs=previous,
+            batch_sizes=_pick(o, "batch_sizes", batch_size.BATCH_SIZES),
             encodings=_pick(o, "encodings", batch_size.BATCH_ENCODINGS),
             code_length=k, seeds=seeds, epochs=_pick(o, "epochs", 4),
             fraction=o["fraction"],

@@ -134,7 +134,7 @@ def _write(results, output_dir, name):
                   for r in summary if r["encoding"] == "one_hot"]
     files = [plots.grouped_bars(
         common.output_path(output_dir, f"{name}.png"), encodings, groups,
-        f"Code design ablation on {results['dataset']['name']}",
+        f"Code design ablation on {common.data_label(results)}",
         references=references)]
     files.append(report.write_text(common.output_path(output_dir, f"{name}.md"),
                                    results["markdown"]))

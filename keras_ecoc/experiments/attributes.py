@@ -145,10 +145,8 @@ def attributes_markdown(results, show_bits=6):
     rows = []
     for r in results["summary"]:
         rows.append([r["encoding"], r["code_length"], len(r["seeds"]),
-                     report.format_mean_std(r["mean_max_abs_mean"],
-                                            r["mean_max_abs_std"]),
-                     report.format_mean_std(r["mean_top_abs_mean"],
-                                            r["mean_top_abs_std"])])
+                     report.stat_cell(r, "mean_max_abs"),
+                     report.stat_cell(r, "mean_top_abs")])
     text = (f"Pearson correlation across the {results['dataset']['num_classes']} "
             f"classes between each code column and each of the "
             f"{s['num_attributes']} attributes, averaged over bits; mean ± std "
@@ -185,7 +183,7 @@ def _write(results, output_dir, name):
                        np.arange(1, len(values) + 1), values, None))
     files = [plots.lines(
         common.output_path(output_dir, f"{name}.png"), series,
-        f"Max |attribute correlation| per bit on {results['dataset']['name']}",
+        f"Max |attribute correlation| per bit on {common.data_label(results)}",
         "bit (sorted by max |r|)", ylabel="max |r| over attributes")]
     files.append(report.write_text(common.output_path(output_dir, f"{name}.md"),
                                    results["markdown"]))

@@ -21,7 +21,8 @@ def run_batch_size(data, batch_sizes=BATCH_SIZES, encodings=BATCH_ENCODINGS,
                    code_length=32, seeds=(0, 1), epochs=4, fraction=0.9,
                    eval_per_epoch=5, output_dir=None, verbose=1,
                    similarity_epochs=common.SIMILARITY_EPOCHS, scale=None,
-                   learnable_scale=None, name="batch_size"):
+                   learnable_scale=None, previous_runs=None,
+                   name="batch_size"):
     """Accuracy-against-steps curves per batch size and encoding.
 
     Every run trains `epochs` passes over the training split, so smaller
@@ -37,10 +38,15 @@ def run_batch_size(data, batch_sizes=BATCH_SIZES, encodings=BATCH_ENCODINGS,
         code_length: k of the ECOC encodings.
         fraction: the target fraction of the best accuracy, in (0, 1].
         eval_per_epoch: test evaluations per epoch (points of the curves).
+        previous_runs: run records of an earlier call (its JSON "runs")
+            with the same settings; runs with the same batch size, encoding
+            and seed are reused instead of trained again (to add seeds).
         Others: as `ablation.run_ablation`.
 
     Returns:
-        dict with "runs" (each with "steps_to_target"), "summary" (per batch
+        dict with "runs" (each with "steps_to_target" and
+        "steps_to_own_target", the first step at `fraction` x the run's own
+        best accuracy), "summary" (per batch
         size and encoding: final/best accuracy and steps to target, mean and
         std), "targets" ({batch size: accuracy}), "curves", "settings",
         "dataset", "environment", "markdown", "files", "wall_time".
@@ -51,10 +57,18 @@ def run_batch_size(data, batch_sizes=BATCH_SIZES, encodings=BATCH_ENCODINGS,
     similarity = common.SimilarityCache(data, epochs=similarity_epochs)
     plan = [(b, e) for b in batch_sizes for e in encodings]
     progress = common.RunProgress(len(plan) * len(seeds), name)
+    done = {(r["batch_size"], r["encoding"], r["seed"]): r
+            for r in previous_runs or []}
     runs = []
     for seed in seeds:
         for batch_size, encoding in plan:
             progress.begin(f"{encoding} batch={batch_size} seed={seed}")
+            if (batch_size, encoding, seed) in done:
+                record = done[(batch_size, encoding, seed)]
+                common.log("    -> reused from the previous results")
+                runs.append(record)
+                progress.end(record)
+                continue
             record = common.train_run(
                 data, encoding, k, seed, similarity, batch_size, epochs,
                 eval_per_epoch=eval_per_epoch, verbose=verbose, scale=scale,
@@ -80,9 +94,13 @@ def run_batch_size(data, batch_sizes=BATCH_SIZES, encodings=BATCH_ENCODINGS,
     for r in runs:
         r["target"] = targets[r["batch_size"]]
         r["steps_to_target"] = curves.steps_to(r, r["target"])
+        r["steps_to_own_target"] = (
+            None if r["best_accuracy"] is None
+            else curves.steps_to(r, fraction * r["best_accuracy"]))
     summary = report.summarize(runs, ("batch_size", "encoding"),
                                ("final_accuracy", "best_accuracy",
-                                "steps_to_target", "wall_time"))
+                                "steps_to_target", "steps_to_own_target",
+                                "wall_time"))
     for row in summary:
         group = [r for r in runs if r["batch_size"] == row["batch_size"]
                  and r["encoding"] == row["encoding"]]
@@ -117,28 +135,29 @@ def batch_size_markdown(results):
     rows = []
     for r in results["summary"]:
         target = results["targets"][str(r["batch_size"])]
-        steps = report.format_mean_std(r["steps_to_target_mean"],
-                                       r["steps_to_target_std"], digits=0)
+        steps = report.stat_cell(r, "steps_to_target", digits=0)
         rows.append([
             r["batch_size"], r["encoding"], r["code_length"],
-            report.format_mean_std(r["final_accuracy_mean"],
-                                   r["final_accuracy_std"], percent=True),
-            report.format_mean_std(r["best_accuracy_mean"],
-                                   r["best_accuracy_std"], percent=True),
+            report.stat_cell(r, "final_accuracy", percent=True),
+            report.stat_cell(r, "best_accuracy", percent=True),
             f"{100 * target:.1f}",
             f"{steps} ({r['reached']}/{r['repeats']} reached)",
+            report.stat_cell(r, "steps_to_own_target", digits=0),
             f"{r['wall_time_mean']:.0f}",
         ])
     text = (f"{s['epochs']} epochs at every batch size, ECOC k = "
             f"{s['code_length']}, test accuracy measured {s['eval_per_epoch']} "
             f"times per epoch; target = {s['fraction']:.0%} of the best mean "
-            f"accuracy at that batch size; mean ± std over seeds {s['seeds']} "
+            "accuracy at that batch size (any encoding); own target = "
+            f"{s['fraction']:.0%} of the encoding's own best accuracy; "
+            f"mean ± std over seeds {s['seeds']} "
             f"({results['dataset']['name']}, n = "
             f"{results['dataset']['num_classes']}). Steps to target average "
             "the repeats that reached it.\n\n")
     return text + report.markdown_table(
         ["batch", "encoding", "outputs", "final acc %", "best acc %",
-         "target %", "steps to target", "wall s"], rows)
+         "target %", "steps to target", "steps to own target", "wall s"],
+        rows)
 
 
 def _write(results, output_dir, name):
@@ -151,7 +170,7 @@ def _write(results, output_dir, name):
         panels.append((f"batch {b}", series))
     files = [plots.curve_panels(
         common.output_path(output_dir, f"{name}.png"), panels,
-        f"Test accuracy against steps on {results['dataset']['name']}")]
+        f"Test accuracy against steps on {common.data_label(results)}")]
     files.append(report.write_text(common.output_path(output_dir, f"{name}.md"),
                                    results["markdown"]))
     files.append(common.output_path(output_dir, f"{name}.json"))

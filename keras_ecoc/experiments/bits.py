@@ -96,8 +96,7 @@ def bits_markdown(results):
         rows.append(row)
     oh = results["one_hot"]
     rows.append([f"one-hot (n = {oh['code_length']})",
-                 report.format_mean_std(oh["final_accuracy_mean"],
-                                        oh["final_accuracy_std"], percent=True)]
+                 report.accuracy_cell(oh)]
                 + [""] * (len(encodings) - 1))
     s = results["settings"]
     text = (f"Test accuracy (%) against code length k after {s['epochs']} "
@@ -124,7 +123,7 @@ def _write(results, output_dir, name):
     oh = results["one_hot"]
     files = [plots.lines(
         common.output_path(output_dir, f"{name}.png"), series,
-        f"Accuracy against code length on {results['dataset']['name']}",
+        f"Accuracy against code length on {common.data_label(results)}",
         "bits k", logx=True,
         hlines=[(f"one-hot (n = {oh['code_length']})",
                  oh["final_accuracy_mean"])])]

@@ -36,6 +36,9 @@ class DataOptions:
         cub_crop: "bbox" or "center" for the CUB .npz files.
         subset_seed: seed of the per-class subsets (fixed across repeats so
             every seed sees the same images).
+        dedupe: drop classes whose images are identical to an earlier
+            class's (the Omniglot files hold the Greek and Latin alphabets
+            twice: 292 labels, 242 distinct classes), then relabel.
     """
 
     dataset: str = "embedded"
@@ -45,9 +48,51 @@ class DataOptions:
     image_size: int = None
     cub_crop: str = "bbox"
     subset_seed: int = 0
+    dedupe: bool = True
 
 
 _DATA_CACHE = {}
+
+
+def duplicate_classes(data):
+    """Classes whose train and test images equal an earlier class's.
+
+    Returns:
+        list of (duplicate class, original class) pairs.
+    """
+    import hashlib
+
+    seen, pairs = {}, []
+    for c in range(data.num_classes):
+        digest = hashlib.sha1()
+        digest.update(np.ascontiguousarray(data.x_train[data.y_train == c]))
+        digest.update(b"|")
+        digest.update(np.ascontiguousarray(data.x_test[data.y_test == c]))
+        key = digest.hexdigest()
+        if key in seen:
+            pairs.append((c, seen[key]))
+        else:
+            seen[key] = c
+    return pairs
+
+
+def drop_classes(data, drop):
+    """A copy without the classes in `drop`, relabelled 0..n'-1."""
+    drop = set(int(c) for c in drop)
+    if not drop:
+        return data
+    keep = [c for c in range(data.num_classes) if c not in drop]
+    new_id = np.full(data.num_classes, -1, np.int32)
+    new_id[keep] = np.arange(len(keep), dtype=np.int32)
+    tr, te = new_id[data.y_train] >= 0, new_id[data.y_test] >= 0
+    attributes = data.class_attributes
+    if attributes is not None:
+        attributes = np.asarray(attributes)[keep]
+    return dataclasses.replace(
+        data, x_train=data.x_train[tr], y_train=new_id[data.y_train[tr]],
+        x_test=data.x_test[te], y_test=new_id[data.y_test[te]],
+        class_names=[data.class_names[c] for c in keep],
+        class_attributes=attributes)
 
 
 def load_data(options):
@@ -61,6 +106,14 @@ def load_data(options):
         data = datasets.load_dataset(options.dataset,
                                      image_size=options.image_size,
                                      cub_crop=options.cub_crop)
+        if options.dedupe:
+            pairs = duplicate_classes(data)
+            if pairs:
+                log(f"dropping {len(pairs)} classes whose images duplicate "
+                    f"another class's (e.g. {data.class_names[pairs[0][0]]!r}"
+                    f" = class {pairs[0][1]}): {data.num_classes} -> "
+                    f"{data.num_classes - len(pairs)} classes")
+                data = drop_classes(data, [c for c, _ in pairs])
         if options.classes:
             data = data.first_classes(int(options.classes))
         if options.train_per_class or options.test_per_class:
@@ -80,6 +133,13 @@ def describe_data(data):
         "input_shape": list(data.input_shape),
         "has_attributes": data.class_attributes is not None,
     }
+
+
+def data_label(results):
+    """'omniglot, n = 242 classes, 3630 train images' for figure titles."""
+    d = results["dataset"]
+    return (f"{d['name']} (n = {d['num_classes']} classes, "
+            f"{d['train_images']} train images)")
 
 
 def environment():

@@ -100,10 +100,19 @@ def summarize(runs, keys, metrics=("final_accuracy", "best_accuracy",
     return summary
 
 
+def stat_cell(row, metric, digits=3, percent=False):
+    """A summary row's '<mean> ± <std>', or just '<mean>' for one repeat."""
+    mean, std = row[f"{metric}_mean"], row[f"{metric}_std"]
+    if len(row.get("seeds", ())) - row.get("failed", 0) == 1:
+        if mean is None:
+            return "–"
+        return (f"{100 * mean:.1f}" if percent else f"{mean:.{digits}f}")
+    return format_mean_std(mean, std, digits=digits, percent=percent)
+
+
 def accuracy_cell(row, metric="final_accuracy"):
     """'51.2 ± 1.0' for a summary row, noting runs that could not train."""
-    text = format_mean_std(row[f"{metric}_mean"], row[f"{metric}_std"],
-                           percent=True)
+    text = stat_cell(row, metric, percent=True)
     failed = row.get("failed", 0)
     if failed:
         text = ("duplicate codewords" if failed == len(row["seeds"]) else

@@ -103,17 +103,10 @@ def scale_markdown(results):
     s = results["settings"]
     rows = []
     for r in results["summary"]:
-        final_scale = ("–" if r["final_scale_mean"] is None else
-                       report.format_mean_std(r["final_scale_mean"],
-                                              r["final_scale_std"], digits=2))
         rows.append([r["encoding"], r["scale_config"],
-                     report.format_mean_std(r["final_accuracy_mean"],
-                                            r["final_accuracy_std"],
-                                            percent=True),
-                     report.format_mean_std(r["best_accuracy_mean"],
-                                            r["best_accuracy_std"],
-                                            percent=True),
-                     final_scale])
+                     report.stat_cell(r, "final_accuracy", percent=True),
+                     report.stat_cell(r, "best_accuracy", percent=True),
+                     report.stat_cell(r, "final_scale", digits=2)])
     text = (f"ECOC k = {s['code_length']}, {s['epochs']} epochs, batch "
             f"{s['batch_size']}, mean ± std over seeds {s['seeds']} "
             f"({results['dataset']['name']}, n = "
@@ -139,7 +132,7 @@ def _write(results, output_dir, name):
                                for c in one_hot])]
     files = [plots.curve_panels(
         common.output_path(output_dir, f"{name}.png"), panels,
-        f"Decoding scale on {results['dataset']['name']}")]
+        f"Decoding scale on {common.data_label(results)}")]
     files.append(report.write_text(common.output_path(output_dir, f"{name}.md"),
                                    results["markdown"]))
     files.append(common.output_path(output_dir, f"{name}.json"))

@@ -23,7 +23,7 @@ OP_NAMES = (
 )
 
 _lock = threading.Lock()
-_state = {"attempted": False, "lib": None, "error": None, "path": None}
+_state = {"attempted": False, "lib": None, "error": None, "path": None, "xla": None}
 
 
 def _truthy(value: str | None) -> bool:
@@ -85,6 +85,7 @@ def load_library():
                     "library with the same op names loaded before?)"
                 )
             _register_gradients(tf, lib)
+            _state["xla"] = _ensure_xla_kernels(path)
             _state["lib"] = lib
         except Exception as e:  # noqa: BLE001 - a failed load must never break import
             _state["error"] = f"{type(e).__name__}: {e}".strip()
@@ -92,6 +93,25 @@ def load_library():
         finally:
             _state["attempted"] = True
     return _state["lib"]
+
+
+def _ensure_xla_kernels(path: str) -> bool:
+    """Registers the XLA kernels if TensorFlow's device context predates the load.
+
+    TensorFlow turns XLA op registrations into XLA_*_JIT kernels once, when its
+    device context is created; a library loaded later (lazily, on first use)
+    would otherwise fail under jit_compile=True. Returns whether the library
+    has XLA lowerings at all.
+    """
+    import ctypes  # noqa: PLC0415
+
+    try:
+        fn = ctypes.CDLL(path).KerasEcocEnsureXlaKernels
+    except (OSError, AttributeError):
+        return False  # built without the XLA part
+    fn.restype = ctypes.c_int
+    fn()
+    return True
 
 
 def load_error() -> str | None:
@@ -127,7 +147,8 @@ def fused_status() -> str:
     if load_library() is None:
         return f"library not built or not loadable: {load_error()}; using the pure-Keras path"
     devices = ", ".join(registered_devices()) or "no"
-    return f"fused op loaded from {_state['path']} ({devices} kernels)"
+    xla = "with XLA lowerings" if _state["xla"] else "WITHOUT XLA lowerings (jit_compile=True will fail)"
+    return f"fused op loaded from {_state['path']} ({devices} kernels, {xla})"
 
 
 # ---------------------------------------------------------------------------
