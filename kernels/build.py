@@ -276,6 +276,24 @@ def _compile(unit: _Unit, obj_dir: str, verbose: bool) -> tuple[_Unit, str | Non
     return unit, obj, ""
 
 
+def _check_loads(path: str) -> tuple[int, str]:
+    """Loads the library with tf.load_op_library in a fresh interpreter.
+
+    Catches undefined symbols (a shared library links with them) before the
+    library is installed. A fresh process, because an op library must be
+    loaded only once per process.
+    """
+    code = ("import sys, tensorflow as tf; lib = tf.load_op_library(sys.argv[1]); "
+            "assert hasattr(lib, 'ecoc_cross_entropy'), dir(lib)")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    try:
+        proc = subprocess.run([sys.executable, "-c", code, path], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=600, env=env)
+    except subprocess.TimeoutExpired:
+        return 1, "timed out loading the library"
+    return proc.returncode, proc.stdout
+
+
 def _stamp_path(out: str, build_dir: str) -> str:
     # Kept in the (git-ignored) build dir, one per output path.
     return os.path.join(build_dir, "stamps", hashlib.sha256(out.encode()).hexdigest()[:16] + ".json")
@@ -345,6 +363,9 @@ def build_library(out_dir: str | None = None, *, cuda: bool | None = None, xla: 
         raise BuildError(f"the CPU kernels failed to compile:\n{details}")
     for part in ("xla", "cuda"):
         if part in failed:
+            # Drop every object of a failed part (e.g. the GPU OpKernels when
+            # the nvcc object is missing), or the library would not load.
+            objs = {name: (u, obj) for name, (u, obj) in objs.items() if u.part != part}
             names = ", ".join(os.path.basename(u.src) for u, _ in failed[part])
             last = failed[part][0][1].strip().splitlines()
             errors = [line for line in last if "error" in line.lower()][:5] or last[-5:]
@@ -370,14 +391,18 @@ def build_library(out_dir: str | None = None, *, cuda: bool | None = None, xla: 
     parts = {u.part for (u, _) in objs.values()}
     while True:
         rc, msg, tmp = link(parts)
+        what = "link failed"
         if rc == 0:
-            break
+            rc, msg = _check_loads(tmp)
+            what = "the linked library does not load"
+            if rc == 0:
+                break
         os.remove(tmp)
         optional = [p for p in ("cuda", "xla") if p in parts]
         if not optional:
-            raise BuildError(f"linking {LIB_NAME} failed:\n{msg[-6000:]}")
+            raise BuildError(f"{what}:\n{msg[-6000:]}")
         drop = optional[0]
-        skipped[drop] = "link failed: " + " | ".join(msg.strip().splitlines()[-3:])
+        skipped[drop] = f"{what}: " + " | ".join(msg.strip().splitlines()[-3:])
         _warn(f"building without the {drop.upper()} part: {skipped[drop]}")
         parts.discard(drop)
     os.chmod(tmp, 0o755)

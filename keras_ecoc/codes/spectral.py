@@ -172,11 +172,14 @@ def spectral(
         solver = "dense"
     if solver == "dense":
         eigenvalues, vectors = _eigen.dense_eigenpairs(adjacency, u0, k)
-    elif solver == "arpack":
-        eigenvalues, vectors = _eigen.arpack_eigenpairs(adjacency, u0, k, rng)
     else:
-        eigenvalues, vectors = _eigen.chebyshev_eigenpairs(
-            adjacency, u0, k, rng
+        solve = (
+            _eigen.arpack_eigenpairs
+            if solver == "arpack"
+            else _eigen.chebyshev_eigenpairs
+        )
+        eigenvalues, vectors = _eigen.with_locality_order(
+            solve, adjacency, u0, k, rng
         )
     # Round-off can push the first eigenvalue of a disconnected graph a hair
     # below 0 (or the last above 2).

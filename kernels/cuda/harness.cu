@@ -294,8 +294,7 @@ void RunCase(const Case& c, FloatType z_type, IndexType label_type, uint64_t see
   if (c.nan_row && B > 1 && k > 0) z_values[1 * k + k / 2] = std::nanf("");
 
   const ZData zd = MakeZ(z_values, z_type);
-  const std::vector<float>& grad_loss_used = grad_loss;
-  Reference ref = ComputeReference(zd.as_float, codes, labels, grad_loss_used,
+  Reference ref = ComputeReference(zd.as_float, codes, labels, grad_loss,
                                    c.scale, B, n, k);
 
   DeviceBuffer<unsigned char> d_z(zd.bytes.size());
@@ -305,7 +304,7 @@ void RunCase(const Case& c, FloatType z_type, IndexType label_type, uint64_t see
   DeviceBuffer<int64_t> d_index(B), d_labels64(B);
   d_z.Upload(zd.bytes);
   d_codes.Upload(codes);
-  d_grad_loss.Upload(grad_loss_used);
+  d_grad_loss.Upload(grad_loss);
   std::vector<int32_t> labels32(labels.begin(), labels.end());
   d_labels32.Upload(labels32);
   d_labels64.Upload(labels);
