@@ -18,6 +18,10 @@ import scipy.sparse
 import scipy.sparse.csgraph
 import scipy.sparse.linalg
 
+# The Chebyshev filter's value at the k-th eigenvalue, relative to its bound
+# 1 on the damped interval (see `_filter_degree`).
+_FILTER_GAIN = 8.0
+
 
 def with_locality_order(solve, adjacency, u0, k, rng):
     """Runs an iterative solver on the graph in reverse Cuthill-McKee order.
@@ -110,27 +114,32 @@ def arpack_eigenpairs(adjacency, u0, k, rng, tol=1e-10):
     return 2.0 - values[order], vectors[:, order]
 
 
-def chebyshev_eigenpairs(adjacency, u0, k, rng, tol=1e-8, max_attempts=3):
-    """Smallest `k` eigenpairs of `L` on `u0^perp`: filtered Lanczos.
+def chebyshev_eigenpairs(adjacency, u0, k, rng, tol=1e-8, block=16):
+    """Smallest `k` eigenpairs of `L` on `u0^perp`: filtered block Lanczos.
 
     On kNN class graphs the bottom eigenvalues are tightly packed (100,000
-    classes: 128 eigenvalues within 0.17 of each other, out of a spectrum
-    1.4 wide), so plain Lanczos (`arpack_eigenpairs`) restarts many times,
-    and its cost is dominated by re-orthogonalizing a long basis, not by the
-    sparse products. Here ARPACK runs on `p(L)`, where `p` is a Chebyshev
-    polynomial (of degree `m`, typically 4 to 10) that is bounded by 1 in
-    magnitude on `[cut, upper]` and grows monotonically below `cut`. The
-    wanted eigenvalues then stand far apart from a bulk squeezed into
-    `[-1, 1]`, and Lanczos converges in about `k` plus a few dozen steps,
-    each costing `m` sparse products.
+    classes: 128 eigenvalues within 0.1 to 0.2 of each other, out of a
+    spectrum up to 2 wide). Plain Lanczos (`arpack_eigenpairs`) then needs a
+    long basis and many restarts, and its cost is dominated by
+    re-orthogonalizing that basis one vector at a time, not by the sparse
+    products.
 
-    `upper` bounds the spectrum and `cut` is an estimate of the eigenvalue
-    of index `k + buffer`, both from a short Lanczos run (Gauss quadrature
-    weights count the eigenvalues below each Ritz value). Since `p` is
-    monotone below `cut`, the largest eigenvalues of `p(L)` are the
-    smallest of `L` provided they all lie below `cut`; this is verified,
+    Here block Lanczos runs on `p(L)`, where `p` is a Chebyshev polynomial
+    (of degree `m`, typically 3 to 10) that is at most 1 in magnitude on
+    `[cut, upper]` and grows monotonically below `cut`. The wanted
+    eigenvalues then stand apart from a bulk squeezed into `[-1, 1]`, so
+    the basis needs little more than `k` vectors, and all the work is sparse
+    products with blocks of `block` vectors and BLAS-3 re-orthogonalization.
+
+    `upper` bounds the spectrum and `cut` estimates the eigenvalue of index
+    `k + buffer`, both from a short block Lanczos run on `L` (Gauss
+    quadrature weights count the eigenvalues below each Ritz value). Since
+    `p` is monotone below `cut`, the largest eigenvalues of `p(L)` are the
+    smallest of `L` provided they all lie below `cut`; this is verified
     and `cut` raised if needed. A final Rayleigh-Ritz step with `L` itself
     gives the eigenvalues and makes the vectors exactly `L`-orthogonal.
+    Should the basis outgrow its memory budget, the filtered operator is
+    handed to ARPACK instead, which restarts in a fixed basis.
 
     Args:
         adjacency: `A`, a float64 sparse matrix or `np.ndarray` `(n, n)`.
@@ -139,39 +148,40 @@ def chebyshev_eigenpairs(adjacency, u0, k, rng, tol=1e-8, max_attempts=3):
         rng: `numpy.random.Generator` for the start vectors.
         tol: Residual norm `|L v - theta v|` of the unit vectors above which
             a warning is issued.
-        max_attempts: How many times `cut` may be raised.
+        block: Block size of the Lanczos runs.
 
     Returns:
         `(eigenvalues (k,), vectors (n, k))`, eigenvalues ascending.
     """
     n = adjacency.shape[0]
+    block = max(1, min(block, (n - 1 - k) // 4))
     buffer = max(16, k // 4)
-    upper, cut, kth = _lanczos_bounds(
-        adjacency, u0, k, k + buffer, rng, steps=min(n - 2, 100)
+
+    def apply_laplacian(x):
+        return x - adjacency @ x
+
+    estimate = _block_lanczos(
+        apply_laplacian, u0, rng, block, max_dim=min(n - 1 - block, 8 * block)
     )
-    for _ in range(max_attempts):
+    upper, cut, kth = _spectrum_bounds(estimate, n, k, k + buffer, block)
+    # The basis may hold about 512 MiB, and at least k + 8 blocks.
+    max_dim = min(
+        n - 1 - block,
+        max(k + 8 * block, min(4 * k + 8 * block, (1 << 26) // n)),
+    )
+    for _ in range(3):
         degree = _filter_degree(kth, cut, upper)
-        operator = _chebyshev_operator(adjacency, u0, degree, cut, upper)
-        start = rng.standard_normal(n)
-        start -= u0 * (u0 @ start)
-        try:
-            _, vectors = scipy.sparse.linalg.eigsh(
-                operator,
-                k=k,
-                which="LA",
-                v0=start,
-                ncv=min(n - 1, k + 2 * buffer + 8),
-                tol=1e-10,
-                maxiter=100,
-            )
-        except scipy.sparse.linalg.ArpackNoConvergence:
-            # Only if the cut sits among the wanted eigenvalues, where the
-            # filter cannot separate them; widen it.
-            cut = min(cut + 0.5 * (upper - cut), 0.99 * upper)
-            continue
+        apply_filter = _chebyshev_filter(adjacency, u0, degree, cut, upper)
+        run = _block_lanczos(
+            apply_filter, u0, rng, block, max_dim, wanted=k, tol=1e-10
+        )
+        if run["converged"]:
+            vectors = run["basis"] @ run["ritz_vectors"][:, -k:]
+        else:
+            vectors = _arpack_top(apply_filter, u0, k, buffer, rng)
         # Rayleigh-Ritz with L: the values of L, exactly L-orthogonal vectors.
         vectors = _orthonormalize(vectors - np.outer(u0, u0 @ vectors))
-        l_vectors = vectors - adjacency @ vectors
+        l_vectors = apply_laplacian(vectors)
         projected = vectors.T @ l_vectors
         values, rotation = np.linalg.eigh((projected + projected.T) / 2.0)
         if values[-1] < cut:
@@ -193,7 +203,7 @@ def chebyshev_eigenpairs(adjacency, u0, k, rng, tol=1e-8, max_attempts=3):
         # some wanted ones. The k-th Ritz value bounds the k-th eigenvalue
         # from above: move the cut past it.
         kth = values[-1]
-        cut = min(kth + 0.25 * (kth - values[0]), 0.99 * upper)
+        cut = min(kth + 0.25 * (kth - values[0]), kth + 0.5 * (upper - kth))
     warnings.warn(
         "The Chebyshev-filtered Lanczos solver could not place its filter; "
         "falling back to plain Lanczos (slower).",
@@ -203,12 +213,122 @@ def chebyshev_eigenpairs(adjacency, u0, k, rng, tol=1e-8, max_attempts=3):
     return arpack_eigenpairs(adjacency, u0, k, rng)
 
 
+def _block_lanczos(apply, u0, rng, block, max_dim, wanted=0, tol=0.0):
+    """Block Lanczos with full re-orthogonalization on `u0^perp`.
+
+    Builds an orthonormal basis `V` of the block Krylov space of `apply`
+    from a random start block, and the projection `T = V^T apply(V)`. Runs
+    until the `wanted` largest Ritz pairs have residuals at most
+    `tol * |theta|`, or until the basis has `max_dim` columns.
+
+    Args:
+        apply: Symmetric operator on `(n, b)` arrays, mapping `u0^perp` to
+            itself.
+        u0: float64 `(n,)`, unit norm; kept out of the basis.
+        rng: `numpy.random.Generator` for the start block.
+        block: Block size `b`.
+        max_dim: Largest basis size.
+        wanted: Number of largest Ritz pairs to converge (0: run to
+            `max_dim`).
+        tol: Relative residual tolerance for `wanted`.
+
+    Returns:
+        A dict with `"ritz_values"` (J,) ascending, `"ritz_vectors"`
+        (J, J) in the basis, `"residuals"` (J,) Ritz residual norms,
+        `"basis"` (n, J) and `"converged"` (bool).
+    """
+    n = u0.shape[0]
+    basis = np.empty((n, max_dim + block), order="F")
+    projected = np.zeros((max_dim + block, max_dim + block))
+    start = rng.standard_normal((n, block))
+    start -= np.outer(u0, u0 @ start)
+    basis[:, :block], _ = np.linalg.qr(start)
+    size = 0
+    while True:
+        image = apply(basis[:, size : size + block])
+        known = basis[:, : size + block]
+        # Classical Gram-Schmidt twice is enough for orthogonality to
+        # round-off; the coefficients are the projected matrix's entries.
+        coefficients = known.T @ image
+        image -= known @ coefficients
+        correction = known.T @ image
+        image -= known @ correction
+        projected[: size + block, size : size + block] = coefficients + correction
+        image -= np.outer(u0, u0 @ image)
+        following, coupling = _next_block(image, known, u0, rng)
+        size += block
+        projected[size : size + block, size - block : size] = coupling
+        basis[:, size : size + block] = following
+        if size >= max_dim or (wanted and size >= wanted + block):
+            matrix = projected[:size, :size]
+            values, vectors = np.linalg.eigh((matrix + matrix.T) / 2.0)
+            residuals = np.linalg.norm(
+                coupling @ vectors[size - block :], axis=0
+            )
+            converged = bool(wanted) and bool(
+                np.all(residuals[-wanted:] <= tol * np.abs(values[-wanted:]))
+            )
+            if converged or size + block > max_dim:
+                return {
+                    "ritz_values": values,
+                    "ritz_vectors": vectors,
+                    "residuals": residuals,
+                    "basis": basis[:, :size],
+                    "converged": converged,
+                }
+
+
+def _next_block(image, known, u0, rng):
+    """QR of the re-orthogonalized image, replacing lost directions.
+
+    Columns of the image that vanished (the Krylov space became invariant
+    along them) are replaced by fresh random directions orthogonal to the
+    basis, with zero coupling, so the iteration continues.
+
+    Returns:
+        `(next_block (n, b), coupling (b, b))`.
+    """
+    following, coupling = np.linalg.qr(image)
+    scale = max(np.abs(coupling).max(), 1e-300)
+    lost = np.abs(np.diag(coupling)) <= 1e-12 * scale
+    if lost.any():
+        fresh = rng.standard_normal((image.shape[0], int(lost.sum())))
+        kept = np.hstack([known, following[:, ~lost]])
+        for _ in range(2):
+            fresh -= kept @ (kept.T @ fresh)
+            fresh -= np.outer(u0, u0 @ fresh)
+        following[:, lost], _ = np.linalg.qr(fresh)
+        coupling[lost, :] = 0.0
+    return following, coupling
+
+
+def _arpack_top(apply, u0, k, buffer, rng):
+    """Largest `k` eigenvectors of a block operator with ARPACK."""
+    n = u0.shape[0]
+    operator = scipy.sparse.linalg.LinearOperator(
+        (n, n),
+        matvec=lambda x: apply(np.asarray(x, np.float64).reshape(-1, 1))[:, 0],
+        dtype=np.float64,
+    )
+    start = rng.standard_normal(n)
+    start -= u0 * (u0 @ start)
+    _, vectors = scipy.sparse.linalg.eigsh(
+        operator,
+        k=k,
+        which="LA",
+        v0=start,
+        ncv=min(n - 1, k + 2 * buffer + 8),
+        tol=1e-10,
+    )
+    return vectors
+
+
 def _orthonormalize(vectors):
     """Orthonormalizes nearly orthonormal columns (Cholesky QR).
 
-    ARPACK's Ritz vectors are orthonormal to round-off, so the Gram matrix
-    is well conditioned and Cholesky QR is stable; it is several times
-    faster than Householder QR on tall matrices.
+    Ritz vectors are orthonormal to round-off, so the Gram matrix is well
+    conditioned and Cholesky QR is stable; it is several times faster than
+    Householder QR on tall matrices.
     """
     gram = vectors.T @ vectors
     factor = np.linalg.cholesky((gram + gram.T) / 2.0)
@@ -218,100 +338,87 @@ def _orthonormalize(vectors):
 
 
 def _filter_degree(kth, cut, upper):
-    """Degree making the filter worth about 8 at the k-th eigenvalue.
+    """Degree making the filter worth about `_FILTER_GAIN` at the k-th
+    eigenvalue.
 
-    Lanczos on `p(L)` needs few steps beyond `k` once the wanted values of
-    `p` exceed the bulk bound 1 by a fair margin; a larger degree buys
-    little and multiplies the cost of every step.
+    Block Lanczos on `p(L)` needs few vectors beyond `k` once the wanted
+    values of `p` exceed the bulk bound 1 by a fair margin; a larger degree
+    buys little and multiplies the cost of every block.
     """
     t = abs((2.0 * kth - cut - upper) / (upper - cut))
     if t <= 1.0 + 1e-6:
         return 40
-    return int(np.clip(np.ceil(np.arccosh(8.0) / np.arccosh(t)), 2, 40))
+    return int(np.clip(np.ceil(np.arccosh(_FILTER_GAIN) / np.arccosh(t)), 2, 40))
 
 
-def _chebyshev_operator(adjacency, u0, degree, cut, upper):
-    """`x -> p(L) x` on `u0^perp`, `p = (-1)^m T_m((2 L - cut - upper) /
-    (upper - cut))`: at most 1 in magnitude on `[cut, upper]`, above 1 and
-    decreasing on `[0, cut)`."""
+def _chebyshev_filter(adjacency, u0, degree, cut, upper):
+    """Returns `X -> p(L) X` on `u0^perp` for `(n, b)` blocks.
+
+    `p = (-1)^m T_m((2 L - cut - upper) / (upper - cut))`: at most 1 in
+    magnitude on `[cut, upper]`, above 1 and decreasing on `[0, cut)`.
+    """
     n = adjacency.shape[0]
     center = (upper + cut) / 2.0
     half_width = (upper - cut) / 2.0
+    # Z = (L - center) / half_width = ((1 - center) I - A) / half_width,
+    # formed once so that each step is a single sparse product.
+    if scipy.sparse.issparse(adjacency):
+        identity = scipy.sparse.identity(n, format="csr")
+    else:
+        identity = np.eye(n)
+    shifted = (identity * (1.0 - center) - adjacency) / half_width
+    if scipy.sparse.issparse(shifted):
+        shifted = shifted.tocsr()
     sign = -1.0 if degree % 2 else 1.0
 
-    def shifted(y):
-        # Z y = (L - center) y / half_width with L = I - A.
-        return ((1.0 - center) * y - adjacency @ y) / half_width
-
-    def matvec(x):
-        x = np.asarray(x, dtype=np.float64).reshape(-1)
-        x = x - u0 * (u0 @ x)
-        previous, current = x, shifted(x)
+    def apply(x):
+        previous = np.ascontiguousarray(x)
+        current = shifted @ previous
         for _ in range(degree - 1):
-            previous, current = current, 2.0 * shifted(current) - previous
+            following = shifted @ current
+            following *= 2.0
+            following -= previous
+            previous, current = current, following
         current *= sign
         # The filter is largest at eigenvalue 0, so it amplifies round-off
         # along u0: project it out again.
-        return current - u0 * (u0 @ current)
+        current -= np.outer(u0, u0 @ current)
+        return current
 
-    return scipy.sparse.linalg.LinearOperator(
-        (n, n), matvec=matvec, dtype=np.float64
-    )
+    return apply
 
 
-def _lanczos_bounds(adjacency, u0, k, count, rng, steps):
-    """Estimates spectral bounds of `L` on `u0^perp` with Lanczos.
+def _spectrum_bounds(estimate, n, k, count, block):
+    """Filter parameters from a block Lanczos run on `L`.
 
-    Gauss quadrature from a random start vector spreads its unit weight
-    over the Ritz values; since the start has an expected weight of
-    `1 / (n - 1)` on each eigenvector, `(n - 1)` times the cumulative weight
-    estimates how many eigenvalues lie below each Ritz value.
+    With `b` random start vectors, each has an expected weight of
+    `1 / (n - 1)` on every eigenvector, so `(n - 1) / b` times the
+    cumulative Gauss quadrature weight (the squared first-block components
+    of the Ritz vectors) estimates how many eigenvalues lie below each Ritz
+    value.
 
     Args:
-        adjacency: `A` with `L = I - A`.
-        u0: float64 `(n,)`, unit norm.
+        estimate: `_block_lanczos` result for `L`.
+        n: Size of `L`.
         k: Index of the last wanted eigenvalue.
         count: Index of the eigenvalue to use as the filter cut.
-        rng: `numpy.random.Generator`.
-        steps: Number of Lanczos steps.
+        block: Block size of the run.
 
     Returns:
         `(upper, cut, kth)`: an upper bound of the spectrum, an estimate of
         eigenvalue `count` and one of eigenvalue `k`.
     """
-    n = u0.shape[0]
-    basis = np.zeros((steps + 1, n))
-    start = rng.standard_normal(n)
-    start -= u0 * (u0 @ start)
-    basis[0] = start / np.linalg.norm(start)
-    alphas, betas = [], []
-    for j in range(steps):
-        w = basis[j] - adjacency @ basis[j]
-        alphas.append(basis[j] @ w)
-        # Full re-orthogonalization (twice is enough) keeps the quadrature
-        # free of spurious copies; the basis is small.
-        for _ in range(2):
-            w -= basis[: j + 1].T @ (basis[: j + 1] @ w)
-        w -= u0 * (u0 @ w)
-        beta = np.linalg.norm(w)
-        if beta <= 1e-10:
-            break
-        betas.append(beta)
-        basis[j + 1] = w / beta
-    m = len(alphas)
-    off = np.asarray(betas[: m - 1])
-    tridiagonal = np.diag(alphas) + np.diag(off, 1) + np.diag(off, -1)
-    ritz, vectors = np.linalg.eigh(tridiagonal)
-    last_beta = betas[m - 1] if len(betas) >= m else 0.0
-    # The top Ritz value converges fast; its residual bound plus a margin
-    # covers the largest eigenvalue, and 2 bounds every normalized
-    # Laplacian.
-    upper = ritz[-1] + last_beta * abs(vectors[-1, -1])
+    ritz = estimate["ritz_values"]
+    m = len(ritz)
+    # The top Ritz value converges fast; its residual plus a margin covers
+    # the largest eigenvalue, and 2 bounds every normalized Laplacian.
+    upper = ritz[-1] + estimate["residuals"][-1]
     upper = min(2.0, upper + 0.01 * (upper - ritz[0]))
-    estimated = (n - 1) * np.cumsum(vectors[0] ** 2)
+    weights = np.sum(estimate["ritz_vectors"][:block] ** 2, axis=0) / block
+    counts = (n - 1) * np.cumsum(weights)
 
     def node(index):
-        return min(int(np.searchsorted(estimated, index)), m - 1)
+        return min(int(np.searchsorted(counts, index)), m - 1)
 
     kth_node = node(k)
     # The nodes are coarse: if one node covers both indices, cut at the
