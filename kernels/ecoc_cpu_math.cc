@@ -763,12 +763,16 @@ void SearchWorkT(SearchCtx* ctx, int64_t begin, int64_t end) {
   constexpr int W = NV * kLanes;
   const Problem& P = *ctx->P;
   const Split& sp = ctx->sp;
+  // Per-block state of one item (at most 4 blocks; see PlanRowsByClasses).
+  constexpr int kMaxBlocks = 4;
   Scratch lt;
-  if (!lt.Alloc(sp.C * W * 4, false)) {
+  if (sp.blocks_per_item > kMaxBlocks || !lt.Alloc(sp.C * W * 4, false)) {
     ctx->failed = 1;
     return;
   }
   float* Lt = lt.f();
+  vf ky[kMaxBlocks][NV], best[kMaxBlocks][NV];
+  vi cnt[kMaxBlocks][NV], idx[kMaxBlocks][NV];
   for (int64_t item = begin; item < end; ++item) {
     const int64_t ri = item / sp.S, split = item % sp.S;
     const int64_t b0 = ri * sp.blocks_per_item;
@@ -776,46 +780,53 @@ void SearchWorkT(SearchCtx* ctx, int64_t begin, int64_t end) {
     const int64_t t0 = split * sp.tiles_per_split;
     const int64_t t1 = Min64(sp.ntiles, t0 + sp.tiles_per_split);
     for (int64_t blk = b0; blk < b1; ++blk) {
-      vf ky[NV], best[NV];
-      vi cnt[NV], idx[NV];
+      const int64_t bi = blk - b0;
       float kyb[W] __attribute__((aligned(32))) = {};
       if (ctx->rank) {
         LabelLogits<NV>(P, blk, kyb);
         if (split == 0) memcpy(ctx->ky + blk * W, kyb, sizeof(kyb));
       }
       for (int v = 0; v < NV; ++v) {
-        ky[v] = Load(kyb + v * kLanes);
-        best[v] = Splat(-kInf);
-        cnt[v] = SplatI(0);
-        idx[v] = SplatI(0);
+        ky[bi][v] = Load(kyb + v * kLanes);
+        best[bi][v] = Splat(-kInf);
+        cnt[bi][v] = SplatI(0);
+        idx[bi][v] = SplatI(0);
       }
-      for (int64_t t = t0; t < t1; ++t) {
-        const int64_t c0 = t * sp.C, c1 = Min64(P.n, c0 + sp.C);
+    }
+    // Class tiles outside, row blocks inside: a tile of codes stays in cache
+    // while all the item's row blocks use it.
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t c0 = t * sp.C, c1 = Min64(P.n, c0 + sp.C);
+      for (int64_t blk = b0; blk < b1; ++blk) {
+        const int64_t bi = blk - b0;
         Gemm1Tile<NV>(P, blk, c0, c1, Lt);
         if (ctx->rank) {
           for (int64_t c = 0; c < c1 - c0; ++c)
             for (int v = 0; v < NV; ++v)
-              cnt[v] -= Load(Lt + c * W + v * kLanes) > ky[v];
+              cnt[bi][v] -= Load(Lt + c * W + v * kLanes) > ky[bi][v];
         } else {
           for (int64_t c = 0; c < c1 - c0; ++c) {
             const vi ci = SplatI(static_cast<int32_t>(c0 + c));
             for (int v = 0; v < NV; ++v) {
               const vf key = Load(Lt + c * W + v * kLanes);
-              const vi gt = key > best[v];
-              best[v] = gt ? key : best[v];
-              idx[v] = gt ? ci : idx[v];
+              const vi gt = key > best[bi][v];
+              best[bi][v] = gt ? key : best[bi][v];
+              idx[bi][v] = gt ? ci : idx[bi][v];
             }
           }
         }
       }
+    }
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      const int64_t bi = blk - b0;
       for (int v = 0; v < NV; ++v) {
         for (int i = 0; i < kLanes; ++i) {
           const int64_t row = blk * W + v * kLanes + i;
           if (ctx->rank) {
-            ctx->pc[split * P.Bp + row] = cnt[v][i];
+            ctx->pc[split * P.Bp + row] = cnt[bi][v][i];
           } else {
-            ctx->pb[split * P.Bp + row] = best[v][i];
-            ctx->pi[split * P.Bp + row] = idx[v][i];
+            ctx->pb[split * P.Bp + row] = best[bi][v][i];
+            ctx->pi[split * P.Bp + row] = idx[bi][v][i];
           }
         }
       }

@@ -164,6 +164,24 @@ def test_duplicate_classes_are_dropped():
     assert len(set(omniglot.class_names)) == 242
 
 
+def test_impossible_codes_are_recorded_not_trained(monkeypatch):
+    from keras_ecoc.experiments import common
+    from keras_ecoc.experiments import report
+
+    def no_code(*args, **kwargs):
+        raise ValueError("Could not draw dense random codes")
+
+    monkeypatch.setattr(common, "encoding_codes", no_code)
+    data = common.load_data(common.DataOptions(
+        classes=4, train_per_class=2, test_per_class=1))
+    record = common.train_run(data, "dense_random", 2, 0, None,
+                              batch_size=4, epochs=1, verbose=0)
+    assert record["status"] == "no_code"
+    assert "Could not draw" in record["error"]
+    row = report.summarize([record], ("encoding",))[0]
+    assert report.accuracy_cell(row) == "no admissible code"
+
+
 def test_bits_command(tmp_path):
     cli.main(["bits", *TINY, "--code-lengths", "3", "5",
               "--encodings", "dense_random", "--output", str(tmp_path)])

@@ -278,9 +278,25 @@ def train_run(data, encoding, code_length, seed, similarity, batch_size,
     """
     from keras_ecoc import training
 
-    codes = encoding_codes(encoding, data.num_classes, code_length, similarity,
-                           seed)
     steps_per_epoch = int(np.ceil(len(data.y_train) / batch_size))
+    try:
+        codes = encoding_codes(encoding, data.num_classes, code_length,
+                               similarity, seed)
+    except ValueError as error:
+        # E.g. no admissible dense random code with so few bits: recorded
+        # as a failed run (accuracy None), the experiment goes on.
+        log(f"    -> not trained: no code ({error})")
+        record = {
+            "encoding": encoding, "code_length": int(code_length),
+            "batch_size": batch_size, "seed": int(seed),
+            "epochs": int(epochs), "steps_per_epoch": steps_per_epoch,
+            "status": "no_code", "error": str(error),
+            "steps": [], "accuracies": [], "epoch_accuracies": [],
+            "final_accuracy": None, "best_accuracy": None,
+            "wall_time": None, "final_scale": None,
+        }
+        record.update(extra or {})
+        return record
     if codes is not None:
         distinct = len(np.unique(codes, axis=0))
         if distinct < len(codes):

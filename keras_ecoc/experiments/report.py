@@ -93,6 +93,9 @@ def summarize(runs, keys, metrics=("final_accuracy", "best_accuracy",
         row = dict(zip(keys, key))
         row["seeds"] = [r.get("seed") for r in group]
         row["failed"] = sum(r.get("status", "ok") != "ok" for r in group)
+        reasons = [r["status"] for r in group if r.get("status", "ok") != "ok"]
+        if reasons:
+            row["failed_reason"] = reasons[0]
         for metric in metrics:
             mean, std = mean_std([r.get(metric) for r in group])
             row[f"{metric}_mean"], row[f"{metric}_std"] = mean, std
@@ -115,7 +118,8 @@ def accuracy_cell(row, metric="final_accuracy"):
     text = stat_cell(row, metric, percent=True)
     failed = row.get("failed", 0)
     if failed:
-        text = ("duplicate codewords" if failed == len(row["seeds"]) else
-                f"{text} ({failed}/{len(row['seeds'])} runs: duplicate "
-                "codewords)")
+        reason = ("no admissible code" if row.get("failed_reason") == "no_code"
+                  else "duplicate codewords")
+        text = (reason if failed == len(row["seeds"]) else
+                f"{text} ({failed}/{len(row['seeds'])} runs: {reason})")
     return text
