@@ -3,9 +3,12 @@
 `load_dataset(spec)` understands:
 
 - `"omniglot"` (also `"embedded"`, the default): Omniglot's two "small"
-  background sets, 292 character classes x 20 drawers at 28x28, shipped
-  inside this package (MIT licence, `keras_ecoc/data/LICENSE.omniglot`).
-  Drawers 0-14 of each class train, drawers 15-19 test (4,380 / 1,460).
+  background sets at 28x28, shipped inside this package (MIT licence,
+  `keras_ecoc/data/LICENSE.omniglot`). The file has 292 labels, but both
+  sets hold the Greek and Latin alphabets, so 50 labels repeat 50 others with
+  the same images: the loader keeps one of each, 242 character classes x 20
+  drawers. Drawers 0-14 of each class train, drawers 15-19 test
+  (3,630 / 1,210).
 - a path to one of the `.npz` layouts of the project's offline data folder:
   the Omniglot 28 px file, the bit-packed Omniglot 105 px file
   (`packed`), CUB-200 subsets (`images_center`/`images_bbox`, `is_train`,
@@ -189,6 +192,10 @@ def _from_npz(path, name=None, cub_crop="bbox"):
         class_names = [str(c) for c in data["class_names"]]
     else:
         class_names = [str(c) for c in range(num_classes)]
+    if "alphabet" in files or "packed" in files:
+        keep, labels, class_names = _merge_repeated_omniglot_classes(
+            labels, class_names)
+        images, is_train = images[keep], is_train[keep]
     return ImageDataset(
         name=name,
         x_train=images[is_train], y_train=labels[is_train],
@@ -196,6 +203,22 @@ def _from_npz(path, name=None, cub_crop="bbox"):
         class_names=class_names,
         class_attributes=attributes, attribute_names=attribute_names,
     )
+
+
+def _merge_repeated_omniglot_classes(labels, class_names):
+    # Omniglot's two "small" background sets both contain the Greek and the
+    # Latin alphabets, so 50 of the 292 labels are copies of 50 others (same
+    # name, same 20 images). No classifier can tell such a pair apart and
+    # data-based codes give them identical codewords: keep the first label of
+    # each class name, drop the copies' images, and renumber the labels.
+    first = {}
+    for index, name in enumerate(class_names):
+        first.setdefault(name, index)
+    keep_class = np.array([first[name] == i for i, name in enumerate(class_names)])
+    new_id = np.cumsum(keep_class) - 1
+    keep = keep_class[labels]
+    names = [name for i, name in enumerate(class_names) if keep_class[i]]
+    return keep, new_id[labels[keep]].astype("int32"), names
 
 
 def _omniglot_ink(images):

@@ -1,8 +1,8 @@
 """The main job: one-hot against ECOC codes on the embedded Omniglot set.
 
-Trains the same small CNN with one-hot targets (Dense(292) + softmax), with
+Trains the same small CNN with one-hot targets (Dense(242) + softmax), with
 Gaussian random codes and with data-based spectral codes (k = 32 bits, about
-a ninth of the 292 one-hot outputs), at a small mini-batch size, and prints a
+an eighth of the 242 one-hot outputs), at a small mini-batch size, and prints a
 comparison table: test accuracy per epoch, steps to reach a fixed accuracy and
 wall time. Runs in a few minutes on 2 CPU cores, offline.
 

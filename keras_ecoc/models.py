@@ -14,8 +14,8 @@ from keras_ecoc.metrics import ECOCAccuracy
 POOLING_MODES = ("avg", "max", "flatten", None)
 
 # Defaults chosen by measurement (README, "Codeword norms and the scale"):
-# Omniglot, 292 classes, 32-bit Gaussian codes with equal row norms, batch 16,
-# 3 epochs. Test accuracy: fixed scale 1 (the paper's decoding) 18.0%,
+# Omniglot (292 labels, before the loader merged its 50 repeated classes),
+# 32-bit Gaussian codes with equal row norms, batch 16, 3 epochs. Test accuracy: fixed scale 1 (the paper's decoding) 18.0%,
 # learnable from 1 17.7%, learnable from 2 15.3%, fixed 4 9.6%; learnable
 # scales drifted down (8 -> 4.5, 3 -> 1.8). Scale 1 is kept, learnable so it
 # adapts to codes whose norms differ from sqrt(k).

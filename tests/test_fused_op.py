@@ -25,6 +25,7 @@ fails when KERAS_ECOC_REQUIRE_FUSED=1 (as `make test` sets).
 """
 
 import os
+import zlib
 
 import numpy as np
 import pytest
@@ -69,6 +70,15 @@ def test_library_loads_and_registers_cpu_and_gpu_kernels():
         if REQUIRE_FUSED:
             pytest.fail(msg)
         pytest.skip(msg)
+
+
+@pytest.fixture
+def rng(request):
+    # Fresh, reproducible inputs per test: seeded by a stable hash of the test
+    # id (Python's str hash is randomised per process); KERAS_ECOC_TEST_SEED
+    # shifts every seed, to sweep the tests over other inputs.
+    offset = int(os.environ.get("KERAS_ECOC_TEST_SEED", "0"))
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()) + offset)
 
 
 @pytest.fixture(scope="module")
@@ -469,9 +479,19 @@ def test_xla_matches_eager(lib, tf, rng, B, n, k):
     eager = [t.numpy() for t in step(tf.constant(z))]
     xla = [t.numpy() for t in tf.function(step, jit_compile=True)(tf.constant(z))]
     names = ["loss", "dz", "dcodes", "dscale", "rank", "nearest", "expected_code"]
+    logits = ref_forward(z, codes, labels, 1.0)["logits"]
+    # Classes whose logit is within float32 rounding of another's may order
+    # differently in the two implementations (different summation orders).
+    tie = 1e-5 * (1.0 + np.abs(logits).max())
     for a, b, name in zip(xla, eager, names):
-        if name in ("rank", "nearest"):
-            np.testing.assert_array_equal(a, b, err_msg=name)
+        if name == "nearest":
+            differ = np.nonzero(a != b)[0]
+            gap = np.abs(logits[differ, a[differ]] - logits[differ, b[differ]])
+            assert np.all(gap < tie), (name, differ, gap)
+        elif name == "rank":
+            label_logit = logits[np.arange(B), labels][:, None]
+            near = np.sum(np.abs(logits - label_logit) < tie, axis=-1)
+            assert np.all(np.abs(a - b) <= near), (name, a - b, near)
         else:
             assert_close_grad(a, b.astype(np.float64), f"xla {name}", atol_rel=5e-5, rtol=1e-4)
 

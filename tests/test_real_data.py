@@ -11,13 +11,28 @@ from keras_ecoc import training
 
 def test_embedded_omniglot_loads_with_documented_split():
     data = datasets.load_dataset("embedded")
-    assert data.num_classes == 292
-    assert data.x_train.shape == (4380, 28, 28, 1)
-    assert data.x_test.shape == (1460, 28, 28, 1)
-    assert np.bincount(data.y_train).tolist() == [15] * 292
+    assert data.num_classes == 242
+    assert data.x_train.shape == (3630, 28, 28, 1)
+    assert data.x_test.shape == (1210, 28, 28, 1)
+    assert np.bincount(data.y_train).tolist() == [15] * 242
     assert 0.0 <= data.x_train.min() and data.x_train.max() <= 1.0
     # Ink is 1 on a 0 background: most pixels are background.
     assert np.mean(data.x_train) < 0.3
+
+
+def test_omniglot_repeated_alphabets_are_merged_into_one_class_each():
+    raw = np.load(datasets.embedded_path())
+    data = datasets.load_dataset("embedded")
+    assert len(set(data.class_names)) == data.num_classes == 242
+    assert len(raw["class_names"]) == 292
+    # Every kept class still has its 20 images, unchanged.
+    for new_id in (0, 46, 241):
+        old_id = list(raw["class_names"]).index(data.class_names[new_id])
+        kept = np.concatenate([data.x_train[data.y_train == new_id],
+                               data.x_test[data.y_test == new_id]])
+        original = (255.0 - raw["images"][raw["labels"] == old_id]) / 255.0
+        np.testing.assert_allclose(np.sort(kept.ravel()),
+                                   np.sort(original.ravel()), atol=1e-6)
 
 
 @pytest.mark.slow

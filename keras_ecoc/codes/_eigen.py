@@ -117,7 +117,7 @@ def arpack_eigenpairs(adjacency, u0, k, rng, tol=1e-10):
     return 2.0 - values[order], vectors[:, order]
 
 
-def chebyshev_eigenpairs(adjacency, u0, k, rng, tol=1e-8, block=16):
+def chebyshev_eigenpairs(adjacency, u0, k, rng, tol=1e-8, block=4):
     """Smallest `k` eigenpairs of `L` on `u0^perp`: filtered block Lanczos.
 
     On kNN class graphs the bottom eigenvalues are tightly packed (100,000

@@ -11,7 +11,7 @@ Examples:
     python -m keras_ecoc.experiments pictures --dataset cifar100
     python -m keras_ecoc.experiments all --smoke --output /tmp/smoke
 
-``--dataset`` takes ``embedded`` (Omniglot, 292 classes, inside the package),
+``--dataset`` takes ``embedded`` (Omniglot, 242 classes, inside the package),
 a ``.npz`` file (the layouts of ../shared/data: Omniglot 28/105 px, CUB
 subsets, CIFAR-10 JPEG bytes, or any ``images``/``labels`` arrays), or a
 tensorflow-datasets name (``cifar100``, ``caltech_birds2011``, ``omniglot``,
@@ -39,7 +39,7 @@ def _common_parser():
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("data")
     g.add_argument("--dataset", default="embedded",
-                   help="'embedded' (Omniglot 292 classes), a .npz path or a "
+                   help="'embedded' (Omniglot 242 classes), a .npz path or a "
                    "tensorflow-datasets name (default: embedded)")
     g.add_argument("--classes", type=int, default=None,
                    help="keep only the first N classes")
