@@ -113,11 +113,18 @@ def label_rank(labels, z, codes):
         codes: float tensor of shape (n, k).
 
     Returns:
-        int32 tensor of shape (...,).
+        int32 tensor of shape (...,); n for rows whose output is NaN or whose
+        label is outside [0, n), so they never count as correct.
     """
     logits = decode_logits(z, codes)
+    num_classes = ops.shape(logits)[-1]
     labels = ops.cast(labels, "int32")
+    valid = ops.logical_and(labels >= 0, labels < num_classes)
+    safe_labels = ops.where(valid, labels, ops.zeros_like(labels))
     label_logit = ops.take_along_axis(
-        logits, ops.expand_dims(labels, -1), axis=-1
+        logits, ops.expand_dims(safe_labels, -1), axis=-1
     )
-    return ops.cast(ops.sum(ops.cast(logits > label_logit, "int32"), -1), "int32")
+    rank = ops.sum(ops.cast(logits > label_logit, "int32"), -1)
+    # A NaN output or an invalid label must never count as a hit: rank n.
+    never = ops.logical_or(ops.logical_not(valid), ops.isnan(label_logit[..., 0]))
+    return ops.cast(ops.where(never, num_classes, rank), "int32")

@@ -6,6 +6,7 @@ by the expanded matrix product the library uses.
 """
 
 import os
+import zlib
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -20,8 +21,9 @@ SHARED_DATA = os.path.join(
 
 @pytest.fixture
 def rng(request):
-    # A fresh but reproducible stream per test: seeded by the test's name.
-    return np.random.default_rng(abs(hash(request.node.nodeid)) % (2**32))
+    # A distinct but reproducible stream per test, seeded by the test's name
+    # (crc32, not hash(): str hashes change between processes).
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
 
 
 def shared_data(name):

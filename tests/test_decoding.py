@@ -112,3 +112,11 @@ def test_out_of_range_labels_give_nan_not_a_number(rng):
     )
     assert np.isfinite(loss[0])
     assert np.isnan(loss[1]) and np.isnan(loss[2])
+
+
+def test_label_rank_never_counts_nan_outputs_or_invalid_labels_as_hits(rng):
+    z, codes, _ = _inputs(rng, batch=3, num_classes=6)
+    z[1] = np.nan
+    rank = ops.convert_to_numpy(decoding.label_rank(np.array([0, 1, 6]), z, codes))
+    assert rank[1] == 6 and rank[2] == 6
+    assert 0 <= rank[0] < 6

@@ -38,7 +38,7 @@ def _run(script, backend, extra_env=None):
     env = dict(os.environ, KERAS_BACKEND=backend, PYTHONPATH=ROOT)
     env.update(extra_env or {})
     result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)],
+        [sys.executable, "-c", script],
         env=env, capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
@@ -48,12 +48,12 @@ def _run(script, backend, extra_env=None):
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow",
                     reason="MirroredStrategy is TensorFlow's")
 def test_mirrored_strategy_on_two_logical_cpus_trains_classifier():
-    script = """
+    script = textwrap.dedent("""
     import tensorflow as tf
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(
         cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    """ + _COMMON + """
+    """) + _COMMON + textwrap.dedent("""
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     assert strategy.num_replicas_in_sync == 2
     with strategy.scope():
@@ -61,24 +61,24 @@ def test_mirrored_strategy_on_two_logical_cpus_trains_classifier():
     history = model.fit(x, y, epochs=10, batch_size=32, verbose=0)
     print("ACC", history.history["ecoc_accuracy"][-1])
     assert history.history["ecoc_accuracy"][-1] > 0.85, history.history
-    """
+    """)
     assert "ACC" in _run(script, "tensorflow")
 
 
 @pytest.mark.skipif(keras.backend.backend() != "jax",
                     reason="keras.distribution.DataParallel runs on JAX")
 def test_jax_data_parallel_on_two_cpu_devices_trains_classifier():
-    script = """
+    script = textwrap.dedent("""
     import keras
     devices = keras.distribution.list_devices("cpu")
     assert len(devices) == 2, devices
     keras.distribution.set_distribution(
         keras.distribution.DataParallel(devices=devices))
-    """ + _COMMON + """
+    """) + _COMMON + textwrap.dedent("""
     model = make_model()
     history = model.fit(x, y, epochs=10, batch_size=32, verbose=0)
     print("ACC", history.history["ecoc_accuracy"][-1])
     assert history.history["ecoc_accuracy"][-1] > 0.85, history.history
-    """
+    """)
     flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
     assert "ACC" in _run(script, "jax", {"XLA_FLAGS": flags})

@@ -141,6 +141,32 @@ def test_spectral_warns_for_a_disconnected_graph_and_stays_orthogonal():
     np.testing.assert_allclose(_trivial_vector(similarity) @ out, 0, atol=1e-5)
 
 
+@pytest.mark.parametrize("solver", ["chebyshev", "arpack"])
+def test_sparse_solvers_agree_with_the_dense_solver_on_a_disconnected_graph(solver):
+    # Three separate clusters of classes: eigenvalue 0 has multiplicity 3,
+    # which single-vector Lanczos would not resolve without the explicit
+    # deflation of the null space.
+    rng = np.random.default_rng(17)
+    means = np.concatenate([rng.standard_normal((150, 3)) + 50 * c for c in range(3)])
+    graph = codes.class_similarity(means, np.arange(450), kernel="rbf", n_neighbors=6)
+    with pytest.warns(UserWarning, match="3 connected components"):
+        dense, dense_values = codes.spectral(
+            graph, 10, solver="dense", return_eigenvalues=True
+        )
+    with pytest.warns(UserWarning, match="3 connected components"):
+        out, values = codes.spectral(graph, 10, solver=solver, return_eigenvalues=True)
+    np.testing.assert_allclose(values, dense_values, atol=1e-10)
+    np.testing.assert_array_equal(values[:2], 0)
+    assert np.diff(dense_values[2:]).min() > 1e-4
+    np.testing.assert_allclose(out, dense, atol=1e-4)
+    # The eigenvalue-0 columns are D^1/2 times a per-cluster constant.
+    degrees = np.asarray(graph.sum(axis=1)).ravel()
+    per_cluster = (out[:, :2] / np.sqrt(degrees)[:, None]).reshape(3, 150, 2)
+    np.testing.assert_allclose(
+        per_cluster, np.broadcast_to(per_cluster[:, :1], per_cluster.shape), rtol=1e-5
+    )
+
+
 @pytest.mark.parametrize("threshold", ["zero", "median"])
 def test_spectral_thresholds_give_the_binarized_codes(threshold):
     similarity = _random_similarity(np.random.default_rng(7), 16)

@@ -1,11 +1,13 @@
 """Eigensolvers for the bottom of a normalized graph Laplacian.
 
 All solvers compute the `k` smallest eigenpairs of `L = I - A`, where
-`A = D^-1/2 S D^-1/2`, restricted to the orthogonal complement of the
-trivial eigenvector `u0 = D^1/2 1 / |D^1/2 1|` (eigenvalue 0). Deflating
-`u0` explicitly, instead of computing `k + 1` pairs and dropping the first,
-keeps the codes orthogonal to `u0` even when the graph is disconnected and
-the null space has several dimensions.
+`A = D^-1/2 S D^-1/2`, restricted to the orthogonal complement of the null
+space of `L`. The null space is known in closed form: one vector
+`D^1/2 1_C / |D^1/2 1_C|` per connected component `C`, given to the solvers
+as `null`, a sparse `(n, c)` matrix with orthonormal columns (disjoint
+supports). Deflating it explicitly, instead of computing `k + c` pairs and
+dropping the first `c`, avoids asking Lanczos for an eigenvalue of
+multiplicity `c`, which single-vector Krylov methods can miss.
 
 The spectrum of `L` lies in `[0, 2]`.
 """
@@ -26,7 +28,17 @@ _FILTER_GAIN = 8.0
 _ESTIMATE_STEPS = 100
 
 
-def with_locality_order(solve, adjacency, u0, k, rng):
+def project_out(null, x):
+    """Returns `x - null null^T x` (a new array).
+
+    Args:
+        null: `(n, c)` matrix, sparse or dense, with orthonormal columns.
+        x: float64 `(n,)` or `(n, b)`.
+    """
+    return x - null @ (null.T @ x)
+
+
+def with_locality_order(solve, adjacency, null, k, rng):
     """Runs an iterative solver on the graph in reverse Cuthill-McKee order.
 
     Sparse products are bound by the scattered reads of the vector; the
@@ -35,9 +47,9 @@ def with_locality_order(solve, adjacency, u0, k, rng):
     permutation.
 
     Args:
-        solve: `(adjacency, u0, k, rng) -> (eigenvalues, vectors)`.
+        solve: `(adjacency, null, k, rng) -> (eigenvalues, vectors)`.
         adjacency: `A`, a float64 sparse matrix or `np.ndarray` `(n, n)`.
-        u0: float64 `(n,)`.
+        null: `(n, c)` null space basis.
         k: Number of pairs.
         rng: `numpy.random.Generator`.
 
@@ -45,49 +57,50 @@ def with_locality_order(solve, adjacency, u0, k, rng):
         `solve`'s result, with the vectors back in the original order.
     """
     if not scipy.sparse.issparse(adjacency):
-        return solve(adjacency, u0, k, rng)
+        return solve(adjacency, null, k, rng)
     order = scipy.sparse.csgraph.reverse_cuthill_mckee(
         adjacency.tocsr(), symmetric_mode=True
     )
     permuted = adjacency.tocsr()[order][:, order].tocsr()
-    values, vectors = solve(permuted, u0[order], k, rng)
+    values, vectors = solve(permuted, null[order], k, rng)
     restored = np.empty_like(vectors)
     restored[order] = vectors
     return values, restored
 
 
-def dense_eigenpairs(adjacency, u0, k):
-    """Smallest `k` eigenpairs of `L` on `u0^perp` with LAPACK.
+def dense_eigenpairs(adjacency, null, k):
+    """Smallest `k` eigenpairs of `L` off its null space, with LAPACK.
 
     Args:
         adjacency: `A`, a float64 `np.ndarray` or sparse matrix `(n, n)`.
-        u0: float64 `(n,)`, unit norm.
-        k: Number of pairs, `1 <= k <= n - 1`.
+        null: `(n, c)` null space basis.
+        k: Number of pairs, `1 <= k <= n - c`.
 
     Returns:
         `(eigenvalues (k,), vectors (n, k))`, eigenvalues ascending.
     """
     if scipy.sparse.issparse(adjacency):
         adjacency = adjacency.toarray()
+    null = null.toarray() if scipy.sparse.issparse(null) else null
     n = adjacency.shape[0]
-    # Moving u0 from eigenvalue 0 to 3 (above the spectrum, which ends at
-    # 2) leaves exactly the eigenpairs orthogonal to it at the bottom.
-    laplacian = np.eye(n) - adjacency + 3.0 * np.outer(u0, u0)
+    # Moving the null space from eigenvalue 0 to 3 (above the spectrum,
+    # which ends at 2) leaves exactly the wanted eigenpairs at the bottom.
+    laplacian = np.eye(n) - adjacency + 3.0 * (null @ null.T)
     return scipy.linalg.eigh(laplacian, subset_by_index=[0, k - 1])
 
 
-def arpack_eigenpairs(adjacency, u0, k, rng, tol=1e-10):
-    """Smallest `k` eigenpairs of `L` on `u0^perp` with ARPACK (`eigsh`).
+def arpack_eigenpairs(adjacency, null, k, rng, tol=1e-10):
+    """Smallest `k` eigenpairs of `L` off its null space, with ARPACK.
 
     The smallest eigenvalues of `L` are the largest of `I + A`, and ARPACK
     converges far faster for the largest algebraic eigenvalues than in
-    smallest-magnitude mode (which would need a factorization). `u0` is
-    mapped to eigenvalue 0 so it is never returned.
+    smallest-magnitude mode (which would need a factorization). The null
+    space, eigenvalue 2 of `I + A`, is mapped to 0 so it is never returned.
 
     Args:
         adjacency: `A`, a float64 sparse matrix or `np.ndarray` `(n, n)`.
-        u0: float64 `(n,)`, unit norm.
-        k: Number of pairs, `1 <= k <= n - 2`.
+        null: `(n, c)` null space basis.
+        k: Number of pairs, `1 <= k < n - c`.
         rng: `numpy.random.Generator` for the start vector.
         tol: ARPACK relative tolerance on the Ritz values.
 
@@ -97,19 +110,17 @@ def arpack_eigenpairs(adjacency, u0, k, rng, tol=1e-10):
     n = adjacency.shape[0]
 
     def matvec(x):
-        x = np.asarray(x).reshape(-1)
-        return x + adjacency @ x - 2.0 * u0 * (u0 @ x)
+        x = np.asarray(x, dtype=np.float64).reshape(-1)
+        return x + adjacency @ x - 2.0 * (null @ (null.T @ x))
 
     operator = scipy.sparse.linalg.LinearOperator(
         (n, n), matvec=matvec, dtype=np.float64
     )
-    start = rng.standard_normal(n)
-    start -= u0 * (u0 @ start)
     values, vectors = scipy.sparse.linalg.eigsh(
         operator,
         k=k,
         which="LA",
-        v0=start,
+        v0=project_out(null, rng.standard_normal(n)),
         tol=tol,
         ncv=min(n, max(2 * k + 1, 20)),
     )
@@ -117,8 +128,8 @@ def arpack_eigenpairs(adjacency, u0, k, rng, tol=1e-10):
     return 2.0 - values[order], vectors[:, order]
 
 
-def chebyshev_eigenpairs(adjacency, u0, k, rng, tol=1e-8, block=4):
-    """Smallest `k` eigenpairs of `L` on `u0^perp`: filtered block Lanczos.
+def chebyshev_eigenpairs(adjacency, null, k, rng, tol=1e-8, block=4):
+    """Smallest `k` eigenpairs of `L` off its null space: filtered Lanczos.
 
     On kNN class graphs the bottom eigenvalues are tightly packed (100,000
     classes: 128 eigenvalues within 0.1 to 0.2 of each other, out of a
@@ -146,8 +157,8 @@ def chebyshev_eigenpairs(adjacency, u0, k, rng, tol=1e-8, block=4):
 
     Args:
         adjacency: `A`, a float64 sparse matrix or `np.ndarray` `(n, n)`.
-        u0: float64 `(n,)`, unit norm.
-        k: Number of pairs, `1 <= k <= n - 18`.
+        null: `(n, c)` null space basis.
+        k: Number of pairs, `1 <= k <= n - c - 16`.
         rng: `numpy.random.Generator` for the start vectors.
         tol: Residual norm `|L v - theta v|` of the unit vectors above which
             a warning is issued.
@@ -157,7 +168,8 @@ def chebyshev_eigenpairs(adjacency, u0, k, rng, tol=1e-8, block=4):
         `(eigenvalues (k,), vectors (n, k))`, eigenvalues ascending.
     """
     n = adjacency.shape[0]
-    block = max(1, min(block, (n - 1 - k) // 4))
+    dim = n - null.shape[1]  # dimension of the space searched
+    block = max(1, min(block, (dim - k) // 4))
     buffer = max(16, k // 4)
 
     def apply_laplacian(x):
@@ -167,26 +179,26 @@ def chebyshev_eigenpairs(adjacency, u0, k, rng, tol=1e-8, block=4):
     # polynomial degree than a block run, which resolves the crowded bottom
     # of the spectrum far better.
     estimate = _block_lanczos(
-        apply_laplacian, u0, rng, 1, max_dim=min(n - 2, _ESTIMATE_STEPS)
+        apply_laplacian, null, rng, 1, max_dim=min(dim - 1, _ESTIMATE_STEPS)
     )
-    upper, cut, kth = _spectrum_bounds(estimate, n, k, k + buffer, 1)
+    upper, cut, kth = _spectrum_bounds(estimate, dim, k, k + buffer, 1)
     # The basis may hold about 512 MiB, and at least k + 8 blocks.
     max_dim = min(
-        n - 1 - block,
+        dim - block,
         max(k + 8 * block, min(4 * k + 8 * block, (1 << 26) // n)),
     )
     for _ in range(3):
         degree = _filter_degree(kth, cut, upper)
-        apply_filter = _chebyshev_filter(adjacency, u0, degree, cut, upper)
+        apply_filter = _chebyshev_filter(adjacency, null, degree, cut, upper)
         run = _block_lanczos(
-            apply_filter, u0, rng, block, max_dim, wanted=k, tol=1e-10
+            apply_filter, null, rng, block, max_dim, wanted=k, tol=1e-10
         )
         if run["converged"]:
             vectors = run["basis"] @ run["ritz_vectors"][:, -k:]
         else:
-            vectors = _arpack_top(apply_filter, u0, k, buffer, rng)
+            vectors = _arpack_top(apply_filter, null, k, buffer, rng)
         # Rayleigh-Ritz with L: the values of L, exactly L-orthogonal vectors.
-        vectors = _orthonormalize(vectors - np.outer(u0, u0 @ vectors))
+        vectors = _orthonormalize(project_out(null, vectors))
         l_vectors = apply_laplacian(vectors)
         projected = vectors.T @ l_vectors
         values, rotation = np.linalg.eigh((projected + projected.T) / 2.0)
@@ -216,11 +228,11 @@ def chebyshev_eigenpairs(adjacency, u0, k, rng, tol=1e-8, block=4):
         RuntimeWarning,
         stacklevel=3,
     )
-    return arpack_eigenpairs(adjacency, u0, k, rng)
+    return arpack_eigenpairs(adjacency, null, k, rng)
 
 
-def _block_lanczos(apply, u0, rng, block, max_dim, wanted=0, tol=0.0):
-    """Block Lanczos with full re-orthogonalization on `u0^perp`.
+def _block_lanczos(apply, null, rng, block, max_dim, wanted=0, tol=0.0):
+    """Block Lanczos with full re-orthogonalization off a null space.
 
     Builds an orthonormal basis `V` of the block Krylov space of `apply`
     from a random start block, and the projection `T = V^T apply(V)`. Runs
@@ -228,9 +240,9 @@ def _block_lanczos(apply, u0, rng, block, max_dim, wanted=0, tol=0.0):
     `tol * |theta|`, or until the basis has `max_dim` columns.
 
     Args:
-        apply: Symmetric operator on `(n, b)` arrays, mapping `u0^perp` to
-            itself.
-        u0: float64 `(n,)`, unit norm; kept out of the basis.
+        apply: Symmetric operator on `(n, b)` arrays that maps the
+            complement of `null` to itself.
+        null: `(n, c)` basis kept out of the Krylov basis.
         rng: `numpy.random.Generator` for the start block.
         block: Block size `b`.
         max_dim: Largest basis size.
@@ -243,11 +255,10 @@ def _block_lanczos(apply, u0, rng, block, max_dim, wanted=0, tol=0.0):
         (J, J) in the basis, `"residuals"` (J,) Ritz residual norms,
         `"basis"` (n, J) and `"converged"` (bool).
     """
-    n = u0.shape[0]
+    n = null.shape[0]
     basis = np.empty((n, max_dim + block), order="F")
     projected = np.zeros((max_dim + block, max_dim + block))
-    start = rng.standard_normal((n, block))
-    start -= np.outer(u0, u0 @ start)
+    start = project_out(null, rng.standard_normal((n, block)))
     basis[:, :block], _ = np.linalg.qr(start)
     size = 0
     while True:
@@ -260,8 +271,8 @@ def _block_lanczos(apply, u0, rng, block, max_dim, wanted=0, tol=0.0):
         correction = known.T @ image
         image -= known @ correction
         projected[: size + block, size : size + block] = coefficients + correction
-        image -= np.outer(u0, u0 @ image)
-        following, coupling = _next_block(image, known, u0, rng)
+        image = project_out(null, image)
+        following, coupling = _next_block(image, known, null, rng)
         size += block
         projected[size : size + block, size - block : size] = coupling
         basis[:, size : size + block] = following
@@ -284,7 +295,7 @@ def _block_lanczos(apply, u0, rng, block, max_dim, wanted=0, tol=0.0):
                 }
 
 
-def _next_block(image, known, u0, rng):
+def _next_block(image, known, null, rng):
     """QR of the re-orthogonalized image, replacing lost directions.
 
     Columns of the image that vanished (the Krylov space became invariant
@@ -302,27 +313,25 @@ def _next_block(image, known, u0, rng):
         kept = np.hstack([known, following[:, ~lost]])
         for _ in range(2):
             fresh -= kept @ (kept.T @ fresh)
-            fresh -= np.outer(u0, u0 @ fresh)
+            fresh = project_out(null, fresh)
         following[:, lost], _ = np.linalg.qr(fresh)
         coupling[lost, :] = 0.0
     return following, coupling
 
 
-def _arpack_top(apply, u0, k, buffer, rng):
+def _arpack_top(apply, null, k, buffer, rng):
     """Largest `k` eigenvectors of a block operator with ARPACK."""
-    n = u0.shape[0]
+    n = null.shape[0]
     operator = scipy.sparse.linalg.LinearOperator(
         (n, n),
         matvec=lambda x: apply(np.asarray(x, np.float64).reshape(-1, 1))[:, 0],
         dtype=np.float64,
     )
-    start = rng.standard_normal(n)
-    start -= u0 * (u0 @ start)
     _, vectors = scipy.sparse.linalg.eigsh(
         operator,
         k=k,
         which="LA",
-        v0=start,
+        v0=project_out(null, rng.standard_normal(n)),
         ncv=min(n - 1, k + 2 * buffer + 8),
         tol=1e-10,
     )
@@ -357,8 +366,8 @@ def _filter_degree(kth, cut, upper):
     return int(np.clip(np.ceil(np.arccosh(_FILTER_GAIN) / np.arccosh(t)), 2, 40))
 
 
-def _chebyshev_filter(adjacency, u0, degree, cut, upper):
-    """Returns `X -> p(L) X` on `u0^perp` for `(n, b)` blocks.
+def _chebyshev_filter(adjacency, null, degree, cut, upper):
+    """Returns `X -> p(L) X` off the null space, for `(n, b)` blocks.
 
     `p = (-1)^m T_m((2 L - cut - upper) / (upper - cut))`: at most 1 in
     magnitude on `[cut, upper]`, above 1 and decreasing on `[0, cut)`.
@@ -387,25 +396,24 @@ def _chebyshev_filter(adjacency, u0, degree, cut, upper):
             previous, current = current, following
         current *= sign
         # The filter is largest at eigenvalue 0, so it amplifies round-off
-        # along u0: project it out again.
-        current -= np.outer(u0, u0 @ current)
-        return current
+        # along the null space: project it out again.
+        return project_out(null, current)
 
     return apply
 
 
-def _spectrum_bounds(estimate, n, k, count, block):
+def _spectrum_bounds(estimate, dim, k, count, block):
     """Filter parameters from a block Lanczos run on `L`.
 
-    With `b` random start vectors, each has an expected weight of
-    `1 / (n - 1)` on every eigenvector, so `(n - 1) / b` times the
+    With `b` random start vectors in a space of dimension `dim`, each has an
+    expected weight of `1 / dim` on every eigenvector, so `dim / b` times the
     cumulative Gauss quadrature weight (the squared first-block components
     of the Ritz vectors) estimates how many eigenvalues lie below each Ritz
     value.
 
     Args:
         estimate: `_block_lanczos` result for `L`.
-        n: Size of `L`.
+        dim: Dimension of the space searched.
         k: Index of the last wanted eigenvalue.
         count: Index of the eigenvalue to use as the filter cut.
         block: Block size of the run.
@@ -421,7 +429,7 @@ def _spectrum_bounds(estimate, n, k, count, block):
     upper = ritz[-1] + estimate["residuals"][-1]
     upper = min(2.0, upper + 0.01 * (upper - ritz[0]))
     weights = np.sum(estimate["ritz_vectors"][:block] ** 2, axis=0) / block
-    counts = (n - 1) * np.cumsum(weights)
+    counts = dim * np.cumsum(weights)
 
     def node(index):
         return min(int(np.searchsorted(counts, index)), m - 1)

@@ -142,7 +142,7 @@ def spectral(
             f"with a larger `n_neighbors` or another kernel. "
             f"Received: similarity={describe(similarity)}"
         )
-    num_components, _ = scipy.sparse.csgraph.connected_components(
+    num_components, component = scipy.sparse.csgraph.connected_components(
         similarity, directed=False
     )
     if num_components > 1:
@@ -162,16 +162,18 @@ def spectral(
         adjacency = (scaling @ similarity @ scaling).tocsr()
     else:
         adjacency = similarity * inv_sqrt[:, None] * inv_sqrt[None, :]
-    u0 = np.sqrt(degrees)
-    u0 /= np.linalg.norm(u0)
+    null, null_codes = _null_space(degrees, component, num_components, k)
+    k_rest = k - null_codes.shape[1]
 
     if solver == "auto":
         dense = not scipy.sparse.issparse(similarity) or n <= _DENSE_MAX_CLASSES
         solver = "dense" if dense else "chebyshev"
-    if solver != "dense" and n - 1 <= k + 16:
+    if solver != "dense" and n - num_components <= k_rest + 16:
         solver = "dense"
-    if solver == "dense":
-        eigenvalues, vectors = _eigen.dense_eigenpairs(adjacency, u0, k)
+    if k_rest == 0:
+        eigenvalues, vectors = np.zeros(0), np.zeros((n, 0))
+    elif solver == "dense":
+        eigenvalues, vectors = _eigen.dense_eigenpairs(adjacency, null, k_rest)
     else:
         solve = (
             _eigen.arpack_eigenpairs
@@ -179,11 +181,12 @@ def spectral(
             else _eigen.chebyshev_eigenpairs
         )
         eigenvalues, vectors = _eigen.with_locality_order(
-            solve, adjacency, u0, k, rng
+            solve, adjacency, null, k_rest, rng
         )
-    # Round-off can push the first eigenvalue of a disconnected graph a hair
-    # below 0 (or the last above 2).
+    # Round-off can leave an eigenvalue a hair outside [0, 2].
     eigenvalues = np.clip(eigenvalues, 0.0, 2.0)
+    eigenvalues = np.concatenate([np.zeros(null_codes.shape[1]), eigenvalues])
+    vectors = np.hstack([null_codes, vectors])
 
     vectors = fix_signs(vectors)
     if normalization == "sqrt_n":
@@ -248,6 +251,49 @@ def fix_signs(vectors):
     first = np.argmax(magnitude >= peak * (1.0 - _SIGN_TIE_RTOL), axis=0)
     signs = np.where(vectors[first, np.arange(vectors.shape[1])] < 0, -1.0, 1.0)
     return vectors * signs
+
+
+def _null_space(degrees, component, num_components, k):
+    """The null space of the normalized Laplacian, and its code columns.
+
+    `L` has one null vector per connected component `C`,
+    `D^1/2 1_C / |D^1/2 1_C|`; these columns are orthonormal (disjoint
+    supports). The trivial eigenvector `u0 = D^1/2 1 / |D^1/2 1|` is the
+    combination `null @ a` with `a_C = |D^1/2 1_C| / |D^1/2 1|`. The code
+    columns for eigenvalue 0 are the rest of the null space,
+    `null @ H[:, 1:]` with `H` the Householder reflection that maps `a` to
+    the first unit vector: orthonormal, orthogonal to `u0`, and
+    deterministic.
+
+    Args:
+        degrees: float64 `(n,)`, all positive.
+        component: int `(n,)`, the component label of each class.
+        num_components: Number of components `c`.
+        k: Code length.
+
+    Returns:
+        `(null, null_codes)`: a sparse CSC `(n, c)` matrix with orthonormal
+        columns, and float64 `(n, min(c - 1, k))` code columns.
+    """
+    n = len(degrees)
+    root = np.sqrt(degrees)
+    component_norms = np.sqrt(np.bincount(component, weights=degrees))
+    null = scipy.sparse.csc_matrix(
+        (root / component_norms[component], (np.arange(n), component)),
+        shape=(n, num_components),
+    )
+    count = min(num_components - 1, k)
+    if count == 0:
+        return null, np.zeros((n, 0))
+    a = component_norms / np.linalg.norm(component_norms)
+    reflector = a.copy()
+    reflector[0] -= 1.0
+    norm = np.linalg.norm(reflector)
+    if norm > 0:
+        reflector /= norm
+    columns = np.eye(num_components, count + 1)[:, 1:]
+    columns -= 2.0 * np.outer(reflector, reflector[1 : count + 1])
+    return null, np.asarray(null @ columns)
 
 
 def _as_similarity(similarity):

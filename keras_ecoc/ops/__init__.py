@@ -145,7 +145,9 @@ def label_rank(z, codes, labels):
     The scale does not change the order, so it is not an argument.
     """
     if not _use_fused():
-        return _label_rank_keras(z, codes, labels)
+        from keras_ecoc import decoding  # noqa: PLC0415
+
+        return decoding.label_rank(labels, z, codes)
     import tensorflow as tf  # noqa: PLC0415
 
     lib = load_library()
@@ -167,20 +169,3 @@ def nearest_codeword(z, codes):
     z2, codes, batch_shape, flat = _prepare(tf, z, codes)
     index = tf.cast(lib.ecoc_nearest_codeword(z2, codes, epsilon=EPSILON), tf.int32)
     return tf.reshape(index, batch_shape) if flat else index
-
-
-def _label_rank_keras(z, codes, labels):
-    """Pure-Keras label rank on the dense logits (any backend)."""
-    from keras import ops  # noqa: PLC0415
-
-    from keras_ecoc import decoding  # noqa: PLC0415
-
-    logits = decoding.decode_logits(z, codes)
-    n = ops.shape(logits)[-1]
-    labels = ops.cast(labels, "int32")
-    valid = ops.logical_and(labels >= 0, labels < n)
-    safe = ops.where(valid, labels, ops.zeros_like(labels))
-    label_logit = ops.take_along_axis(logits, ops.expand_dims(safe, -1), axis=-1)
-    rank = ops.sum(ops.cast(logits > label_logit, "int32"), axis=-1)
-    bad = ops.logical_or(ops.logical_not(valid), ops.isnan(label_logit[..., 0]))
-    return ops.cast(ops.where(bad, ops.full_like(rank, n), rank), "int32")
