@@ -41,7 +41,8 @@ def comparison_table(results, target):
     return "\n".join(lines)
 
 
-def main(argv=None):
+def run(argv=None):
+    """Runs the demo with command-line arguments; returns the `TrainResult`s."""
     parser = argparse.ArgumentParser(
         prog="keras-ecoc-demo",
         description="One-hot vs ECOC output codes on embedded Omniglot.",
@@ -92,5 +93,11 @@ def main(argv=None):
     return results
 
 
+def main(argv=None):
+    """Console entry point (`keras-ecoc-demo`): exit status 0."""
+    run(argv)
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -171,7 +171,9 @@ def _check_dense_rules(m):
     assert not _duplicate_rows(m)
 
 
-@pytest.mark.parametrize("num_classes, code_length", [(2, 1), (5, 7), (12, 10), (40, 12)])
+@pytest.mark.parametrize(
+    "num_classes, code_length", [(2, 1), (5, 7), (12, 10), (40, 12)]
+)
 def test_dense_random_satisfies_the_column_and_row_rules(num_classes, code_length):
     m = codes.dense_random(num_classes, code_length, seed=0, trials=200)
     assert m.shape == (num_classes, code_length)
@@ -237,7 +239,9 @@ def _check_sparse_rules(m):
     assert (np.abs(m).sum(axis=1) > 0).all(), "all-zero codeword"
 
 
-@pytest.mark.parametrize("num_classes, code_length", [(2, 1), (6, 5), (15, 12), (30, 20)])
+@pytest.mark.parametrize(
+    "num_classes, code_length", [(2, 1), (6, 5), (15, 12), (30, 20)]
+)
 def test_sparse_random_satisfies_the_column_and_row_rules(num_classes, code_length):
     m = codes.sparse_random(num_classes, code_length, seed=2, trials=300)
     assert m.shape == (num_classes, code_length)

@@ -56,7 +56,7 @@ def test_cub_and_cifar_npz_layouts_load():
 
 
 def test_demo_runs_end_to_end_on_a_subset(capsys):
-    results = demo.main(["--epochs", "1", "--train-per-class", "3",
+    results = demo.run(["--epochs", "1", "--train-per-class", "3",
                          "--test-per-class", "2", "--verbose", "0"])
     out = capsys.readouterr().out
     assert [r.encoding for r in results] == ["one_hot", "gaussian", "spectral"]
@@ -70,3 +70,8 @@ def test_bad_dataset_spec_raises_value_error(tmp_path):
     np.savez(bad, foo=np.zeros(3))
     with pytest.raises(ValueError, match="images"):
         datasets.load_dataset(str(bad))
+
+
+def test_demo_console_entry_point_exits_zero(monkeypatch):
+    monkeypatch.setattr(demo, "run", lambda argv=None: ["results"])
+    assert demo.main([]) == 0

@@ -47,9 +47,9 @@ def _reference_similarity(features, labels, num_classes, kernel, gamma=None):
 
 
 def _data(rng, num_samples=400, num_classes=15, dim=6, offset=0.0):
-    labels = np.concatenate(
-        [np.arange(num_classes), rng.integers(0, num_classes, num_samples - num_classes)]
-    )
+    # Every class appears at least once.
+    extra = rng.integers(0, num_classes, num_samples - num_classes)
+    labels = np.concatenate([np.arange(num_classes), extra])
     features = rng.standard_normal((num_samples, dim)) + offset
     return features, labels
 

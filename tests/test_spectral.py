@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+import scipy.linalg
 import scipy.sparse
 import scipy.spatial
 

@@ -139,11 +139,14 @@ def chebyshev_eigenpairs(adjacency, null, k, rng, tol=1e-8, block=4):
     products.
 
     Here block Lanczos runs on `p(L)`, where `p` is a Chebyshev polynomial
-    (of degree `m`, typically 3 to 10) that is at most 1 in magnitude on
+    (of degree `m`, typically 5 to 20) that is at most 1 in magnitude on
     `[cut, upper]` and grows monotonically below `cut`. The wanted
     eigenvalues then stand apart from a bulk squeezed into `[-1, 1]`, so
-    the basis needs little more than `k` vectors, and all the work is sparse
-    products with blocks of `block` vectors and BLAS-3 re-orthogonalization.
+    the basis needs only about `2 k` vectors (k = 128 on 100,000 classes:
+    about 270 vectors and 4,500 sparse products, against some 1,200 Lanczos
+    steps re-orthogonalized one by one in a restarted basis of 300 for
+    ARPACK), and the work is sparse products with blocks of `block`
+    vectors and BLAS-3 re-orthogonalization.
 
     `upper` bounds the spectrum and `cut` estimates the eigenvalue of index
     `k + buffer`, both from a short Lanczos run on `L` (Gauss
@@ -214,7 +217,7 @@ def chebyshev_eigenpairs(adjacency, null, k, rng, tol=1e-8, block=4):
                     f"the codes are approximate. Compare with "
                     f"solver='arpack'.",
                     RuntimeWarning,
-                    stacklevel=3,
+                    stacklevel=4,
                 )
             return values, vectors
         # Fewer than k eigenvalues lie below the cut, so the filter damped
@@ -226,7 +229,7 @@ def chebyshev_eigenpairs(adjacency, null, k, rng, tol=1e-8, block=4):
         "The Chebyshev-filtered Lanczos solver could not place its filter; "
         "falling back to plain Lanczos (slower).",
         RuntimeWarning,
-        stacklevel=3,
+        stacklevel=4,
     )
     return arpack_eigenpairs(adjacency, null, k, rng)
 
@@ -276,7 +279,10 @@ def _block_lanczos(apply, null, rng, block, max_dim, wanted=0, tol=0.0):
         size += block
         projected[size : size + block, size - block : size] = coupling
         basis[:, size : size + block] = following
-        if size >= max_dim or (wanted and size >= wanted + block):
+        # Convergence is checked every other block: each check is an
+        # O(size^3) eigendecomposition.
+        ready = wanted and size >= wanted + block and (size // block) % 2 == 0
+        if size + block > max_dim or ready:
             matrix = projected[:size, :size]
             values, vectors = np.linalg.eigh((matrix + matrix.T) / 2.0)
             residuals = np.linalg.norm(

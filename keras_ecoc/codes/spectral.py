@@ -70,10 +70,25 @@ def spectral(
     and sparse solvers therefore return the same codes.
 
     The diagonal of `S` is used as given (a self-loop adds to its class's
-    degree); `class_similarity` returns a zero diagonal. A graph with
-    several connected components triggers a warning: the null space of `L`
-    then has several dimensions, and the first codes are component
-    indicators with eigenvalue 0.
+    degree); `class_similarity` returns a zero diagonal.
+
+    **Disconnected graphs** trigger a warning. With `c` connected
+    components the null space of `L` has `c` dimensions, spanned by the
+    vectors `D^1/2 1_C` of the components `C`; the first `min(c - 1, k)`
+    codes are then a fixed orthonormal basis of that null space orthogonal
+    to `D^1/2 1` (eigenvalue 0, constant up to `D^1/2` on each component),
+    and the rest are the eigenvectors of the smallest positive eigenvalues.
+    All solvers compute the same basis.
+
+    **Solvers.** `"dense"` is LAPACK `eigh` on the dense Laplacian,
+    O(n^3). `"chebyshev"` runs block Lanczos on a Chebyshev polynomial of
+    the sparse Laplacian that damps all but the bottom of the spectrum; it
+    needs only sparse products and a basis of 2 to 4 times `code_length`
+    vectors.
+    On 2 CPU cores, 100,000 classes on a 10-neighbour kNN graph with
+    `code_length=128` take about 20 to 30 seconds. `"arpack"` is
+    `scipy.sparse.linalg.eigsh` on `I + A` (largest eigenvalues, no
+    factorization), a slower reference.
 
     Args:
         similarity: Symmetric non-negative `(n, n)` matrix, a NumPy array or
@@ -86,14 +101,13 @@ def spectral(
             with `binarize`.
         normalization: `"sqrt_n"` or `None`, see above. Ignored for the
             values when `threshold` is set (binary codes are +-1).
-        solver: `"dense"` (LAPACK `eigh`), `"chebyshev"` (Chebyshev-filtered
-            subspace iteration on the sparse matrix, for many classes),
-            `"arpack"` (`scipy.sparse.linalg.eigsh` on `I + A`), or
+        solver: `"dense"`, `"chebyshev"`, `"arpack"` (see above), or
             `"auto"`: `"dense"` for dense input and for sparse input with at
-            most 2000 classes, else `"chebyshev"`. The iterative solvers use
-            the dense one when `n - 1 <= code_length + 16`.
+            most 2000 classes, else `"chebyshev"`. The iterative solvers
+            defer to `"dense"` when fewer than `code_length + 17`
+            eigenvectors exist outside the null space.
         seed: Seed of the iterative solvers' random start (an integer or
-            `None`); results agree across seeds up to the solver tolerance.
+            `None`); results agree across seeds to about 1e-8.
         return_eigenvalues: Whether to also return the eigenvalues.
 
     Returns:
