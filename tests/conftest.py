@@ -110,3 +110,28 @@ def backend_grad(fn, x):
         fn(t).backward()
         return t.grad.numpy()
     pytest.skip(f"no gradient helper for backend {backend}")
+
+
+# Files whose tests never touch a Keras backend (NumPy/SciPy code, nvcc, the
+# notebook files): the TensorFlow run covers them, the JAX and PyTorch runs of
+# `make test` skip them rather than repeat minutes of identical work.
+BACKEND_INDEPENDENT_FILES = {
+    "test_codes.py",
+    "test_similarity.py",
+    "test_spectral.py",
+    "test_cuda_harness_build.py",
+    "test_notebooks_params.py",
+    "test_benchmarks_smoke.py",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    backend = os.environ.get("KERAS_BACKEND", "tensorflow")
+    if backend == "tensorflow":
+        return
+    skip = pytest.mark.skip(
+        reason="backend-independent; run under KERAS_BACKEND=tensorflow"
+    )
+    for item in items:
+        if os.path.basename(str(item.fspath)) in BACKEND_INDEPENDENT_FILES:
+            item.add_marker(skip)
