@@ -2,7 +2,7 @@
 
 All experiments train the same network (`keras_ecoc.training.build_model`:
 the cifar_quick-like CNN for <= 32 px images, the small CNN for 64 px birds,
-Adam 1e-3, dropout 0.3) and differ only in the output encoding, so every
+Adam 1e-3, no dropout) and differ only in the output encoding, so every
 comparison isolates the encoding.
 """
 
