@@ -57,7 +57,9 @@ XLA_SRC = "ecoc_xla.cc"
 GPU_OPS_SRC = "ecoc_ops_gpu.cc"
 CUDA_SRC = os.path.join("cuda", "ecoc_kernels.cu.cc")
 # Local headers whose content goes into the hash of the objects of a part.
-CPU_HEADERS = ("ecoc_cpu_math.h",)
+CPU_HEADERS = ("ecoc_cpu_math.h", "ecoc_validation.h")
+# Shared with the CPU kernels by the GPU OpKernels.
+SHARED_HEADERS = ("ecoc_validation.h",)
 CUDA_HEADER_DIR = "cuda"
 
 CXX_WARNINGS = [
@@ -192,7 +194,9 @@ class _Unit:
             return [os.path.join(KERNELS_DIR, h) for h in CPU_HEADERS]
         if self.part == "cuda":
             d = os.path.join(KERNELS_DIR, CUDA_HEADER_DIR)
-            return sorted(os.path.join(d, f) for f in os.listdir(d) if f.endswith((".h", ".cuh")))
+            return sorted(os.path.join(d, f) for f in os.listdir(d) if f.endswith((".h", ".cuh"))) + [
+                os.path.join(KERNELS_DIR, h) for h in SHARED_HEADERS
+            ]
         return []
 
     def key(self) -> str:

@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "cuda/ecoc_kernels.h"
+#include "ecoc_validation.h"
 #include "tensorflow/core/common_runtime/device/device_event_mgr.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -30,6 +31,7 @@ namespace ecoc_gpu {
 namespace {
 
 namespace kc = ::keras_ecoc::cuda;
+using ::keras_ecoc::ValidateInputs;
 
 template <typename T>
 struct ZType;
@@ -76,55 +78,6 @@ absl::Status CudaError(const char* op, cudaError_t err) {
   return absl::InternalError(message);
 }
 
-// Checks z [B, k], codes [n, k], labels [B] and a scalar scale (the latter two
-// when given).  Same checks and wording as ValidateInputs in
-// ecoc_kernels_cpu.cc, so that CPU and GPU fail alike.
-absl::Status ValidateInputs(const Tensor& z, const Tensor& codes,
-                            const Tensor* labels, const Tensor* scale) {
-  if (z.dims() != 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "z must be a rank-2 tensor [batch, code_length], got shape ",
-        z.shape().DebugString()));
-  }
-  if (codes.dims() != 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "codes must be a rank-2 tensor [num_classes, code_length], got shape ",
-        codes.shape().DebugString()));
-  }
-  if (codes.dim_size(1) != z.dim_size(1)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "z has code length (last dimension) ", z.dim_size(1),
-        " but codes has code length ", codes.dim_size(1),
-        "; they must be equal"));
-  }
-  if (codes.dim_size(0) < 1) {
-    return absl::InvalidArgumentError(
-        "codes must have at least one row (one class), got shape " +
-        codes.shape().DebugString());
-  }
-  if (codes.dim_size(0) > INT32_MAX) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("at most 2^31 - 1 classes are supported, got ",
-                     codes.dim_size(0)));
-  }
-  if (labels != nullptr) {
-    if (labels->dims() != 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "labels must be a rank-1 tensor [batch], got shape ",
-          labels->shape().DebugString()));
-    }
-    if (labels->dim_size(0) != z.dim_size(0)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "z has batch size ", z.dim_size(0), " but labels has ",
-          labels->dim_size(0), " elements; they must be equal"));
-    }
-  }
-  if (scale != nullptr && scale->dims() != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "scale must be a scalar, got shape ", scale->shape().DebugString()));
-  }
-  return absl::OkStatus();
-}
 
 absl::Status CheckBatchVector(const Tensor& t, const char* name,
                               int64_t batch) {
