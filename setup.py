@@ -119,6 +119,9 @@ setup(
         "gpu": ["tensorflow[and-cuda]==2.21.*"],
         "datasets": ["tensorflow-datasets>=4.9"],
         "plots": ["matplotlib>=3.8"],
+        # What `python -m keras_ecoc.experiments` needs beyond the package:
+        # figures and t-SNE (checked before any training starts).
+        "experiments": ["matplotlib>=3.8", "scikit-learn>=1.3"],
         "test": [
             "pytest>=8",
             "pytest-xdist",
@@ -128,6 +131,7 @@ setup(
             "torch==2.13.0",
             "tensorflow-datasets>=4.9",
             "matplotlib>=3.8",
+            "scikit-learn>=1.3",
         ],
     },
     entry_points={

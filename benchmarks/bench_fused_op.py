@@ -209,7 +209,7 @@ def fit_measure(kind: str, n: int, k: int, samples: int, batch: int) -> dict:
         model = keras.Sequential(backbone + [keras.layers.Dense(k)])
 
         def loss(y_true, y_pred):
-            return eops.ecoc_cross_entropy(y_pred, codes, tf.reshape(y_true, [-1]), 10.0)
+            return eops.ecoc_cross_entropy(tf.reshape(y_true, [-1]), y_pred, codes, 10.0)
     else:
         model = keras.Sequential(backbone + [keras.layers.Dense(n)])
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)

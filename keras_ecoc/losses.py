@@ -42,7 +42,7 @@ def ecoc_cross_entropy(y_true, y_pred, codes, scale=1.0):
     num_classes, code_length = codes.shape
     _validation.check_code_length(tuple(y_pred.shape), code_length, "y_pred")
     labels = _labels_for(y_true, y_pred, num_classes)
-    return ecoc_ops.ecoc_cross_entropy(y_pred, codes, labels, scale)
+    return ecoc_ops.ecoc_cross_entropy(labels, y_pred, codes, scale)
 
 
 @keras.saving.register_keras_serializable(package="keras_ecoc")

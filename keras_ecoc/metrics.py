@@ -46,7 +46,7 @@ class ECOCTopKAccuracy(keras.metrics.Mean):
             tuple(y_pred.shape), self.codes.shape[1], "y_pred"
         )
         labels = _labels_for(y_true, y_pred, self.codes.shape[0])
-        rank = ecoc_ops.label_rank(y_pred, self.codes, labels)
+        rank = ecoc_ops.label_rank(labels, y_pred, self.codes)
         hits = ops.cast(rank < self.k, self.dtype)
         return super().update_state(hits, sample_weight=sample_weight)
 

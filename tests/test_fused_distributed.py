@@ -49,7 +49,7 @@ SCRIPT = textwrap.dedent(
     y = (np.abs(x[:, 0] * 15).astype(np.int32)) % n
 
     def loss_fn(y_true, y_pred):
-        return eops.ecoc_cross_entropy(y_pred, codes, tf.reshape(y_true, [-1]), 8.0)
+        return eops.ecoc_cross_entropy(tf.reshape(y_true, [-1]), y_pred, codes, 8.0)
 
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     out = {"replicas": strategy.num_replicas_in_sync}
@@ -61,7 +61,7 @@ SCRIPT = textwrap.dedent(
             model.compile(optimizer=keras.optimizers.Adam(1e-2), loss=loss_fn, jit_compile=jit)
         history = model.fit(x, y, batch_size=64, epochs=3, verbose=0)
         evaluated = model.evaluate(x, y, batch_size=64, verbose=0)
-        direct = float(np.mean(eops.ecoc_cross_entropy(model.predict(x, verbose=0), codes, y, 8.0)))
+        direct = float(np.mean(eops.ecoc_cross_entropy(y, model.predict(x, verbose=0), codes, 8.0)))
         out[f"jit={jit}"] = {"loss": history.history["loss"], "evaluated": evaluated, "direct": direct}
 
     z = rng.normal(size=(128, k)).astype(np.float32)
@@ -70,7 +70,7 @@ SCRIPT = textwrap.dedent(
     def step(zz, yy):
         with tf.GradientTape() as tape:
             tape.watch(zz)
-            loss = eops.ecoc_cross_entropy(zz, codes, yy, 8.0)
+            loss = eops.ecoc_cross_entropy(yy, zz, codes, 8.0)
             total = tf.reduce_sum(loss)
         return loss, tape.gradient(total, zz)
 

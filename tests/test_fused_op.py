@@ -154,7 +154,7 @@ def fused_loss_and_grads(tf, z, codes, labels, scale, g, watch_codes=True):
     st = tf.Variable(scale)
     with tf.GradientTape() as tape:
         tape.watch(zt)
-        loss = eops.ecoc_cross_entropy(zt, ct, labels, st)
+        loss = eops.ecoc_cross_entropy(labels, zt, ct, st)
         total = tf.reduce_sum(loss * g)
     dz, dc, ds = tape.gradient(total, [zt, ct, st])
     return loss.numpy(), dz.numpy(), (dc.numpy() if dc is not None else None), float(ds)
@@ -206,7 +206,7 @@ def test_finite_differences(lib, tf, rng):
     g = rng.normal(size=3).astype(np.float32)
 
     def f(zz, cc, ss):
-        return tf.reduce_sum(eops.ecoc_cross_entropy(zz, cc, labels, ss) * g)
+        return tf.reduce_sum(eops.ecoc_cross_entropy(labels, zz, cc, ss) * g)
 
     theoretical, numerical = tf.test.compute_gradient(
         f, [tf.constant(z), tf.constant(codes), tf.constant(1.7)], delta=1e-3)
@@ -249,7 +249,7 @@ def test_matches_pure_keras_path(lib, tf, rng):
     ct = tf.Variable(codes)
     with tf.GradientTape(persistent=True) as tape:
         tape.watch(zt)
-        fused = eops.ecoc_cross_entropy(zt, ct, labels, st)
+        fused = eops.ecoc_cross_entropy(labels, zt, ct, st)
         dense = decoding.cross_entropy(labels, zt, ct, st)
         tf_, td = tf.reduce_sum(fused), tf.reduce_sum(dense)
     np.testing.assert_allclose(fused.numpy(), dense.numpy(), rtol=1e-5, atol=1e-5)
@@ -258,7 +258,7 @@ def test_matches_pure_keras_path(lib, tf, rng):
         assert_close_grad(a.numpy(), b.numpy().astype(np.float64), name, atol_rel=5e-5)
     np.testing.assert_array_equal(eops.nearest_codeword(z, codes).numpy(),
                                   decoding.nearest_codeword(z, codes).numpy())
-    np.testing.assert_array_equal(eops.label_rank(z, codes, labels).numpy(),
+    np.testing.assert_array_equal(eops.label_rank(labels, z, codes).numpy(),
                                   decoding.label_rank(labels, z, codes).numpy())
 
 
@@ -282,13 +282,13 @@ def test_leading_batch_dims(lib, tf, rng):
     from keras_ecoc import ops as eops
 
     z, codes, labels, scale = random_problem(rng, 6, 11, 4)
-    loss = eops.ecoc_cross_entropy(z.reshape(2, 3, 4), codes, labels.reshape(2, 3), scale)
+    loss = eops.ecoc_cross_entropy(labels.reshape(2, 3), z.reshape(2, 3, 4), codes, scale)
     assert loss.shape == (2, 3)
     np.testing.assert_allclose(loss.numpy().ravel(), ref_forward(z, codes, labels, scale)["loss"], rtol=1e-5)
     assert eops.nearest_codeword(z.reshape(3, 2, 4), codes).shape == (3, 2)
-    assert eops.label_rank(z.reshape(3, 2, 4), codes, labels.reshape(3, 2)).shape == (3, 2)
+    assert eops.label_rank(labels.reshape(3, 2), z.reshape(3, 2, 4), codes).shape == (3, 2)
     # Keras-style (B, 1) labels and other integer dtypes are accepted.
-    np.testing.assert_allclose(eops.ecoc_cross_entropy(z, codes, labels[:, None].astype(np.uint8), scale),
+    np.testing.assert_allclose(eops.ecoc_cross_entropy(labels[:, None].astype(np.uint8), z, codes, scale),
                                ref_forward(z, codes, labels, scale)["loss"], rtol=1e-5)
 
 
@@ -301,7 +301,7 @@ def test_low_precision_z(lib, tf, rng, dtype):
     z_rounded = tf.cast(zt, tf.float32).numpy()  # what the op sees
     with tf.GradientTape() as tape:
         tape.watch(zt)
-        loss = eops.ecoc_cross_entropy(zt, codes, labels, scale)
+        loss = eops.ecoc_cross_entropy(labels, zt, codes, scale)
         total = tf.reduce_sum(loss)
     dz = tape.gradient(total, zt)
     assert loss.dtype == tf.float32 and dz.dtype == zt.dtype
@@ -382,9 +382,9 @@ def test_python_api_validates(lib, tf):
     from keras_ecoc import ops as eops
 
     with pytest.raises(ValueError, match="code length"):
-        eops.ecoc_cross_entropy(np.ones((2, 3), np.float32), np.ones((4, 5), np.float32), [0, 1])
+        eops.ecoc_cross_entropy([0, 1], np.ones((2, 3), np.float32), np.ones((4, 5), np.float32))
     with pytest.raises(ValueError, match="batch size 2 but labels has 3"):
-        eops.ecoc_cross_entropy(np.ones((2, 3), np.float32), np.ones((4, 3), np.float32), [0, 1, 2])
+        eops.ecoc_cross_entropy([0, 1, 2], np.ones((2, 3), np.float32), np.ones((4, 3), np.float32))
 
 
 @pytest.mark.parametrize("B,n,k", [(1, 1, 1), (7, 5, 3), (16, 2000, 12), (300, 40, 6), (2, 3000, 9)])
@@ -446,12 +446,12 @@ def test_codes_gradient_only_when_requested(lib, tf, rng, monkeypatch):
     zt, ct = tf.constant(z), tf.constant(codes)
     with tf.GradientTape() as tape:
         tape.watch(zt)
-        total = tf.reduce_sum(eops.ecoc_cross_entropy(zt, ct, labels, scale))
+        total = tf.reduce_sum(eops.ecoc_cross_entropy(labels, zt, ct, scale))
     tape.gradient(total, zt)
     assert not calls
     cv = tf.Variable(codes)
     with tf.GradientTape() as tape:
-        total = tf.reduce_sum(eops.ecoc_cross_entropy(zt, cv, labels, scale))
+        total = tf.reduce_sum(eops.ecoc_cross_entropy(labels, zt, cv, scale))
     tape.gradient(total, cv)
     assert len(calls) == 1
 
@@ -470,10 +470,10 @@ def test_xla_matches_eager(lib, tf, rng, B, n, k):
     def step(zz):
         with tf.GradientTape() as tape:
             tape.watch(zz)
-            loss = eops.ecoc_cross_entropy(zz, cv, labels, sv)
+            loss = eops.ecoc_cross_entropy(labels, zz, cv, sv)
             total = tf.reduce_sum(loss * g)
         dz, dc, ds = tape.gradient(total, [zz, cv, sv])
-        return (loss, dz, dc, ds, eops.label_rank(zz, cv, labels), eops.nearest_codeword(zz, cv),
+        return (loss, dz, dc, ds, eops.label_rank(labels, zz, cv), eops.nearest_codeword(zz, cv),
                 lib.ecoc_cross_entropy(zz, cv, labels, sv)[2])
 
     eager = [t.numpy() for t in step(tf.constant(z))]
@@ -517,7 +517,7 @@ def test_keras_fit(lib, tf, rng, jit_compile):
     y = (np.abs(x[:, 0] * 20).astype(np.int32)) % n
 
     def loss_fn(y_true, y_pred):
-        return eops.ecoc_cross_entropy(y_pred, codes, tf.reshape(y_true, [-1]), 8.0)
+        return eops.ecoc_cross_entropy(tf.reshape(y_true, [-1]), y_pred, codes, 8.0)
 
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((12,)), keras.layers.Dense(32, activation="relu"),
@@ -536,7 +536,7 @@ def test_fallback_when_disabled(lib, tf, rng, monkeypatch):
     assert not eops.fused_available()
     assert "KERAS_ECOC_DISABLE_FUSED" in eops.fused_status()
     z, codes, labels, scale = random_problem(rng, 4, 9, 5)
-    np.testing.assert_allclose(eops.ecoc_cross_entropy(z, codes, labels, scale),
+    np.testing.assert_allclose(eops.ecoc_cross_entropy(labels, z, codes, scale),
                                decoding.cross_entropy(labels, z, codes, scale), rtol=1e-6)
     monkeypatch.delenv("KERAS_ECOC_DISABLE_FUSED")
     assert eops.fused_available()
@@ -571,9 +571,9 @@ z = np.random.default_rng(0).normal(size=(4, 3)).astype("float32")
 codes = np.eye(5, 3, dtype="float32")
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    a = ops.ecoc_cross_entropy(z, codes, [0, 1, 2, 3], 2.0)
-    ops.ecoc_cross_entropy(z, codes, [0, 1, 2, 3], 2.0)
-    ops.label_rank(z, codes, [0, 1, 2, 3]); ops.nearest_codeword(z, codes)
+    a = ops.ecoc_cross_entropy([0, 1, 2, 3], z, codes, 2.0)
+    ops.ecoc_cross_entropy([0, 1, 2, 3], z, codes, 2.0)
+    ops.label_rank([0, 1, 2, 3], z, codes); ops.nearest_codeword(z, codes)
 mine = [w for w in caught if "fused ECOC op is unavailable" in str(w.message)]
 assert len(mine) == 1, [str(w.message) for w in caught]
 np.testing.assert_allclose(a, decoding.cross_entropy([0, 1, 2, 3], z, codes, 2.0), rtol=1e-6)
@@ -594,9 +594,9 @@ assert not ops.fused_available()
 assert ops.fused_status().startswith("backend is jax"), ops.fused_status()
 z = np.random.default_rng(0).normal(size=(4, 3)).astype("float32")
 codes = np.eye(5, 3, dtype="float32")
-a = ops.ecoc_cross_entropy(z, codes, np.array([0, 1, 2, 3]), 2.0)
+a = ops.ecoc_cross_entropy(np.array([0, 1, 2, 3]), z, codes, 2.0)
 np.testing.assert_allclose(np.asarray(a), np.asarray(decoding.cross_entropy(np.array([0, 1, 2, 3]), z, codes, 2.0)))
-ops.label_rank(z, codes, np.array([0, 1, 2, 3])); ops.nearest_codeword(z, codes)
+ops.label_rank(np.array([0, 1, 2, 3]), z, codes); ops.nearest_codeword(z, codes)
 print("TF_BEFORE" if before else "", "TF_AFTER" if "tensorflow" in sys.modules else "", "OK")
 """
     proc = _run_python(code, KERAS_BACKEND="jax")
@@ -612,7 +612,7 @@ def test_scale_as_keras_variable(lib, tf, rng):
     z, codes, labels, scale = random_problem(rng, 7, 13, 5, scale=3.0)
     var = keras.Variable(3.0, dtype="float32")
     with tf.GradientTape() as tape:
-        total = tf.reduce_sum(eops.ecoc_cross_entropy(z, codes, labels, var))
+        total = tf.reduce_sum(eops.ecoc_cross_entropy(labels, z, codes, var))
     (ds,) = tape.gradient(total, [var.value])
     _, rds, _ = ref_grads(z, codes, labels, 3.0, np.ones(7))
     np.testing.assert_allclose(float(ds), rds, rtol=1e-4)
@@ -628,10 +628,10 @@ tf.constant(1.0) + 1.0  # creates the eager context and the XLA JIT kernels
 from keras_ecoc import ops
 z = np.random.default_rng(0).normal(size=(4, 3)).astype("float32")
 codes = np.eye(5, 3, dtype="float32")
-f = tf.function(lambda zz: ops.ecoc_cross_entropy(zz, codes, [0, 1, 2, 3], 2.0), jit_compile=True)
+f = tf.function(lambda zz: ops.ecoc_cross_entropy([0, 1, 2, 3], zz, codes, 2.0), jit_compile=True)
 if not ops.fused_available():
     print("UNAVAILABLE", ops.fused_status()); raise SystemExit(0)
-np.testing.assert_allclose(f(z), ops.ecoc_cross_entropy(z, codes, [0, 1, 2, 3], 2.0), rtol=1e-5)
+np.testing.assert_allclose(f(z), ops.ecoc_cross_entropy([0, 1, 2, 3], z, codes, 2.0), rtol=1e-5)
 print("OK", ops.fused_status())
 """
     proc = _run_python(code, KERAS_BACKEND="tensorflow")

@@ -111,13 +111,16 @@ def _prepare(tf, z, codes, labels=None, scale=None):
     return out
 
 
-def ecoc_cross_entropy(z, codes, labels, scale=1.0):
+def ecoc_cross_entropy(labels, z, codes, scale=1.0):
     """Per-example ECOC softmax cross-entropy, float32 of shape z.shape[:-1].
 
+    Labels come first, as in `keras.ops.sparse_categorical_crossentropy(
+    target, output)` and every Keras loss.
+
     Args:
+        labels: (...,) integer class indices in [0, n).
         z: (..., k) network outputs (float32, float16 or bfloat16).
         codes: (n, k) code matrix (cast to float32); may be trainable.
-        labels: (...,) integer class indices in [0, n).
         scale: positive Python float, scalar tensor or Keras variable (the
             logits are multiplied by it; differentiable).
 
@@ -137,7 +140,7 @@ def ecoc_cross_entropy(z, codes, labels, scale=1.0):
     return tf.reshape(loss, batch_shape) if flat else loss
 
 
-def label_rank(z, codes, labels):
+def label_rank(labels, z, codes):
     """int32 (...,): how many classes have a strictly larger logit than the label.
 
     0 means a correct top-1 prediction; ``rank < K`` is top-K correctness.
