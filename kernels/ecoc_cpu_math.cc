@@ -632,6 +632,11 @@ void CodesGradWorkT(CodesGradCtx* ctx, int64_t begin, int64_t end) {
           for (int v = 0; v < NV; ++v)
             Store(Wt + c * RG + off + v * kLanes,
                   gv[v] * Exp(Load(Lt + c * W + v * kLanes) - lsev[v]));
+        // Padding rows (past the batch) must contribute exactly 0: their
+        // g is 0, but their exp() overflows to inf for a negative scale and
+        // 0 * inf would turn the whole codes gradient into NaN.
+        for (int64_t i = Max64(0, P.B - blk * W); i < W; ++i)
+          for (int64_t c = 0; c < Ct; ++c) Wt[c * RG + off + i] = 0.0f;
         for (int64_t i = 0; i < W; ++i) {
           const int64_t row = blk * W + i;
           if (row >= P.B) break;
@@ -754,6 +759,7 @@ struct SearchCtx {
   int32_t* pc;    // [S][Bp] partial counts (rank)
   float* pb;      // [S][Bp] partial best key (nearest)
   int32_t* pi;    // [S][Bp] partial best index (nearest)
+  float* pn;      // [S][Bp] 0, or NaN when a key of the row is not finite
   bool rank;
   volatile int failed;
 };
@@ -773,6 +779,10 @@ void SearchWorkT(SearchCtx* ctx, int64_t begin, int64_t end) {
   float* Lt = lt.f();
   vf ky[kMaxBlocks][NV], best[kMaxBlocks][NV];
   vi cnt[kMaxBlocks][NV], idx[kMaxBlocks][NV];
+  // key * 0 is 0 for a finite key and NaN for NaN or +-inf, so the sum flags
+  // rows with a non-finite z or codeword (those never decode to a class).
+  vf nonfinite[kMaxBlocks][NV];
+  const vf zero = Splat(0.0f);
   for (int64_t item = begin; item < end; ++item) {
     const int64_t ri = item / sp.S, split = item % sp.S;
     const int64_t b0 = ri * sp.blocks_per_item;
@@ -791,6 +801,7 @@ void SearchWorkT(SearchCtx* ctx, int64_t begin, int64_t end) {
         best[bi][v] = Splat(-kInf);
         cnt[bi][v] = SplatI(0);
         idx[bi][v] = SplatI(0);
+        nonfinite[bi][v] = zero;
       }
     }
     // Class tiles outside, row blocks inside: a tile of codes stays in cache
@@ -802,14 +813,18 @@ void SearchWorkT(SearchCtx* ctx, int64_t begin, int64_t end) {
         Gemm1Tile<NV>(P, blk, c0, c1, Lt);
         if (ctx->rank) {
           for (int64_t c = 0; c < c1 - c0; ++c)
-            for (int v = 0; v < NV; ++v)
-              cnt[bi][v] -= Load(Lt + c * W + v * kLanes) > ky[bi][v];
+            for (int v = 0; v < NV; ++v) {
+              const vf key = Load(Lt + c * W + v * kLanes);
+              cnt[bi][v] -= key > ky[bi][v];
+              nonfinite[bi][v] += key * zero;
+            }
         } else {
           for (int64_t c = 0; c < c1 - c0; ++c) {
             const vi ci = SplatI(static_cast<int32_t>(c0 + c));
             for (int v = 0; v < NV; ++v) {
               const vf key = Load(Lt + c * W + v * kLanes);
               const vi gt = key > best[bi][v];
+              nonfinite[bi][v] += key * zero;
               best[bi][v] = gt ? key : best[bi][v];
               idx[bi][v] = gt ? ci : idx[bi][v];
             }
@@ -822,6 +837,7 @@ void SearchWorkT(SearchCtx* ctx, int64_t begin, int64_t end) {
       for (int v = 0; v < NV; ++v) {
         for (int i = 0; i < kLanes; ++i) {
           const int64_t row = blk * W + v * kLanes + i;
+          ctx->pn[split * P.Bp + row] = nonfinite[bi][v][i];
           if (ctx->rank) {
             ctx->pc[split * P.Bp + row] = cnt[bi][v][i];
           } else {
@@ -865,15 +881,17 @@ int Search(const Runtime* rt, const float* z, const int64_t* labels,
   ctx.sp = PlanRowsByClasses(rt, P);
   ctx.rank = rank != nullptr;
   const int64_t S = ctx.sp.S;
-  Scratch ky, pc, pb, pi;
+  Scratch ky, pc, pb, pi, pn;
   if (!ky.Alloc(P.Bp * 4, false) || !pc.Alloc(S * P.Bp * 4, false) ||
-      !pb.Alloc(S * P.Bp * 4, false) || !pi.Alloc(S * P.Bp * 4, false)) {
+      !pb.Alloc(S * P.Bp * 4, false) || !pi.Alloc(S * P.Bp * 4, false) ||
+      !pn.Alloc(S * P.Bp * 4, false)) {
     return 1;
   }
   ctx.ky = ky.f();
   ctx.pc = pc.i32();
   ctx.pb = pb.f();
   ctx.pi = pi.i32();
+  ctx.pn = pn.f();
   ctx.failed = 0;
   const int64_t items = ctx.sp.row_items * S;
   const int64_t cost = ctx.sp.blocks_per_item * P.W *
@@ -881,11 +899,14 @@ int Search(const Runtime* rt, const float* z, const int64_t* labels,
   rt->parallel_for(rt->pool, items, cost, SearchWork, &ctx);
   if (ctx.failed) return 1;
   for (int64_t row = 0; row < batch; ++row) {
+    float flag = 0.0f;
+    for (int64_t s = 0; s < S; ++s) flag += ctx.pn[s * P.Bp + row];
+    const bool nonfinite = flag != flag;
     if (rank != nullptr) {
       int64_t total = 0;
       for (int64_t s = 0; s < S; ++s) total += ctx.pc[s * P.Bp + row];
       const float kyv = ctx.ky[row];
-      rank[row] = kyv != kyv ? static_cast<int32_t>(num_classes)
+      rank[row] = (nonfinite || kyv != kyv) ? static_cast<int32_t>(num_classes)
                              : static_cast<int32_t>(total);
     } else {
       float best = ctx.pb[row];
@@ -896,7 +917,8 @@ int Search(const Runtime* rt, const float* z, const int64_t* labels,
           idx = ctx.pi[s * P.Bp + row];
         }
       }
-      index[row] = idx;
+      // No valid class for a row with a non-finite z or codeword.
+      index[row] = nonfinite ? -1 : idx;
     }
   }
   return 0;

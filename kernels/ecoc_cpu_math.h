@@ -49,11 +49,12 @@ struct Kernels {
                     int64_t num_classes, int64_t code_length,
                     float* grad_codes);
   // rank [B]: classes with logit strictly greater than the label's (n when
-  // the label's logit is NaN).
+  // a logit of the row is not finite: non-finite z or codeword).
   int (*label_rank)(const Runtime* rt, const float* z, const int64_t* labels,
                     const float* codes, float epsilon, int64_t batch,
                     int64_t num_classes, int64_t code_length, int32_t* rank);
-  // index [B]: argmax_i logit_bi, ties to the smallest i.
+  // index [B]: argmax_i logit_bi, ties to the smallest i; -1 when a logit of
+  // the row is not finite (non-finite z or codeword): never a valid class.
   int (*nearest)(const Runtime* rt, const float* z, const float* codes,
                  float epsilon, int64_t batch, int64_t num_classes,
                  int64_t code_length, int64_t* index);

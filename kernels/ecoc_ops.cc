@@ -158,7 +158,8 @@ REGISTER_OP("EcocLabelRank")
     .Doc(R"doc(
 rank_b = number of classes whose logit is strictly greater than the logit of
 the label (0 means a correct top-1 prediction; rank < K means top-K correct).
-Rows whose label logit is NaN get rank n (never counted as correct).
+Rows with a non-finite logit (non-finite z or codeword) get rank n (never
+counted as correct).
 )doc");
 
 REGISTER_OP("EcocNearestCodeword")
@@ -175,7 +176,8 @@ REGISTER_OP("EcocNearestCodeword")
     })
     .Doc(R"doc(
 index_b = argmax_i logit_bi (the nearest codeword to u_b; ties go to the
-smallest index).
+smallest index); -1 for rows with a non-finite logit (non-finite z or
+codeword), which never decode to a valid class.
 )doc");
 
 }  // namespace keras_ecoc

@@ -3,6 +3,7 @@
 #ifndef KERAS_ECOC_KERNELS_ECOC_VALIDATION_H_
 #define KERAS_ECOC_KERNELS_ECOC_VALIDATION_H_
 
+#include <cmath>
 #include <cstdint>
 
 #include "absl/status/status.h"
@@ -56,9 +57,19 @@ inline absl::Status ValidateInputs(const tensorflow::Tensor& z,
           labels->dim_size(0), " elements; they must be equal"));
     }
   }
-  if (scale != nullptr && scale->dims() != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "scale must be a scalar, got shape ", scale->shape().DebugString()));
+  if (scale != nullptr) {
+    if (scale->dims() != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "scale must be a scalar, got shape ", scale->shape().DebugString()));
+    }
+    // scale lives in host memory on every device (HostMemory("scale")).
+    // A non-positive scale flips the order of the logits (and overflows
+    // exp() in the codes gradient); a non-finite one gives NaN everywhere.
+    const float s = scale->scalar<float>()();
+    if (!std::isfinite(s) || !(s > 0.0f)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "scale must be a finite number > 0, got ", s));
+    }
   }
   return absl::OkStatus();
 }

@@ -227,6 +227,20 @@ bool CheckShapes(XlaOpKernelContext* ctx, bool has_labels, bool has_scale,
   return true;
 }
 
+// [B] PRED: whether a key of the row among the real classes (not the padding
+// of the last tile) is NaN or +-inf, i.e. the row's z or a codeword is not
+// finite. Such rows never decode to a valid class.
+xla::XlaOp RowNonFinite(xla::XlaBuilder* b, const Plan& plan, xla::XlaOp c0,
+                        xla::XlaOp keys) {
+  xla::XlaOp bad = xla::Not(xla::IsFinite(keys));
+  if (plan.npad != plan.n) {
+    bad = xla::And(bad, xla::Lt(ClassIds(b, plan, c0),
+                                I32(b, static_cast<int32_t>(plan.n))));
+  }
+  return xla::Reduce(bad, xla::ConstantR0<bool>(b, false),
+                     xla::CreateScalarOrComputation(xla::PRED, b), {1});
+}
+
 class EcocCrossEntropyXla : public XlaOpKernel {
  public:
   explicit EcocCrossEntropyXla(tensorflow::OpKernelConstruction* ctx)
@@ -313,6 +327,12 @@ class EcocCrossEntropyCodesGradXla : public XlaOpKernel {
     xla::XlaOp s = ctx->Input(3);
     xla::XlaOp lse = ctx->Input(4);
     xla::XlaOp g = ctx->Input(5);
+    // A row whose label is outside [0, n) has a NaN loss and must contribute
+    // no gradient (as on the pure-Keras path), whatever g says.
+    xla::XlaOp label_ok = xla::And(
+        xla::Ge(labels, I32(b, 0)),
+        xla::Lt(labels, I32(b, static_cast<int32_t>(p.n))));
+    g = xla::Select(label_ok, g, xla::ZerosLike(g));
     xla::XlaOp u, usq;
     Normalize(b, z, epsilon_, &u, &usq);
     xla::XlaOp rowc = xla::Mul(usq, xla::Mul(s, F32(b, -0.5f)));
@@ -393,13 +413,15 @@ class EcocLabelRankXla : public XlaOpKernel {
       xla::XlaOp cnt = st[0] + xla::Reduce(ones, I32(bb, 0),
                                            xla::CreateScalarAddComputation(xla::S32, bb),
                                            {1});
-      return std::vector<xla::XlaOp>{cnt};
+      return std::vector<xla::XlaOp>{cnt, xla::Or(st[1], RowNonFinite(bb, plan, c0, keys))};
     };
     auto res = ForEachTile(b, p, codes, sqn, {u, labels, ky},
-                           {xla::Broadcast(I32(b, 0), {p.B})}, body,
-                           "ecoc_label_rank_tiles");
+                           {xla::Broadcast(I32(b, 0), {p.B}),
+                            xla::Broadcast(xla::ConstantR0<bool>(b, false), {p.B})},
+                           body, "ecoc_label_rank_tiles");
     OP_REQUIRES_OK(ctx, res.status());
-    xla::XlaOp bad = xla::Or(xla::Not(valid), xla::Ne(ky, ky));
+    // Non-finite z or codeword: never a hit (rank n).
+    xla::XlaOp bad = xla::Or(xla::Or(xla::Not(valid), xla::Ne(ky, ky)), (*res)[1]);
     ctx->SetOutput(0, xla::Select(bad, xla::Broadcast(I32(b, n32), {p.B}),
                                   (*res)[0]));
   }
@@ -434,6 +456,7 @@ class EcocNearestCodewordXla : public XlaOpKernel {
       xla::XlaOp keys =
           TileLogits(bb, u, tile, sqn_tile, F32(bb, 1.0f),
                      xla::Broadcast(F32(bb, 0.0f), {plan.B}));
+      xla::XlaOp nonfinite = xla::Or(st[2], RowNonFinite(bb, plan, c0, keys));
       if (plan.npad != plan.n) {
         keys = xla::Select(
             xla::Lt(ClassIds(bb, plan, c0), I32(bb, static_cast<int32_t>(plan.n))),
@@ -445,14 +468,18 @@ class EcocNearestCodewordXla : public XlaOpKernel {
       xla::XlaOp targ = xla::Add(xla::ArgMax(keys, xla::S32, 1), c0);
       xla::XlaOp better = xla::Gt(tmax, st[0]);
       return std::vector<xla::XlaOp>{xla::Select(better, tmax, st[0]),
-                                     xla::Select(better, targ, st[1])};
+                                     xla::Select(better, targ, st[1]), nonfinite};
     };
     auto res = ForEachTile(
         b, p, codes, sqn, {u},
-        {xla::Broadcast(F32(b, -inf), {p.B}), xla::Broadcast(I32(b, 0), {p.B})},
+        {xla::Broadcast(F32(b, -inf), {p.B}), xla::Broadcast(I32(b, 0), {p.B}),
+         xla::Broadcast(xla::ConstantR0<bool>(b, false), {p.B})},
         body, "ecoc_nearest_codeword_tiles");
     OP_REQUIRES_OK(ctx, res.status());
-    ctx->SetOutput(0, xla::ConvertElementType((*res)[1], xla::S64));
+    // Non-finite z or codeword: no valid class (-1).
+    xla::XlaOp index = xla::Select((*res)[2], xla::Broadcast(I32(b, -1), {p.B}),
+                                   (*res)[1]);
+    ctx->SetOutput(0, xla::ConvertElementType(index, xla::S64));
   }
 
  private:

@@ -198,6 +198,14 @@ def _cross_entropy_grad(tf, lib, op, g_loss, g_lse):
         g_lse = None
     if g_loss is None:
         g_loss = tf.zeros_like(lse)
+    # A label outside [0, n) has a NaN loss (under XLA; it raises elsewhere)
+    # and must give a zero gradient, as on the pure-Keras path; tf.gather
+    # below would otherwise clamp it to class 0 or n - 1 under XLA.
+    n = tf.shape(codes, out_type=labels.dtype)[0]
+    label_ok = tf.logical_and(labels >= 0, labels < n)
+    g_loss = tf.where(label_ok, g_loss, tf.zeros_like(g_loss))
+    if g_lse is not None:
+        g_lse = tf.where(label_ok, g_lse, tf.zeros_like(g_lse))
 
     zf = tf.cast(z, tf.float32)
     sqnorm = tf.reduce_sum(tf.square(zf), axis=-1, keepdims=True)

@@ -272,6 +272,7 @@ __global__ void __launch_bounds__(kThreads, 1) RowStreamKernel(RowArgs a) {
     float best_dist[RPW];
     int64_t best_index[RPW];
     bool label_ok[RPW];
+    bool nonfinite[RPW];  // rank/nearest: a non-finite distance in this row
 
     // Prologue: u_b = z_b / max(||z_b||, sqrt(eps)) for this warp's rows.
 #pragma unroll
@@ -300,6 +301,7 @@ __global__ void __launch_bounds__(kThreads, 1) RowStreamKernel(RowArgs a) {
       label_dist[t] = 0.0f;
       label_logit[t] = 0.0f;
       label_ok[t] = false;
+      nonfinite[t] = false;
     }
     __syncwarp();
 
@@ -405,6 +407,7 @@ __global__ void __launch_bounds__(kThreads, 1) RowStreamKernel(RowArgs a) {
 #pragma unroll
         for (int t = 0; t < RPW; ++t) {
           count[t] += (class_ok && dist[t] < label_dist[t]) ? 1 : 0;
+          nonfinite[t] = nonfinite[t] || (class_ok && !isfinite(dist[t]));
         }
       } else {
         // Each lane sees its classes in increasing order, so a strict "<"
@@ -412,6 +415,7 @@ __global__ void __launch_bounds__(kThreads, 1) RowStreamKernel(RowArgs a) {
 #pragma unroll
         for (int t = 0; t < RPW; ++t) {
           const float d = dist[t];
+          nonfinite[t] = nonfinite[t] || (class_ok && !isfinite(d));
           const bool take = class_ok && (best_index[t] < 0 ? !(d != d)
                                                            : d < best_dist[t]);
           if (take) {
@@ -441,17 +445,22 @@ __global__ void __launch_bounds__(kThreads, 1) RowStreamKernel(RowArgs a) {
         }
       } else if (kMode == RowMode::kRank) {
         const long long total = WarpSumInt(count[t]);
+        // Non-finite z or codeword: never a hit (rank n), as on the CPU.
+        const bool row_bad = __any_sync(kFullMask, nonfinite[t]);
         if (b < a.batch && lane == 0) {
           // A NaN label distance (NaN in z) ranks last, as on the CPU.
           const long long worst =
               a.num_classes < INT_MAX ? a.num_classes : INT_MAX;
           a.rank[b] = !label_ok[t]                   ? -1
-                      : label_dist[t] != label_dist[t] ? static_cast<int32_t>(worst)
+                      : (row_bad || label_dist[t] != label_dist[t])
+                          ? static_cast<int32_t>(worst)
                                                        : static_cast<int32_t>(total);
         }
       } else {
         float d = best_dist[t];
         int64_t i = best_index[t];
+        // Non-finite z or codeword: no valid class (-1), as on the CPU.
+        const bool row_bad = __any_sync(kFullMask, nonfinite[t]);
 #pragma unroll
         for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) {
           const float od = __shfl_xor_sync(kFullMask, d, offset);
@@ -466,7 +475,7 @@ __global__ void __launch_bounds__(kThreads, 1) RowStreamKernel(RowArgs a) {
             i = oi;
           }
         }
-        if (b < a.batch && lane == 0) a.index[b] = i < 0 ? 0 : i;
+        if (b < a.batch && lane == 0) a.index[b] = (row_bad || i < 0) ? -1 : i;
       }
     }
   }
