@@ -31,7 +31,12 @@ def codes_array(codes, name="codes"):
 
 
 def positive_scale(scale, name="scale"):
-    """Returns `scale` as a positive finite Python float."""
+    """Returns `scale` as a positive finite Python float (bools rejected)."""
+    if isinstance(scale, (bool, np.bool_)):
+        raise ValueError(
+            f"Argument `{name}` must be a positive finite number, not a bool. "
+            f"Received: {name}={scale!r}"
+        )
     try:
         value = float(scale)
     except (TypeError, ValueError):
@@ -45,6 +50,72 @@ def positive_scale(scale, name="scale"):
             f"Received: {name}={scale!r}"
         )
     return value
+
+
+def _is_variable(value):
+    import keras  # noqa: PLC0415
+
+    if isinstance(value, keras.Variable):
+        return True
+    # Backend variables (tf.Variable, ...) hold weights that may be replaced
+    # later (a NaN placeholder before a load): never inspect their values.
+    return "Variable" in type(value).__name__
+
+
+def function_codes(codes, name="codes"):
+    """Codes passed to the function API, checked as far as they are known.
+
+    Lists, NumPy arrays and concrete (eager) tensors are converted to a
+    validated float32 (n, k) array (rank 2, finite, distinct rows). Variables
+    (a layer's `codes` weight) and symbolic tensors are returned unchanged
+    after a check of their static rank, since their values are either not
+    known yet or owned by a layer that validated them.
+    """
+    if codes is None or isinstance(codes, (list, tuple, np.ndarray, dict)):
+        return codes_array(codes, name)
+    shape = getattr(codes, "shape", None)
+    if shape is None:
+        return codes_array(codes, name)
+    if len(shape) != 2:
+        raise ValueError(
+            f"Argument `{name}` must be a 2-D (num_classes, code_length) code "
+            f"matrix. Received: {name} of shape {tuple(shape)}"
+        )
+    if _is_variable(codes):
+        return codes
+    try:
+        values = ops.convert_to_numpy(codes)
+    except Exception:  # Symbolic / traced: values unknown.
+        return codes
+    return codes_array(values, name)
+
+
+def function_scale(scale, name="scale"):
+    """`scale` of the function API: a number or a scalar tensor.
+
+    Numbers (and concrete tensors) must be finite and > 0; bools are
+    rejected. Variables and symbolic tensors are checked for rank only.
+    """
+    if isinstance(scale, (bool, np.bool_, int, float, np.number)):
+        return positive_scale(scale, name)
+    shape = getattr(scale, "shape", None)
+    if shape is None:
+        return positive_scale(scale, name)
+    if len(shape) not in (0,) and tuple(shape) != (1,):
+        raise ValueError(
+            f"Argument `{name}` must be a scalar. Received: {name} of shape "
+            f"{tuple(shape)}"
+        )
+    if _is_variable(scale):
+        return scale
+    try:
+        value = ops.convert_to_numpy(scale)
+    except Exception:  # Symbolic / traced: values unknown.
+        return scale
+    if value.dtype == bool:
+        positive_scale(bool(value.reshape(())), name)
+    positive_scale(float(value.reshape(())), name)
+    return scale
 
 
 def check_code_length(z_shape, code_length, name="z"):
@@ -94,7 +165,13 @@ def concrete_labels_in_range(labels, num_classes, name="labels"):
 
 # Code matrices up to this many entries go into configs as nested lists
 # (readable JSON); larger ones as base64 float32 bytes, 3x more compact.
-MAX_LIST_CODE_ENTRIES = 65_536
+MAX_LIST_CODE_ENTRIES = 1_024
+
+# The largest code matrix (in entries) written into a layer, loss or metric
+# config: 4,096 float32 values are about 22 KB of base64, so a config.json
+# stays well under 100 KB. Larger codes live only in the weights of an
+# `ECOCDecoder` (README, "Saving").
+MAX_CONFIG_CODE_ENTRIES = 4_096
 
 
 def codes_to_config(codes):

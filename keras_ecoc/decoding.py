@@ -78,10 +78,7 @@ def cross_entropy(labels, z, codes, scale=1.0):
         float32 tensor of shape (...,).
     """
     logits = decode_logits(z, codes, scale)
-    num_classes = ops.shape(logits)[-1]
-    labels = ops.cast(labels, "int32")
-    valid = ops.logical_and(labels >= 0, labels < num_classes)
-    safe_labels = ops.where(valid, labels, ops.zeros_like(labels))
+    valid, safe_labels = _checked_labels(labels, ops.shape(logits)[-1])
     label_logit = ops.take_along_axis(
         logits, ops.expand_dims(safe_labels, -1), axis=-1
     )[..., 0]
@@ -97,9 +94,13 @@ def nearest_codeword(z, codes):
         codes: float tensor of shape (n, k).
 
     Returns:
-        int32 tensor of shape (...,); ties go to the smallest index.
+        int32 tensor of shape (...,); ties go to the smallest index. Rows
+        with a non-finite logit (a NaN or infinite z, or a non-finite
+        codeword) get -1: they never decode to a valid class.
     """
-    return ops.cast(ops.argmax(decode_logits(z, codes), axis=-1), "int32")
+    logits = decode_logits(z, codes)
+    index = ops.cast(ops.argmax(logits, axis=-1), "int32")
+    return ops.where(_row_non_finite(logits), -1, index)
 
 
 def label_rank(labels, z, codes):
@@ -113,18 +114,38 @@ def label_rank(labels, z, codes):
         codes: float tensor of shape (n, k).
 
     Returns:
-        int32 tensor of shape (...,); n for rows whose output is NaN or whose
-        label is outside [0, n), so they never count as correct.
+        int32 tensor of shape (...,); n for rows with a non-finite logit (a
+        NaN or infinite z, or a non-finite codeword) or whose label is
+        outside [0, n), so they never count as correct.
     """
     logits = decode_logits(z, codes)
     num_classes = ops.shape(logits)[-1]
-    labels = ops.cast(labels, "int32")
-    valid = ops.logical_and(labels >= 0, labels < num_classes)
-    safe_labels = ops.where(valid, labels, ops.zeros_like(labels))
+    valid, safe_labels = _checked_labels(labels, num_classes)
     label_logit = ops.take_along_axis(
         logits, ops.expand_dims(safe_labels, -1), axis=-1
     )
     rank = ops.sum(ops.cast(logits > label_logit, "int32"), -1)
-    # A NaN output or an invalid label must never count as a hit: rank n.
-    never = ops.logical_or(ops.logical_not(valid), ops.isnan(label_logit[..., 0]))
+    never = ops.logical_or(ops.logical_not(valid), _row_non_finite(logits))
     return ops.cast(ops.where(never, num_classes, rank), "int32")
+
+
+def _checked_labels(labels, num_classes):
+    """(valid, safe_labels): validity of integer labels and int32 ids.
+
+    The range check runs in the labels' own integer dtype, before any
+    narrowing, so an int64 label at or above 2^31 cannot wrap into range.
+    Invalid labels are replaced by 0 in `safe_labels` (used only to gather).
+    """
+    labels = ops.convert_to_tensor(labels)
+    valid = ops.logical_and(labels >= 0, labels < num_classes)
+    safe_labels = ops.where(valid, labels, ops.zeros_like(labels))
+    return valid, ops.cast(safe_labels, "int32")
+
+
+def _row_non_finite(logits):
+    """(...,) bool: whether a row of logits holds a NaN or an infinity.
+
+    With finite z and codes every logit is finite (u is on the unit sphere),
+    so a non-finite one means a non-finite z or codeword.
+    """
+    return ops.logical_not(ops.all(ops.isfinite(logits), axis=-1))

@@ -9,12 +9,14 @@ from keras import ops
 from keras_ecoc import _validation
 from keras_ecoc import decoding
 
-# Codes up to this many entries (1 MiB of float32) are written into the layer
-# config, so `from_config` alone rebuilds a working layer. Larger code matrices
-# live only in the weights (they always travel with a saved model); a layer
-# rebuilt from such a config without its weights outputs NaN until the
-# weights are loaded, rather than silently decoding against wrong codes.
-MAX_CONFIG_CODE_ENTRIES = 262_144
+# Codes up to this many entries (4,096: about 22 KB of base64) are written into
+# the layer config, so `from_config` alone rebuilds a working layer. Larger
+# code matrices live only in the weights (they always travel with a saved
+# model), so a config.json stays small whatever the number of classes; a layer
+# rebuilt from such a config without its weights outputs NaN (and decodes to
+# -1) until the weights are loaded, rather than silently decoding against
+# wrong codes.
+MAX_CONFIG_CODE_ENTRIES = _validation.MAX_CONFIG_CODE_ENTRIES
 
 OUTPUT_MODES = ("logits", "probabilities", "log_probabilities")
 
@@ -28,7 +30,9 @@ class ECOCDecoder(keras.layers.Layer):
     as a non-trainable float32 weight so it saves with the model. The largest
     logit is the nearest codeword, so `argmax` of the output is the predicted
     class and a plain `SparseCategoricalCrossentropy(from_logits=True)` trains
-    through it. The math is float32 under mixed precision and finite at z = 0.
+    through it. The math is float32 under mixed precision (the inputs, the
+    codes and the scale are never cast to the compute dtype) and finite at
+    z = 0. `decode` returns -1 for rows with a non-finite z.
 
     Example:
 
@@ -100,6 +104,12 @@ class ECOCDecoder(keras.layers.Layer):
         self.output_mode = output
         self.supports_masking = True
 
+    @property
+    def input_dtype(self):
+        # Inputs are converted to float32, never to a float16 compute dtype
+        # (mixed precision): the decoding math is float32 throughout.
+        return "float32"
+
     def build(self, input_shape=None):
         if input_shape is not None:
             _validation.check_code_length(
@@ -113,6 +123,7 @@ class ECOCDecoder(keras.layers.Layer):
             initializer="zeros",
             trainable=False,
             dtype="float32",
+            autocast=False,
         )
         if self._initial_codes is not None:
             self.codes.assign(self._initial_codes)
@@ -129,6 +140,7 @@ class ECOCDecoder(keras.layers.Layer):
                 ),
                 trainable=True,
                 dtype="float32",
+                autocast=False,
             )
         else:
             self.log_scale = None
@@ -161,7 +173,9 @@ class ECOCDecoder(keras.layers.Layer):
             z: float tensor of shape (batch, code_length).
 
         Returns:
-            int tensor of shape (batch,).
+            int tensor of shape (batch,); -1 for rows with a non-finite z
+            (or when the codes hold NaN, e.g. before the weights of a layer
+            rebuilt from a large config are loaded).
         """
         from keras_ecoc import ops as ecoc_ops
 

@@ -1,14 +1,37 @@
-"""`ECOCLoss`: softmax cross-entropy of ECOC-decoded outputs."""
+"""`ECOCLoss`: softmax cross-entropy of ECOC-decoded outputs.
+
+Also home of `CodesSource`, the code-matrix handling shared by the loss and
+the metrics: a loss or metric either owns a (small) code matrix or follows an
+`ECOCDecoder` layer, whose `codes` weight is then the only copy (see
+"Saving" in the README).
+"""
 
 import keras
+import numpy as np
 from keras import ops
+
+# `Loss.__call__` converts y_true to the loss dtype before `call`, which
+# would turn integer labels into bfloat16/float16 values (777 -> 776 in
+# bfloat16); `ECOCLoss.__call__` replaces it and reuses Keras' own reduction.
+from keras.src.losses.loss import reduce_weighted_values
 
 from keras_ecoc import _validation
 from keras_ecoc import ops as ecoc_ops
 
 
 def _labels_for(y_true, y_pred, num_classes):
-    """Integer labels of shape y_pred.shape[:-1] from (...,) or (..., 1)."""
+    """Integer labels of shape y_pred.shape[:-1] from (...,) or (..., 1).
+
+    Integer labels keep their integer dtype (int64 included): they never pass
+    through a float dtype. Float labels (e.g. a float32 NumPy array) must hold
+    whole numbers and are cast to int32.
+    """
+    if len(y_pred.shape) < 2:
+        raise ValueError(
+            "Argument `y_pred` must be the network's outputs z of shape "
+            "(batch, code_length), one row per example. Received: "
+            f"y_pred.shape={tuple(y_pred.shape)}"
+        )
     if len(y_true.shape) == len(y_pred.shape):
         if y_true.shape[-1] not in (1, None):
             raise ValueError(
@@ -19,7 +42,118 @@ def _labels_for(y_true, y_pred, num_classes):
             )
         y_true = ops.squeeze(y_true, axis=-1)
     _validation.concrete_labels_in_range(y_true, num_classes, name="y_true")
+    dtype = keras.backend.standardize_dtype(y_true.dtype)
+    if dtype in ("int32", "int64"):
+        return y_true
     return ops.cast(y_true, "int32")
+
+
+def _float_outputs(y_pred):
+    y_pred = ops.convert_to_tensor(y_pred)
+    if not keras.backend.is_float_dtype(y_pred.dtype):
+        y_pred = ops.cast(y_pred, "float32")
+    return y_pred
+
+
+class CodesSource:
+    """Where a loss or metric takes its codes (and scale) from.
+
+    Either its own validated float32 code matrix, or an `ECOCDecoder` it is
+    bound to (`from_decoder`), in which case the decoder's `codes` weight is
+    the only copy and the config refers to the decoder by name. Restored from
+    such a config, the object is bound again by `ECOCClassifier` (or by
+    `bind(layer)`); until then it uses the codes the config carried when they
+    were small enough to be written (`_validation.MAX_CONFIG_CODE_ENTRIES`),
+    and raises a clear error otherwise.
+    """
+
+    def _init_codes(self, codes, decoder):
+        self._codes = None
+        self._decoder = None
+        self._decoder_name = None
+        if isinstance(decoder, str):
+            self._decoder_name = decoder
+            if codes is not None:
+                self._codes = _validation.codes_array(codes)
+        elif decoder is not None:
+            self.bind(decoder)
+        else:
+            self._codes = _validation.codes_array(codes)
+            _validation.warn_if_unequal_row_norms(self._codes)
+
+    def bind(self, decoder):
+        """Follows `decoder`'s codes (and scale) from now on."""
+        from keras_ecoc.layers import ECOCDecoder  # noqa: PLC0415
+
+        if not isinstance(decoder, ECOCDecoder):
+            raise ValueError(
+                "Argument `decoder` must be an `ECOCDecoder` layer. "
+                f"Received: decoder={decoder!r}"
+            )
+        if not decoder.built:
+            decoder.build((None, decoder.code_length))
+        self._decoder = decoder
+        self._decoder_name = decoder.name
+        return self
+
+    @property
+    def decoder_name(self):
+        """Name of the `ECOCDecoder` this object follows, or None."""
+        return self._decoder_name
+
+    @property
+    def codes(self):
+        """The (num_classes, code_length) codes: an array or the weight."""
+        if self._decoder is not None:
+            return self._decoder.codes
+        if self._codes is None:
+            raise ValueError(
+                f"This {type(self).__name__} was restored from a config that "
+                f"refers to the `ECOCDecoder` layer {self._decoder_name!r} "
+                "for its codes (too large to be written into the config). "
+                "Bind it to that layer with `.bind(model.get_layer("
+                f"{self._decoder_name!r}))`; `ECOCClassifier` does it when "
+                "it is loaded."
+            )
+        return self._codes
+
+    @property
+    def num_classes(self):
+        return int(self.codes.shape[0])
+
+    @property
+    def code_length(self):
+        return int(self.codes.shape[1])
+
+    def _codes_config(self):
+        """{"codes": ..., "decoder": ...} for `get_config`.
+
+        Own codes are always written. Codes of a decoder are written only
+        when small; the decoder's weights are their one stored copy.
+        """
+        if self._decoder is None and self._decoder_name is None:
+            return {"codes": _validation.codes_to_config(self._codes)}
+        config = {"decoder": self._decoder_name, "codes": None}
+        codes = self._current_codes_array()
+        if codes is not None and codes.size <= _validation.MAX_CONFIG_CODE_ENTRIES:
+            config["codes"] = _validation.codes_to_config(codes)
+        return config
+
+    def _current_codes_array(self):
+        if self._decoder is not None:
+            codes = self._decoder._current_codes()
+            # An unloaded decoder's NaN placeholder is not worth writing.
+            if codes is None or not np.all(np.isfinite(codes)):
+                return None
+            return codes
+        return self._codes
+
+
+def _codes_from_config(config):
+    config = dict(config)
+    if config.get("codes") is not None:
+        config["codes"] = _validation.codes_from_config(config["codes"])
+    return config
 
 
 def ecoc_cross_entropy(y_true, y_pred, codes, scale=1.0):
@@ -31,14 +165,28 @@ def ecoc_cross_entropy(y_true, y_pred, codes, scale=1.0):
     (batch, num_classes) logits; elsewhere the pure-Keras math.
 
     Args:
-        y_true: integer class ids of shape (batch,) or (batch, 1).
+        y_true: integer class ids of shape (batch,) or (batch, 1). Integer
+            labels never pass through a float dtype; float labels must hold
+            whole numbers.
         y_pred: z, the network's k outputs, of shape (batch, k).
-        codes: (num_classes, k) code matrix (array or tensor/variable).
-        scale: positive float or scalar tensor multiplying the logits.
+        codes: (num_classes, k) code matrix: a nested list, an array or a
+            tensor (validated: 2-D, finite, distinct rows), or a variable such
+            as `ECOCDecoder.codes` (checked for rank only).
+        scale: positive finite float, or a scalar tensor, multiplying the
+            logits.
 
     Returns:
         float32 tensor of shape (batch,).
     """
+    codes = _validation.function_codes(codes)
+    scale = _validation.function_scale(scale)
+    return _cross_entropy(y_true, y_pred, codes, scale)
+
+
+def _cross_entropy(y_true, y_pred, codes, scale):
+    # Codes and scale already validated (by the caller or by their layer).
+    y_true = ops.convert_to_tensor(y_true)
+    y_pred = _float_outputs(y_pred)
     num_classes, code_length = codes.shape
     _validation.check_code_length(tuple(y_pred.shape), code_length, "y_pred")
     labels = _labels_for(y_true, y_pred, num_classes)
@@ -46,7 +194,7 @@ def ecoc_cross_entropy(y_true, y_pred, codes, scale=1.0):
 
 
 @keras.saving.register_keras_serializable(package="keras_ecoc")
-class ECOCLoss(keras.losses.Loss):
+class ECOCLoss(CodesSource, keras.losses.Loss):
     """Cross-entropy of ECOC outputs against integer class labels.
 
     The model's last layer emits z with k = code_length units (no decoder
@@ -54,6 +202,11 @@ class ECOCLoss(keras.losses.Loss):
     cross-entropy. This is the memory-efficient way to train with many
     classes: on TensorFlow with the fused op, the (batch, num_classes) logits
     are never materialized, in the forward or the backward pass.
+
+    Labels stay integers whatever `dtype` is: unlike other Keras losses,
+    `y_true` is not converted to the loss dtype (float16 is exact only up to
+    2,048, bfloat16 up to 256). The ECOC math is float32; `dtype` applies to
+    the reduced loss.
 
     Example:
 
@@ -71,8 +224,9 @@ class ECOCLoss(keras.losses.Loss):
             (default), `"sum"`, `"mean"`, `"mean_with_sample_weight"`,
             `"none"` or `None`.
         name: optional name of the loss instance.
-        dtype: dtype of the loss's computations (float32 by default; the ECOC
-            math itself is always float32).
+        dtype: dtype of the reduced loss (float32 by default).
+        decoder: an `ECOCDecoder` to follow instead of `codes` (see
+            `from_decoder`), or, in a config, the name of that layer.
 
     Call arguments:
         y_true: integer class ids of shape (batch,) or (batch, 1).
@@ -81,48 +235,62 @@ class ECOCLoss(keras.losses.Loss):
 
     def __init__(
         self,
-        codes,
+        codes=None,
         scale=1.0,
         reduction="sum_over_batch_size",
         name="ecoc_loss",
         dtype=None,
+        decoder=None,
     ):
         super().__init__(name=name, reduction=reduction, dtype=dtype)
-        self.codes = _validation.codes_array(codes)
-        _validation.warn_if_unequal_row_norms(self.codes)
-        self.scale = _validation.positive_scale(scale)
-        self._decoder = None
+        self._init_codes(codes, decoder)
+        self._fixed_scale = _validation.positive_scale(scale)
 
     @classmethod
     def from_decoder(cls, decoder, **kwargs):
         """An `ECOCLoss` that reads codes and scale from an `ECOCDecoder`.
 
         The loss follows the decoder's weights, so a learnable scale is
-        trained through this loss.
+        trained through this loss, and the codes are stored once, in the
+        decoder's weights.
         """
-        loss = cls(
-            decoder._current_codes(), scale=float(decoder.initial_scale), **kwargs
-        )
-        loss._decoder = decoder
-        return loss
+        return cls(scale=float(decoder.initial_scale), decoder=decoder, **kwargs)
+
+    @property
+    def scale(self):
+        """The decoder's (possibly learned) scale, or the fixed one."""
+        if self._decoder is not None:
+            return self._decoder.scale
+        return self._fixed_scale
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        # Keras' Loss.__call__ minus its conversion of y_true (and z) to the
+        # loss dtype: labels stay integers, z keeps its float dtype.
+        in_mask = getattr(y_pred, "_keras_mask", None)
+        with keras.name_scope(self.name):
+            losses = self.call(
+                ops.convert_to_tensor(y_true), _float_outputs(y_pred)
+            )
+            return reduce_weighted_values(
+                losses,
+                sample_weight=sample_weight,
+                mask=in_mask,
+                reduction=self.reduction,
+                dtype=self.dtype,
+            )
 
     def call(self, y_true, y_pred):
-        if self._decoder is not None:
-            return ecoc_cross_entropy(
-                y_true, y_pred, self._decoder.codes, self._decoder.scale
-            )
-        return ecoc_cross_entropy(y_true, y_pred, self.codes, self.scale)
+        return _cross_entropy(y_true, y_pred, self.codes, self.scale)
 
     def get_config(self):
         config = super().get_config()
-        scale = self.scale
+        scale = self._fixed_scale
         if self._decoder is not None:
             scale = float(ops.convert_to_numpy(self._decoder.scale))
-        config.update({"codes": _validation.codes_to_config(self.codes), "scale": scale})
+        config.update(self._codes_config())
+        config["scale"] = scale
         return config
 
     @classmethod
     def from_config(cls, config):
-        config = dict(config)
-        config["codes"] = _validation.codes_from_config(config["codes"])
-        return cls(**config)
+        return cls(**_codes_from_config(config))

@@ -1,13 +1,13 @@
 """`ECOCClassifier`: a backbone plus a k-unit ECOC head, ready to compile."""
 
-import warnings
-
 import keras
 import numpy as np
 from keras import ops
 
+from keras_ecoc import decoding
 from keras_ecoc import ops as ecoc_ops
 from keras_ecoc.layers import ECOCDecoder
+from keras_ecoc.losses import CodesSource
 from keras_ecoc.losses import ECOCLoss
 from keras_ecoc.metrics import ECOCAccuracy
 
@@ -31,8 +31,15 @@ class ECOCClassifier(keras.Model):
     backbone's features are pooled, passed through optional dropout and a
     Dense layer with `code_length` units that emits z. Training uses
     `ECOCLoss` on z, so with the fused TensorFlow op the (batch, num_classes)
-    logits never exist; `predict` returns class probabilities and
-    `predict_classes` the nearest-codeword class ids.
+    logits never exist.
+
+    The model's output is z, everywhere, as for any Keras model: `model(x)`,
+    `predict` (also `predict_codes`), `fit`, `evaluate` (loss and metrics
+    score z) and `export` all see the (batch, code_length) outputs.
+    Decoded outputs have their own methods: `predict_proba` gives class
+    probabilities, `predict_classes` nearest-codeword class ids, and
+    `serving_model()` a Keras model from inputs to class probabilities (or
+    logits) to export for serving.
 
     Example:
 
@@ -43,14 +50,18 @@ class ECOCClassifier(keras.Model):
     model = keras_ecoc.ECOCClassifier(backbone, codes)
     model.compile()          # Adam, ECOCLoss, ECOCAccuracy
     model.fit(train_ds, validation_data=val_ds, epochs=10)
-    probabilities = model.predict(images)      # (batch, 200)
+    probabilities = model.predict_proba(images)   # (batch, 200)
+    labels = model.predict_classes(images)        # (batch,)
+    model.serving_model().export("ecoc_serving")  # x -> probabilities
     ```
 
     Args:
         backbone: a Keras model with defined inputs (Functional or built
             Sequential) returning features of shape (batch, d) or
             (batch, ..., d).
-        codes: array-like (num_classes, code_length) code matrix.
+        codes: array-like (num_classes, code_length) code matrix (or, in a
+            config too large to carry it, `{"num_classes": n,
+            "code_length": k}`: the codes then come from the saved weights).
         scale: positive float, initial inverse temperature of the decoding.
         learnable_scale: bool, learn log(scale) jointly with the network.
         pooling: `"avg"` (default), `"max"` or `"flatten"` for backbones
@@ -91,12 +102,23 @@ class ECOCClassifier(keras.Model):
                 f"Received: dropout={dropout!r}"
             )
         # === Layers ===
-        decoder = ECOCDecoder(
-            codes,
-            scale=scale,
-            learnable_scale=learnable_scale,
-            name="ecoc_decoder",
-        )
+        if isinstance(codes, dict) and "num_classes" in codes:
+            # Rebuilt from a config: the saved weights hold the codes (NaN
+            # until they are loaded, so nothing decodes to a valid class).
+            decoder = ECOCDecoder(
+                num_classes=codes["num_classes"],
+                code_length=codes["code_length"],
+                scale=scale,
+                learnable_scale=learnable_scale,
+                name="ecoc_decoder",
+            )
+        else:
+            decoder = ECOCDecoder(
+                codes,
+                scale=scale,
+                learnable_scale=learnable_scale,
+                name="ecoc_decoder",
+            )
         decoder.build((None, decoder.code_length))
         projection = keras.layers.Dense(
             decoder.code_length, dtype=head_dtype, name="ecoc_projection"
@@ -118,7 +140,11 @@ class ECOCClassifier(keras.Model):
                 features
             )
         z = projection(features)
-        super().__init__(inputs=inputs, outputs=z, **kwargs)
+        # A single input is passed as a tensor, not a one-element list, so
+        # that model(x), predict and exported signatures take x itself.
+        super().__init__(
+            inputs=inputs[0] if len(inputs) == 1 else inputs, outputs=z, **kwargs
+        )
         self.backbone = backbone
         self.decoder = decoder
         self.projection = projection
@@ -154,26 +180,33 @@ class ECOCClassifier(keras.Model):
             optimizer: `"auto"` = Adam with learning rate 1e-3.
             loss: `"auto"` = `ECOCLoss.from_decoder(self.decoder)`, which
                 trains the learnable scale too.
-            metrics: `"auto"` = `[ECOCAccuracy(codes)]`.
+            metrics: `"auto"` = `[ECOCAccuracy.from_decoder(self.decoder)]`.
             **kwargs: the rest of `keras.Model.compile` (`jit_compile`, ...).
+
+        Losses and metrics made with `from_decoder(self.decoder)` keep no copy
+        of the codes: the decoder's weights are their only stored copy, so a
+        saved model's config stays small whatever the number of classes.
         """
-        if optimizer == "auto":
+        if isinstance(optimizer, str) and optimizer == "auto":
             optimizer = keras.optimizers.Adam(1e-3)
-        if loss == "auto":
+        if isinstance(loss, str) and loss == "auto":
             loss = ECOCLoss.from_decoder(self.decoder)
-        if metrics == "auto":
-            metrics = [ECOCAccuracy(self.decoder._current_codes())]
+        if isinstance(metrics, str) and metrics == "auto":
+            metrics = [ECOCAccuracy.from_decoder(self.decoder)]
         super().compile(optimizer=optimizer, loss=loss, metrics=metrics, **kwargs)
 
     def compile_from_config(self, config):
-        # Called when a saved model is loaded. The loss is re-attached to the
-        # decoder so that a learnable scale keeps training.
+        # Called when a saved model is loaded: ECOC losses and metrics that
+        # followed the decoder are bound to it again (their config refers to
+        # it by name), so a learnable scale keeps training and the codes come
+        # from the loaded weights.
         config = keras.saving.deserialize_keras_object(config)
-        loss = config.get("loss")
-        if isinstance(loss, ECOCLoss):
-            config["loss"] = ECOCLoss.from_decoder(
-                self.decoder, reduction=loss.reduction, name=loss.name
-            )
+        for value in keras.tree.flatten(
+            [config.get("loss"), config.get("metrics"),
+             config.get("weighted_metrics")]
+        ):
+            if isinstance(value, CodesSource) and value.decoder_name is not None:
+                value.bind(self.decoder)
         self.compile(**config)
         if self.optimizer is not None and self.built:
             self.optimizer.build(self.trainable_variables)
@@ -191,39 +224,94 @@ class ECOCClassifier(keras.Model):
         )
 
     def predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=None):
-        """Class probabilities of shape (num_samples, num_classes).
+        """The network outputs z, shape (num_samples, code_length).
 
-        The network's raw k outputs come from `predict_codes`.
+        As for every Keras model, `predict` batches `model(x)`. Class
+        probabilities come from `predict_proba`, class ids from
+        `predict_classes`. Zero samples give an empty (0, code_length) array.
         """
-        z = self.predict_codes(x, batch_size, verbose, steps, callbacks)
-        return self._decode_in_chunks(z, lambda chunk: self.decode(chunk))
-
-    def predict_codes(
-        self, x, batch_size=None, verbose="auto", steps=None, callbacks=None
-    ):
-        """The network outputs z, shape (num_samples, code_length)."""
+        if _num_samples(x) == 0:
+            return np.zeros((0, self.code_length), "float32")
         return super().predict(
             x, batch_size=batch_size, verbose=verbose, steps=steps,
             callbacks=callbacks,
         )
 
+    def predict_codes(
+        self, x, batch_size=None, verbose="auto", steps=None, callbacks=None
+    ):
+        """The network outputs z, shape (num_samples, code_length).
+
+        The same as `predict`, under a name that says what it returns.
+        """
+        return self.predict(x, batch_size, verbose, steps, callbacks)
+
+    def predict_proba(
+        self, x, batch_size=None, verbose="auto", steps=None, callbacks=None
+    ):
+        """Class probabilities, shape (num_samples, num_classes), float32.
+
+        Rows with a non-finite z are NaN.
+        """
+        z = self.predict(x, batch_size, verbose, steps, callbacks)
+        return self._decode_in_chunks(
+            z, lambda chunk: self.decode(chunk), (self.num_classes,), "float32"
+        )
+
     def predict_classes(
         self, x, batch_size=None, verbose="auto", steps=None, callbacks=None
     ):
-        """Nearest-codeword class ids, shape (num_samples,), int."""
-        z = self.predict_codes(x, batch_size, verbose, steps, callbacks)
+        """Nearest-codeword class ids, shape (num_samples,), int32.
+
+        -1 for rows with a non-finite z (never a valid class).
+        """
+        z = self.predict(x, batch_size, verbose, steps, callbacks)
         return self._decode_in_chunks(
-            z, lambda chunk: ecoc_ops.nearest_codeword(chunk, self.decoder.codes)
+            z,
+            lambda chunk: ecoc_ops.nearest_codeword(chunk, self.decoder.codes),
+            (),
+            "int32",
         )
 
-    def _decode_in_chunks(self, z, fn, chunk=1024):
+    def serving_model(self, output="probabilities"):
+        """A Keras model from this model's inputs to decoded class scores.
+
+        It shares this model's layers and weights (nothing is copied) and
+        ends in an `ECOCDecoder` with the same codes and scale, so it is the
+        model to export for serving, e.g. on TensorFlow
+        `classifier.serving_model().export(path, format="tf_saved_model")`.
+
+        Args:
+            output: `"probabilities"` (default), `"logits"` or
+                `"log_probabilities"`.
+
+        Returns:
+            A functional `keras.Model`: inputs -> (batch, num_classes).
+        """
+        from keras_ecoc import layers  # noqa: PLC0415
+
+        if output not in layers.OUTPUT_MODES:
+            raise ValueError(
+                f"Argument `output` must be one of {layers.OUTPUT_MODES}. "
+                f"Received: output={output!r}"
+            )
+        decoder = _SharedDecoder(self.decoder, output=output)
+        inputs = self.inputs[0] if len(self.inputs) == 1 else self.inputs
+        return keras.Model(
+            inputs=inputs, outputs=decoder(self(inputs)),
+            name=f"{self.name}_serving",
+        )
+
+    def _decode_in_chunks(self, z, fn, tail_shape, dtype, chunk=1024):
         # Decoding all of z at once would form (num_samples, num_classes)
         # intermediates on the device; chunks bound that.
         parts = [
             ops.convert_to_numpy(fn(ops.convert_to_tensor(z[i : i + chunk])))
             for i in range(0, len(z), chunk)
         ]
-        return np.concatenate(parts, axis=0)
+        if not parts:
+            return np.zeros((0,) + tuple(tail_shape), dtype)
+        return np.concatenate(parts, axis=0).astype(dtype, copy=False)
 
     def get_config(self):
         decoder_config = self.decoder.get_config()
@@ -252,28 +340,46 @@ class ECOCClassifier(keras.Model):
         config["backbone"] = keras.saving.deserialize_keras_object(
             config["backbone"]
         )
-        codes = config["codes"]
-        if isinstance(codes, dict) and "num_classes" in codes:
-            # Too large for the config: a NaN placeholder of the right shape
-            # that the saved weights overwrite (see layers.ECOCDecoder).
-            config["codes"] = np.full(
-                (codes["num_classes"], codes["code_length"]), np.nan, "float32"
-            )
-            return cls._from_placeholder(config)
         return cls(**config)
 
-    @classmethod
-    def _from_placeholder(cls, config):
-        placeholder = config.pop("codes")
-        # Distinct rows so validation passes; the weights replace them.
-        config["codes"] = np.arange(placeholder.size, dtype="float32").reshape(
-            placeholder.shape
+
+class _SharedDecoder(keras.layers.Layer):
+    """Decodes z with another `ECOCDecoder`'s weights (serving models).
+
+    Holds a reference to the decoder, so the serving model tracks the same
+    codes and scale variables instead of copies.
+    """
+
+    def __init__(self, decoder, output, **kwargs):
+        super().__init__(name=f"{decoder.name}_{output}", **kwargs)
+        self.decoder = decoder
+        self.output_mode = output
+
+    @property
+    def input_dtype(self):
+        return "float32"  # as ECOCDecoder: float32 math under mixed precision
+
+    def call(self, z):
+        logits = decoding.decode_logits(z, self.decoder.codes, self.decoder.scale)
+        if self.output_mode == "probabilities":
+            return ops.softmax(logits, axis=-1)
+        if self.output_mode == "log_probabilities":
+            return ops.log_softmax(logits, axis=-1)
+        return logits
+
+    def compute_output_spec(self, z):
+        return keras.KerasTensor(
+            tuple(z.shape[:-1]) + (self.decoder.num_classes,), dtype="float32"
         )
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the placeholder's own norms
-            model = cls(**config)
-        model.decoder.codes.assign(placeholder)
-        return model
+
+
+def _num_samples(x):
+    """Number of samples of array-like inputs (None for datasets etc.)."""
+    first = keras.tree.flatten(x)[0] if isinstance(x, (list, tuple, dict)) else x
+    shape = getattr(first, "shape", None)
+    if shape is None or len(shape) == 0 or shape[0] is None:
+        return None
+    return int(shape[0])
 
 
 def _pooling_layer(pooling, rank):

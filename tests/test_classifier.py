@@ -46,10 +46,10 @@ def test_learnable_scale_is_trained_through_the_loss(rng):
     assert abs(float(ops.convert_to_numpy(model.decoder.scale)) - 2.0) > 1e-3
 
 
-def test_predict_returns_probabilities_of_the_decoded_outputs(rng):
+def test_predict_proba_returns_probabilities_of_the_decoded_outputs(rng):
     x, _ = _problem(rng, num_samples=20)
     model = _classifier(scale=3.0, learnable_scale=False)
-    probabilities = model.predict(x, verbose=0)
+    probabilities = model.predict_proba(x, verbose=0)
     z = model.predict_codes(x, verbose=0)
     assert probabilities.shape == (20, 8) and z.shape == (20, 6)
     expected = np.exp(reference_logits(z, ops.convert_to_numpy(model.codes), 3.0))
@@ -64,7 +64,7 @@ def test_spatial_backbone_is_pooled(rng):
     backbone = keras.Model(inputs, keras.layers.Conv2D(4, 3)(inputs))
     codes = keras_ecoc.codes.normalize_rows(keras_ecoc.codes.gaussian(5, 3, seed=0))
     model = keras_ecoc.ECOCClassifier(backbone, codes, pooling="max")
-    assert model.predict(np.ones((2, 8, 8, 3), "float32"), verbose=0).shape == (2, 5)
+    assert model.predict_proba(np.ones((2, 8, 8, 3), "float32"), verbose=0).shape == (2, 5)
     with pytest.raises(ValueError, match="pooling"):
         keras_ecoc.ECOCClassifier(backbone, codes, pooling=None)
 
