@@ -32,10 +32,10 @@ def codes_array(codes, name="codes"):
 
 def positive_scale(scale, name="scale"):
     """Returns `scale` as a positive finite Python float (bools rejected)."""
-    if isinstance(scale, (bool, np.bool_)):
+    if isinstance(scale, (bool, np.bool_, str, bytes)):
         raise ValueError(
-            f"Argument `{name}` must be a positive finite number, not a bool. "
-            f"Received: {name}={scale!r}"
+            f"Argument `{name}` must be a positive finite number (not a bool "
+            f"or a string). Received: {name}={scale!r}"
         )
     try:
         value = float(scale)

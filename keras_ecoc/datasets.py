@@ -62,6 +62,31 @@ class ImageDataset:
     class_attributes: np.ndarray = None
     attribute_names: list = None
 
+    def __post_init__(self):
+        # Labels index class_names: an id past the end or a negative one
+        # (which NumPy indexing would wrap around) is a corrupt data set.
+        for split in ("train", "test"):
+            x, y = getattr(self, f"x_{split}"), getattr(self, f"y_{split}")
+            y = np.asarray(y)
+            if len(x) != len(y):
+                raise ValueError(
+                    f"`x_{split}` and `y_{split}` must have the same number of "
+                    f"samples. Received: len(x_{split})={len(x)}, "
+                    f"len(y_{split})={len(y)}"
+                )
+            if y.size and not np.issubdtype(y.dtype, np.integer):
+                raise ValueError(
+                    f"`y_{split}` must hold integer class ids. Received: "
+                    f"y_{split}.dtype={y.dtype}"
+                )
+            bad = (y < 0) | (y >= len(self.class_names))
+            if np.any(bad):
+                raise ValueError(
+                    f"`y_{split}` must hold class ids in [0, "
+                    f"{len(self.class_names)}) (one per entry of `class_names`). "
+                    f"Received: out-of-range ids {np.unique(y[bad])[:10]}"
+                )
+
     @property
     def num_classes(self):
         return len(self.class_names)
@@ -184,10 +209,32 @@ def _from_npz(path, name=None, cub_crop="bbox"):
             is_train = data["is_train"].astype(bool)
         else:  # A fixed 80/20 split, the same for every run.
             is_train = np.random.default_rng(0).random(len(labels)) < 0.8
-    labels = np.asarray(labels).astype("int32")
+    labels = np.asarray(labels)
+    if not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(
+            f"The labels of {path} must be integer class ids. Received: "
+            f"labels.dtype={labels.dtype}"
+        )
+    if labels.size and labels.min() < 0:
+        raise ValueError(
+            f"The labels of {path} must be class ids >= 0. Received: "
+            f"negative labels {np.unique(labels[labels < 0])[:10]}"
+        )
+    labels = labels.astype("int32")
+    is_train = np.asarray(is_train)
+    if is_train.shape != labels.shape:
+        raise ValueError(
+            f"`is_train` of {path} must have one entry per label. Received: "
+            f"is_train.shape={is_train.shape}, labels.shape={labels.shape}"
+        )
+    if len(images) != len(labels):
+        raise ValueError(
+            f"The images and labels of {path} must have the same length. "
+            f"Received: {len(images)} images and {len(labels)} labels"
+        )
     if images.ndim == 3:
         images = images[..., None]
-    num_classes = int(labels.max()) + 1
+    num_classes = int(labels.max(initial=-1)) + 1
     if "class_names" in files:
         class_names = [str(c) for c in data["class_names"]]
     else:

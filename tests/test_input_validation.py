@@ -1,0 +1,157 @@
+"""Bad input gets a ValueError naming the argument (issue 8, item 12)."""
+
+import keras
+import numpy as np
+import pytest
+from conftest import reference_logits
+from keras import ops
+
+import keras_ecoc
+from keras_ecoc import datasets
+
+
+def _codes(n=6, k=4, seed=0):
+    return keras_ecoc.codes.normalize_rows(keras_ecoc.codes.gaussian(n, k, seed=seed))
+
+
+def _reference_loss(y, z, codes, scale=1.0):
+    logits = reference_logits(z, codes, scale)
+    top = logits.max(-1, keepdims=True)
+    lse = np.log(np.exp(logits - top).sum(-1)) + top[:, 0]
+    return lse - logits[np.arange(len(y)), y]
+
+
+def test_codes_given_as_a_nested_list_are_converted(rng):
+    codes = _codes()
+    y = rng.integers(0, 6, size=5)
+    z = rng.normal(size=(5, 4)).astype("float32")
+    got = ops.convert_to_numpy(keras_ecoc.ecoc_cross_entropy(y, z, codes.tolist()))
+    np.testing.assert_allclose(got, _reference_loss(y, z, codes), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(6,), (2, 3, 4), ()])
+def test_codes_of_rank_other_than_two_raise(shape):
+    codes = np.arange(int(np.prod(shape)), dtype="float32").reshape(shape)
+    z = np.ones((2, 4), "float32")
+    with pytest.raises(ValueError, match="codes"):
+        keras_ecoc.ecoc_cross_entropy(np.zeros(2, "int32"), z, codes)
+    with pytest.raises(ValueError, match="codes"):
+        keras_ecoc.ecoc_cross_entropy(np.zeros(2, "int32"), z, ops.convert_to_tensor(codes))
+
+
+def test_nan_or_duplicate_codes_raise_in_the_function_api():
+    z = np.ones((2, 4), "float32")
+    y = np.zeros(2, "int32")
+    codes = _codes()
+    with_nan = codes.copy()
+    with_nan[2, 1] = np.nan
+    with pytest.raises(ValueError, match="codes.*finite"):
+        keras_ecoc.ecoc_cross_entropy(y, z, with_nan)
+    duplicated = codes.copy()
+    duplicated[3] = duplicated[1]
+    with pytest.raises(ValueError, match="codes.*distinct"):
+        keras_ecoc.ecoc_cross_entropy(y, z, duplicated)
+    with pytest.raises(ValueError, match="codes.*distinct"):
+        keras_ecoc.ecoc_cross_entropy(y, z, ops.convert_to_tensor(duplicated))
+
+
+@pytest.mark.parametrize("scale", [True, False, 0.0, -1.0, float("nan"), float("inf"), "2"])
+def test_bad_scales_raise_naming_the_argument(scale):
+    z = np.ones((2, 4), "float32")
+    with pytest.raises(ValueError, match="scale"):
+        keras_ecoc.ecoc_cross_entropy(np.zeros(2, "int32"), z, _codes(), scale)
+    with pytest.raises(ValueError, match="scale"):
+        keras_ecoc.ECOCLoss(_codes(), scale=scale)
+    with pytest.raises(ValueError, match="scale"):
+        keras_ecoc.ECOCDecoder(_codes(), scale=scale)
+
+
+def test_bad_scale_tensor_raises_when_its_value_is_known():
+    z = np.ones((2, 4), "float32")
+    with pytest.raises(ValueError, match="scale"):
+        keras_ecoc.ecoc_cross_entropy(
+            np.zeros(2, "int32"), z, _codes(), ops.convert_to_tensor(-2.0)
+        )
+
+
+def test_rank_one_y_pred_gets_a_message_about_y_pred_not_one_hot():
+    with pytest.raises(ValueError, match="y_pred") as info:
+        keras_ecoc.ecoc_cross_entropy(np.zeros(1, "int32"), np.ones(4, "float32"), _codes())
+    assert "one-hot" not in str(info.value)
+    with pytest.raises(ValueError, match="y_pred") as info:
+        keras_ecoc.ECOCLoss(_codes())(np.zeros(1, "int32"), np.ones(4, "float32"))
+    assert "one-hot" not in str(info.value)
+    metric = keras_ecoc.ECOCAccuracy(_codes())
+    with pytest.raises(ValueError, match="y_pred"):
+        metric.update_state(np.zeros(1, "int32"), np.ones(4, "float32"))
+
+
+def test_one_hot_targets_still_get_the_one_hot_message():
+    with pytest.raises(ValueError, match="one-hot"):
+        keras_ecoc.ecoc_cross_entropy(np.eye(6)[:2], np.ones((2, 4), "float32"), _codes())
+
+
+def _classifier():
+    inputs = keras.Input((3,))
+    backbone = keras.Model(inputs, keras.layers.Dense(5)(inputs))
+    return keras_ecoc.ECOCClassifier(backbone, _codes(6, 4))
+
+
+def test_predictions_on_zero_samples_are_empty_arrays_of_the_right_shape():
+    model = _classifier()
+    empty = np.zeros((0, 3), "float32")
+    z = model.predict(empty, verbose=0)
+    probabilities = model.predict_proba(empty, verbose=0)
+    classes = model.predict_classes(empty, verbose=0)
+    assert z.shape == (0, 4) and probabilities.shape == (0, 6) and classes.shape == (0,)
+    assert probabilities.dtype == np.float32 and classes.dtype == np.int32
+
+
+# --- keras_ecoc.datasets --------------------------------------------------
+
+
+def _dataset(**overrides):
+    arguments = dict(
+        name="toy", x_train=np.zeros((3, 2, 2, 1), "float32"),
+        y_train=np.array([0, 1, 2]), x_test=np.zeros((2, 2, 2, 1), "float32"),
+        y_test=np.array([1, 0]), class_names=["a", "b", "c"],
+    )
+    arguments.update(overrides)
+    return datasets.ImageDataset(**arguments)
+
+
+def test_dataset_labels_must_index_class_names():
+    assert _dataset().num_classes == 3
+    with pytest.raises(ValueError, match="y_train"):
+        _dataset(y_train=np.array([0, 1, 3]))
+    with pytest.raises(ValueError, match="y_test"):
+        _dataset(y_test=np.array([-1, 0]))
+    with pytest.raises(ValueError, match="y_train"):
+        _dataset(y_train=np.array([0, 1]))
+
+
+def _write_npz(path, **arrays):
+    np.savez(path, **arrays)
+    return str(path)
+
+
+def test_npz_with_negative_labels_raises(tmp_path):
+    path = _write_npz(tmp_path / "neg.npz", x=np.zeros((4, 2, 2), "float32"),
+                      y=np.array([0, 1, -1, 1]))
+    with pytest.raises(ValueError, match="negative"):
+        datasets.load_dataset(path)
+
+
+def test_npz_with_labels_beyond_the_class_names_raises(tmp_path):
+    path = _write_npz(tmp_path / "names.npz", x=np.zeros((4, 2, 2), "float32"),
+                      y=np.array([0, 1, 2, 1]), class_names=np.array(["a", "b"]),
+                      is_train=np.array([1, 1, 0, 0]))
+    with pytest.raises(ValueError, match="class_names"):
+        datasets.load_dataset(path)
+
+
+def test_npz_with_is_train_of_the_wrong_length_raises(tmp_path):
+    path = _write_npz(tmp_path / "split.npz", x=np.zeros((4, 2, 2), "float32"),
+                      y=np.array([0, 1, 0, 1]), is_train=np.array([1, 0, 1]))
+    with pytest.raises(ValueError, match="is_train"):
+        datasets.load_dataset(path)
