@@ -1,7 +1,14 @@
 """Short fits on real images: the embedded Omniglot set and ../shared/data."""
 
+import io
+import os
+import subprocess
+import sys
+from importlib import metadata
+
 import numpy as np
 import pytest
+from conftest import SHARED_DATA
 from conftest import shared_data
 
 from keras_ecoc import datasets
@@ -47,17 +54,86 @@ def test_ecoc_fit_on_real_omniglot_beats_chance_by_a_wide_margin():
     assert result.final_accuracy > 10 * (1 / 60), result
 
 
-def test_cub_and_cifar_npz_layouts_load():
-    cub = datasets.load_dataset(shared_data("cub50_64px.npz"))
-    assert cub.num_classes == 50 and cub.input_shape == (64, 64, 3)
-    assert len(cub.y_train) == 1500 and len(cub.y_test) == 1389
-    assert cub.class_attributes.shape == (50, 312)
-    assert cub.attribute_names is None or len(cub.attribute_names) == 312
+def _jpeg_bytes(image):
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format="JPEG", quality=95)
+    return np.frombuffer(buffer.getvalue(), np.uint8)
 
 
-def test_demo_runs_end_to_end_on_a_subset(capsys):
-    results = demo.run(["--epochs", "1", "--train-per-class", "3",
-                         "--test-per-class", "2", "--verbose", "0"])
+def _write_cub_layout(path, rng, n=3, per_class=4, size=8):
+    labels = np.repeat(np.arange(n), per_class)
+    center = rng.integers(0, 256, size=(len(labels), size, size, 3), dtype=np.uint8)
+    np.savez(path, images_center=center, images_bbox=255 - center,
+             labels=labels.astype(np.int16), is_train=np.arange(len(labels)) % 4 != 0,
+             class_names=np.array([f"bird {i}" for i in range(n)]),
+             class_attributes_continuous=rng.random((n, 5)).astype("float32"))
+    return center, labels
+
+
+def _write_cifar_layout(path, rng, n=4, per_class=3, size=8):
+    labels = np.repeat(np.arange(n), per_class).astype(np.uint8)
+    # Flat colours survive JPEG almost exactly.
+    colours = rng.integers(0, 256, size=(len(labels), 1, 1, 3), dtype=np.uint8)
+    images = np.broadcast_to(colours, (len(labels), size, size, 3)).copy()
+    blobs = [_jpeg_bytes(image) for image in images]
+    offsets = np.concatenate([[0], np.cumsum([len(b) for b in blobs])]).astype(np.int64)
+    np.savez(path, jpeg=np.concatenate(blobs), offsets=offsets, labels=labels,
+             is_train=np.arange(len(labels)) % 3 != 0,
+             class_names=np.array([f"class {i}" for i in range(n)]))
+    return images, labels
+
+
+def test_cub_and_cifar_npz_layouts_load(rng, tmp_path):
+    # CUB layout: uint8 crops (bbox and center), int labels, is_train,
+    # per-class attributes.
+    center, labels = _write_cub_layout(tmp_path / "cub.npz", rng)
+    is_train = np.arange(len(labels)) % 4 != 0
+    for crop, expected in (("center", center), ("bbox", 255 - center)):
+        cub = datasets.load_dataset(str(tmp_path / "cub.npz"), cub_crop=crop)
+        assert cub.num_classes == 3 and cub.input_shape == (8, 8, 3)
+        np.testing.assert_allclose(cub.x_train, expected[is_train] / 255.0, atol=1e-6)
+        np.testing.assert_array_equal(cub.y_test, labels[~is_train])
+        assert cub.class_attributes.shape == (3, 5)
+    # CIFAR layout: concatenated JPEG bytes with offsets.
+    images, labels = _write_cifar_layout(tmp_path / "cifar.npz", rng)
+    is_train = np.arange(len(labels)) % 3 != 0
+    cifar = datasets.load_dataset(str(tmp_path / "cifar.npz"))
+    assert cifar.num_classes == 4 and cifar.input_shape == (8, 8, 3)
+    assert cifar.class_names == [f"class {i}" for i in range(4)]
+    np.testing.assert_array_equal(cifar.y_train, labels[is_train])
+    np.testing.assert_allclose(cifar.x_test, images[~is_train] / 255.0, atol=4 / 255)
+    # The real CUB subset, when ../shared/data has it.
+    if os.path.exists(os.path.join(SHARED_DATA, "cub50_64px.npz")):
+        cub = datasets.load_dataset(shared_data("cub50_64px.npz"))
+        assert cub.num_classes == 50 and cub.input_shape == (64, 64, 3)
+        assert len(cub.y_train) == 1500 and len(cub.y_test) == 1389
+        assert cub.class_attributes.shape == (50, 312)
+        assert cub.attribute_names is None or len(cub.attribute_names) == 312
+
+
+@pytest.mark.slow
+def test_real_cifar10_jpeg_npz_loads():
+    # Decoding 60,000 JPEGs takes ~50 s and 2.6 GB here: slow.
+    cifar = datasets.load_dataset(shared_data("cifar10_jpeg_bytes.npz"))
+    assert cifar.num_classes == 10 and cifar.input_shape == (32, 32, 3)
+    assert len(cifar.y_train) == 50_000 and len(cifar.y_test) == 10_000
+    assert np.bincount(cifar.y_test).tolist() == [1000] * 10
+    assert 0.0 <= cifar.x_test.min() and cifar.x_test.max() <= 1.0
+
+
+def _tiny_demo_npz(rng, path):
+    """5 classes of 4 random 28x28 images (3 train, 1 test each)."""
+    x = rng.random((5 * 4, 28, 28)).astype("float32")
+    np.savez(path, x=x, y=np.repeat(np.arange(5), 4), is_train=np.arange(20) % 4 != 0)
+    return str(path)
+
+
+def test_demo_runs_end_to_end_on_a_subset(rng, tmp_path, capsys):
+    results = demo.run(["--dataset", _tiny_demo_npz(rng, tmp_path / "tiny.npz"),
+                        "--epochs", "1", "--code-length", "3", "--batch-size", "8",
+                        "--verbose", "0"])
     out = capsys.readouterr().out
     assert [r.encoding for r in results] == ["one_hot", "gaussian", "spectral"]
     assert "| encoding | bits |" in out and "steps to" in out
@@ -72,6 +148,26 @@ def test_bad_dataset_spec_raises_value_error(tmp_path):
         datasets.load_dataset(str(bad))
 
 
-def test_demo_console_entry_point_exits_zero(monkeypatch):
-    monkeypatch.setattr(demo, "run", lambda argv=None: ["results"])
-    assert demo.main([]) == 0
+@pytest.mark.slow
+def test_demo_console_entry_point_exits_zero(rng, tmp_path):
+    # Runs the `keras-ecoc-demo` console script as declared in the package
+    # metadata, in a fresh interpreter, on a tiny synthetic data set (about
+    # 30 s here, most of it importing TensorFlow and tracing four models).
+    try:
+        (entry,) = metadata.entry_points(group="console_scripts", name="keras-ecoc-demo")
+    except ValueError:
+        pytest.skip("keras-ecoc is not installed: no console-script metadata")
+    argv = ["keras-ecoc-demo", "--dataset", _tiny_demo_npz(rng, tmp_path / "tiny.npz"),
+            "--epochs", "1",
+            "--code-length", "3", "--batch-size", "8", "--verbose", "0"]
+    code = (f"import sys; from importlib.metadata import entry_points; "
+            f"(ep,) = entry_points(group='console_scripts', name={entry.name!r}); "
+            f"sys.argv = {argv!r}; sys.exit(ep.load()())")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.dirname(os.path.dirname(os.path.abspath(demo.__file__)))]
+        + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "| encoding | bits |" in done.stdout and "spectral" in done.stdout
