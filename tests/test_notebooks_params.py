@@ -52,7 +52,7 @@ def test_parameters_cell_defines_the_knobs(name, mode, monkeypatch):
     p = parameters(name, mode, monkeypatch)
     assert p["MODE"] == mode
     for key in ("DATASET", "IMAGE_SIZE", "TRAIN_PER_CLASS", "PRETRAINED",
-                "REPO_URL"):
+                "INSTALL_FROM"):
         assert key in p, key
     assert any(k.endswith("EPOCHS") for k in p)
     if mode == "colab":
@@ -92,13 +92,80 @@ def test_badge_points_at_this_notebook(name):
                      + re.escape(name), first)
 
 
+def install_cell(notebook):
+    cells = [source(c) for c in notebook["cells"]
+             if c["cell_type"] == "code" and '"pip", "install"' in source(c)]
+    assert len(cells) == 1, "exactly one cell installs the package"
+    return cells[0]
+
+
 @pytest.mark.parametrize("name", NAMES)
-def test_pip_install_only_in_colab_mode(name):
+def test_no_cell_installs_anything_by_default(name, monkeypatch):
+    # The user sets INSTALL_FROM; by default it is empty.
+    assert parameters(name, "colab", monkeypatch)["INSTALL_FROM"] == ""
     for cell in load(name)["cells"]:
-        text = source(cell)
-        if cell["cell_type"] == "code" and "pip install" in text:
-            guarded = text.split("pip install")[0]
-            assert 'if MODE == "colab":' in guarded
+        if cell["cell_type"] == "code":
+            assert "!pip" not in source(cell) and "%pip" not in source(cell)
+
+
+def run_install_cell(name, tmp_path, monkeypatch, install_from, in_colab, installed):
+    """Executes the install cell with pip, the package and Colab faked."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    calls = []
+    real_run = subprocess.run
+
+    def fake_run(args, *rest, **kwargs):
+        if "pip" not in args:  # other users of subprocess (e.g. imports)
+            return real_run(args, *rest, **kwargs)
+        calls.append(list(args))
+        return subprocess.CompletedProcess(args, 0)
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec",
+        lambda module, *a: (object() if installed else None) if module == "keras_ecoc"
+        else real_find_spec(module, *a))
+    if in_colab:
+        monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab-test")
+    else:
+        monkeypatch.delenv("COLAB_RELEASE_TAG", raising=False)
+        monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+    monkeypatch.chdir(tmp_path / "notebooks")  # not inside a checkout
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    namespace = {"INSTALL_FROM": install_from, "os": os}
+    try:
+        exec(compile(install_cell(load(name)), name, "exec"), namespace)  # noqa: S102
+    except ImportError as error:
+        return calls, error
+    return calls, None
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_install_only_inside_colab_from_the_users_parameter(name, tmp_path, monkeypatch):
+    (tmp_path / "notebooks").mkdir()
+    source_url = "git+https://example.org/me/keras-ecoc"
+    # Outside Colab: never, even with INSTALL_FROM set; a clear error instead.
+    calls, error = run_install_cell(name, tmp_path, monkeypatch, source_url, False, False)
+    assert calls == [] and "INSTALL_FROM" in str(error)
+    # Inside Colab without INSTALL_FROM: nothing to install from, an error.
+    calls, error = run_install_cell(name, tmp_path, monkeypatch, "", True, False)
+    assert calls == [] and error is not None
+    # Inside Colab with INSTALL_FROM: pip installs exactly that.
+    calls, _ = run_install_cell(name, tmp_path, monkeypatch, source_url, True, False)
+    assert len(calls) == 1 and calls[0][1:4] == ["-m", "pip", "install"]
+    assert f"keras-ecoc @ {source_url}" in calls[0]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_never_installs_over_an_installed_package(name, tmp_path, monkeypatch):
+    (tmp_path / "notebooks").mkdir()
+    calls, error = run_install_cell(
+        name, tmp_path, monkeypatch, "git+https://example.org/me/keras-ecoc", True, True)
+    assert calls == [] and error is None
 
 
 @pytest.mark.parametrize("name", NAMES)
