@@ -1,6 +1,7 @@
 """`ECOCDecoder`: turns k network outputs into n class logits."""
 
 import math
+import weakref
 
 import keras
 import numpy as np
@@ -103,6 +104,9 @@ class ECOCDecoder(keras.layers.Layer):
             )
         self.output_mode = output
         self.supports_masking = True
+        # Metrics bound to this layer keep a host copy of the codes (the JAX
+        # trainer cannot give them this weight); they are told of every load.
+        self._codes_followers = weakref.WeakSet()
 
     @property
     def input_dtype(self):
@@ -206,6 +210,16 @@ class ECOCDecoder(keras.layers.Layer):
             config["num_classes"] = self.num_classes
             config["code_length"] = self.code_length
         return config
+
+    def _add_codes_follower(self, follower):
+        self._codes_followers.add(follower)
+        follower._refresh_codes(self._current_codes())
+
+    def load_own_variables(self, store):
+        super().load_own_variables(store)
+        codes = self._current_codes()
+        for follower in list(self._codes_followers):
+            follower._refresh_codes(codes)
 
     def _current_codes(self):
         if self.built:

@@ -56,11 +56,17 @@ def _float_outputs(y_pred):
 
 
 class CodesSource:
+    _follows_snapshot = False
+
     """Where a loss or metric takes its codes (and scale) from.
 
     Either its own validated float32 code matrix, or an `ECOCDecoder` it is
     bound to (`from_decoder`), in which case the decoder's `codes` weight is
-    the only copy and the config refers to the decoder by name. Restored from
+    the only stored copy and the config refers to the decoder by name.
+    Metrics (`_follows_snapshot`) read a host copy of the bound decoder's
+    codes, refreshed whenever the decoder's weights are loaded: the JAX
+    trainer updates metrics in a scope that maps only the metrics' own
+    variables, so they cannot read a model weight there. Restored from
     such a config, the object is bound again by `ECOCClassifier` (or by
     `bind(layer)`); until then it uses the codes the config carried when they
     were small enough to be written (`_validation.MAX_CONFIG_CODE_ENTRIES`),
@@ -94,7 +100,13 @@ class CodesSource:
             decoder.build((None, decoder.code_length))
         self._decoder = decoder
         self._decoder_name = decoder.name
+        if self._follows_snapshot:
+            decoder._add_codes_follower(self)
         return self
+
+    def _refresh_codes(self, codes):
+        """Called by the bound decoder when its codes were (re)loaded."""
+        self._codes = codes
 
     @property
     def decoder_name(self):
@@ -104,7 +116,7 @@ class CodesSource:
     @property
     def codes(self):
         """The (num_classes, code_length) codes: an array or the weight."""
-        if self._decoder is not None:
+        if self._decoder is not None and not self._follows_snapshot:
             return self._decoder.codes
         if self._codes is None:
             raise ValueError(

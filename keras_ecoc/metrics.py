@@ -48,6 +48,9 @@ class ECOCTopKAccuracy(CodesSource, keras.metrics.Mean):
         self.k = int(k)
         self._direction = "up"
 
+    # Reads a host copy of a bound decoder's codes (see CodesSource).
+    _follows_snapshot = True
+
     @classmethod
     def from_decoder(cls, decoder, **kwargs):
         """A metric that scores against an `ECOCDecoder`'s codes weight.
