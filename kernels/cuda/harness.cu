@@ -353,10 +353,10 @@ void RunCase(const Case& c, FloatType z_type, IndexType label_type, uint64_t see
     const std::vector<double>& d = ref.dist[b];
     const bool nan_row = std::isnan(ref.loss[b]);
     if (nan_row) {
-      // Same as the CPU kernel: a NaN row ranks last (rank = n) and its
-      // nearest codeword is 0 (NaN never wins).
+      // Same as the CPU kernel: a NaN row ranks last (rank = n) and has no
+      // nearest codeword (-1: never a valid class).
       if (rank[b] != n) ++rank_bad;
-      if (index[b] != 0) ++index_bad;
+      if (index[b] != -1) ++index_bad;
       continue;
     }
     const double dy = d[labels[b]];
