@@ -48,6 +48,17 @@ def _labels_for(y_true, y_pred, num_classes):
     return ops.cast(y_true, "int32")
 
 
+def _labels_tensor(y_true, num_classes):
+    """y_true as a tensor; NumPy/list labels are range-checked first.
+
+    The check runs before the conversion, which may narrow int64 to int32
+    (JAX without x64): a label at or above 2^31 must not wrap into range.
+    """
+    if isinstance(y_true, (np.ndarray, list, tuple)):
+        _validation.concrete_labels_in_range(np.asarray(y_true), num_classes, "y_true")
+    return ops.convert_to_tensor(y_true)
+
+
 def _float_outputs(y_pred):
     y_pred = ops.convert_to_tensor(y_pred)
     if not keras.backend.is_float_dtype(y_pred.dtype):
@@ -197,9 +208,9 @@ def ecoc_cross_entropy(y_true, y_pred, codes, scale=1.0):
 
 def _cross_entropy(y_true, y_pred, codes, scale):
     # Codes and scale already validated (by the caller or by their layer).
-    y_true = ops.convert_to_tensor(y_true)
-    y_pred = _float_outputs(y_pred)
     num_classes, code_length = codes.shape
+    y_true = _labels_tensor(y_true, num_classes)
+    y_pred = _float_outputs(y_pred)
     _validation.check_code_length(tuple(y_pred.shape), code_length, "y_pred")
     labels = _labels_for(y_true, y_pred, num_classes)
     return ecoc_ops.ecoc_cross_entropy(labels, y_pred, codes, scale)
@@ -280,9 +291,7 @@ class ECOCLoss(CodesSource, keras.losses.Loss):
         # loss dtype: labels stay integers, z keeps its float dtype.
         in_mask = getattr(y_pred, "_keras_mask", None)
         with keras.name_scope(self.name):
-            losses = self.call(
-                ops.convert_to_tensor(y_true), _float_outputs(y_pred)
-            )
+            losses = self.call(y_true, y_pred)
             return reduce_weighted_values(
                 losses,
                 sample_weight=sample_weight,

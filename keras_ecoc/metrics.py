@@ -10,6 +10,7 @@ from keras_ecoc.losses import CodesSource
 from keras_ecoc.losses import _codes_from_config
 from keras_ecoc.losses import _float_outputs
 from keras_ecoc.losses import _labels_for
+from keras_ecoc.losses import _labels_tensor
 
 
 @keras.saving.register_keras_serializable(package="keras_ecoc")
@@ -61,9 +62,9 @@ class ECOCTopKAccuracy(CodesSource, keras.metrics.Mean):
 
     def update_state(self, y_true, y_pred, sample_weight=None):
         # y_true is never cast to the metric dtype: labels stay integers.
-        y_true = ops.convert_to_tensor(y_true)
-        y_pred = _float_outputs(y_pred)
         codes = self.codes
+        y_true = _labels_tensor(y_true, codes.shape[0])
+        y_pred = _float_outputs(y_pred)
         _validation.check_code_length(tuple(y_pred.shape), codes.shape[1], "y_pred")
         labels = _labels_for(y_true, y_pred, codes.shape[0])
         rank = ecoc_ops.label_rank(labels, y_pred, codes)

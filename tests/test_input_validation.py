@@ -155,3 +155,15 @@ def test_npz_with_is_train_of_the_wrong_length_raises(tmp_path):
                       y=np.array([0, 1, 0, 1]), is_train=np.array([1, 0, 1]))
     with pytest.raises(ValueError, match="is_train"):
         datasets.load_dataset(path)
+
+
+def test_int64_labels_at_or_above_2_31_are_rejected_not_wrapped(rng):
+    # 2^32 + 1 narrowed to int32 would be class 1.
+    y = np.array([0, 2**32 + 1], "int64")
+    z = rng.normal(size=(2, 4)).astype("float32")
+    with pytest.raises(ValueError, match="y_true"):
+        keras_ecoc.ecoc_cross_entropy(y, z, _codes())
+    with pytest.raises(ValueError, match="y_true"):
+        keras_ecoc.ECOCLoss(_codes())(y, z)
+    with pytest.raises(ValueError, match="y_true"):
+        keras_ecoc.ECOCAccuracy(_codes()).update_state(y, z)
