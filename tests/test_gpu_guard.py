@@ -1,0 +1,215 @@
+"""The GPU guard: when the fused op's CUDA kernels cannot run, they are not used.
+
+No GPU is needed: `$KERAS_ECOC_SIMULATE_GPU` makes the loader pretend a GPU
+with the given compute capability, driver version and shared memory, and the
+decision, the `fused_status()` message, the single warning and the numbers
+(pure-Keras path against a float64 NumPy reference) are checked in a fresh
+interpreter per case (the loader decides once per process).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import keras
+
+from keras_ecoc.ops import _gpu_guard as guard
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BACKEND = keras.backend.backend()
+ARCHS = "sm_75,sm_80,sm_86,sm_89,sm_90,compute_90"
+
+
+# ---------------------------------------------------------------------------
+# Pure decision logic (every backend: no TensorFlow involved).
+
+@pytest.mark.parametrize("cc, how", [
+    ((7, 5), "sass"), ((8, 0), "sass"), ((8, 6), "sass"), ((8, 7), "sass"),  # 8.7 runs sm_86
+    ((8, 9), "sass"), ((9, 0), "sass"), ((10, 0), "ptx"), ((12, 0), "ptx"),
+    ((7, 0), None), ((6, 1), None), ((7, 2), None),
+])
+def test_arch_coverage_follows_cuda_compatibility_rules(cc, how):
+    assert guard.arch_coverage(ARCHS, cc)[0] == how
+
+
+def test_sass_of_another_major_does_not_cover():
+    # sm_80 SASS does not run on 9.0, and without PTX nothing covers it.
+    assert guard.arch_coverage("sm_80,sm_86", (9, 0))[0] is None
+    assert guard.arch_coverage("sm_80,compute_80", (9, 0))[0] == "ptx"
+
+
+def test_shared_memory_formula_matches_the_kernels_layout():
+    # Forward, k = 128, one row per warp (R = 4): 2*4*128 + 4*32 + 32*129 + 32
+    # floats, as RowSmemFloats in kernels/cuda/ecoc_kernels.cu.cc.
+    assert guard.shared_memory_bytes(128) == 4 * (2 * 4 * 128 + 4 * 32 + 32 * 129 + 32)
+    assert guard.shared_memory_bytes(1000, "decode") == 4 * (4 * 1000 + 32 * 129 + 32)
+    assert guard.shared_memory_bytes(1) == 4 * (8 + 128 + 32 * 1 + 32)
+    # The limits kernels/cuda/README.md quotes: ~2600 at 99 KiB, ~6700 at 227 KiB.
+    assert 2500 < guard.max_code_length(99 * 1024) < 2700
+    assert 6600 < guard.max_code_length(227 * 1024) < 6800
+    for smem in (1024, 48 * 1024, 232448):
+        k = guard.max_code_length(smem)
+        assert guard.shared_memory_bytes(k) <= smem < guard.shared_memory_bytes(k + 1)
+    with pytest.raises(ValueError, match="Argument `op`"):
+        guard.shared_memory_bytes(8, "backward")
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("cc=7.0", "no kernel image"),
+    ("driver=11000", "driver too old"),
+    ("driver=12080", "driver too old"),
+    ("cc=10.0,driver=13000", None),  # 13.0 runtime, PTX JIT with a 13.0 driver
+    ("cc=8.6", None),
+])
+def test_device_problem_names_the_failure(spec, expected):
+    dev = guard.parse_simulation(spec, runtime_version=13000)
+    problem = guard.device_problem(dev, ARCHS, 13000)
+    if expected is None:
+        assert problem is None
+    else:
+        assert problem.startswith(expected), problem
+
+
+def test_ptx_jit_needs_a_driver_as_new_as_the_runtime():
+    dev = guard.parse_simulation("cc=10.0,driver=13000", runtime_version=13010)
+    assert "JIT-compiling the PTX" in guard.device_problem(dev, ARCHS, 13010)
+    # SASS only needs the same major version (minor-version compatibility).
+    dev = guard.parse_simulation("cc=9.0,driver=13000", runtime_version=13010)
+    assert guard.device_problem(dev, ARCHS, 13010) is None
+
+
+def test_code_length_problem_uses_the_cards_shared_memory():
+    dev = guard.parse_simulation("smem=1024", runtime_version=13000)
+    assert guard.code_length_problem(dev, 1) is None  # 800 bytes
+    assert guard.code_length_problem(dev, 32).startswith("shared memory too small")
+    h100 = guard.parse_simulation("", runtime_version=13000)
+    assert guard.code_length_problem(h100, 6000) is None
+    assert "largest code length that fits is" in guard.code_length_problem(h100, 7000)
+
+
+def test_bad_simulation_spec_names_the_variable():
+    with pytest.raises(ValueError, match="KERAS_ECOC_SIMULATE_GPU"):
+        guard.parse_simulation("cc=seven", 13000)
+    with pytest.raises(ValueError, match="KERAS_ECOC_SIMULATE_GPU"):
+        guard.parse_simulation("memory=3", 13000)
+
+
+# ---------------------------------------------------------------------------
+# Through the loader, with the built library (TensorFlow backend).
+
+_PROBE = r"""
+import json, sys, warnings
+import numpy as np
+warnings.simplefilter("always")
+from keras_ecoc import ops
+from keras_ecoc.ops import _loader
+k = int(sys.argv[1])
+rng = np.random.default_rng(0)
+B, n = 6, 9
+z = rng.normal(size=(B, k)).astype(np.float32)
+codes = rng.normal(size=(n, k)).astype(np.float32)
+labels = rng.integers(0, n, size=B).astype(np.int32)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    available = ops.fused_available()
+    ok, reason = _loader.gpu_kernels_usable(k)
+    _loader.gpu_kernels_usable(k)  # a second call must not warn again
+    fused = ok and available
+    if fused:
+        loss = ops.ecoc_cross_entropy(labels, z, codes, 3.0)
+    else:
+        from keras_ecoc import decoding
+        loss = decoding.cross_entropy(labels, z, codes, 3.0)
+    loss2 = ops.ecoc_cross_entropy(labels, z, codes, 3.0)
+print(json.dumps({
+    "available": available, "ok": ok, "reason": reason, "status": ops.fused_status(),
+    "gpu": _loader.gpu_status(),
+    "warnings": [str(w.message) for w in caught if "keras_ecoc" in str(w.message)],
+    "loss": np.asarray(loss, dtype=np.float64).tolist(),
+    "loss2": np.asarray(loss2, dtype=np.float64).tolist(),
+    "z": z.tolist(), "codes": codes.tolist(), "labels": labels.tolist(),
+}))
+"""
+
+
+def _library_has_cuda():
+    from keras_ecoc.ops import _loader
+
+    return _loader.library_info()["cuda_archs"] is not None
+
+
+def _run_probe(simulate, k):
+    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3",
+               PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("KERAS_ECOC_DISABLE_FUSED", None)
+    env["KERAS_ECOC_SIMULATE_GPU"] = simulate
+    proc = subprocess.run([sys.executable, "-c", _PROBE, str(k)], capture_output=True, text=True,
+                          env=env, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _reference_loss(z, codes, labels, scale):
+    z, codes = np.asarray(z, np.float64), np.asarray(codes, np.float64)
+    u = z / np.sqrt(np.maximum((z * z).sum(-1, keepdims=True), 1e-12))
+    logits = -0.5 * scale * ((u[:, None, :] - codes[None]) ** 2).sum(-1)
+    m = logits.max(-1)
+    lse = m + np.log(np.exp(logits - m[:, None]).sum(-1))
+    return lse - logits[np.arange(len(labels)), labels]
+
+
+needs_cuda_lib = pytest.mark.skipif(
+    BACKEND != "tensorflow", reason=f"backend is {BACKEND}: the fused op is TensorFlow-only")
+
+
+@needs_cuda_lib
+@pytest.mark.parametrize("simulate, k, message", [
+    ("cc=7.0", 8, "no kernel image"),
+    ("driver=11000", 8, "driver too old"),
+    ("smem=1024", 32, "shared memory too small"),
+])
+def test_simulated_gpu_failure_falls_back_with_one_warning(simulate, k, message):
+    if not _library_has_cuda():
+        pytest.skip("the op library was built without CUDA (nvcc is optional): no GPU kernels to guard")
+    r = _run_probe(simulate, k)
+    assert r["ok"] is False and message in r["reason"], r
+    assert r["gpu"]["simulated"] is True
+    assert r["gpu"]["cuda_archs"].startswith("sm_75,"), r["gpu"]
+    mine = [w for w in r["warnings"] if message in w]
+    assert len(mine) == 1, r["warnings"]
+    if message == "shared memory too small":
+        # The device is fine for small codes: the fused op stays available.
+        assert r["available"] is True
+    else:
+        assert r["available"] is False
+        assert message in r["status"] and "using the pure-Keras path" in r["status"], r["status"]
+    want = _reference_loss(r["z"], r["codes"], r["labels"], 3.0)
+    np.testing.assert_allclose(r["loss"], want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(r["loss2"], want, rtol=1e-5, atol=1e-5)
+
+
+@needs_cuda_lib
+def test_simulated_supported_gpu_keeps_the_fused_op():
+    if not _library_has_cuda():
+        pytest.skip("the op library was built without CUDA (nvcc is optional): no GPU kernels to guard")
+    r = _run_probe("cc=8.6,smem=101376", 64)
+    assert r["ok"] is True and r["available"] is True, r
+    assert "SASS sm_86" in r["reason"], r["reason"]
+    assert r["status"].startswith("fused op loaded from"), r["status"]
+    assert "CUDA kernels for sm_75,sm_80,sm_86,sm_89,sm_90,compute_90" in r["status"]
+    assert r["warnings"] == []
+    np.testing.assert_allclose(r["loss"], _reference_loss(r["z"], r["codes"], r["labels"], 3.0),
+                               rtol=1e-5, atol=1e-5)
+
+
+@needs_cuda_lib
+def test_gpu_kernels_usable_rejects_a_bad_code_length():
+    from keras_ecoc.ops import _loader
+
+    for bad in (-1, 2.5, True, "8"):
+        with pytest.raises(ValueError, match="Argument `code_length`"):
+            _loader.gpu_kernels_usable(bad)
