@@ -170,7 +170,9 @@ def _check_built_for(path: str, tf_version: str) -> None:
     if built is None:
         raise ImportError(f"{path} does not say which TensorFlow it was built against (built by an "
                           f"older kernels/build.py): {REBUILD_HINT}")
-    if built != tf_version:
+    # TensorFlow keeps its C++ ABI within a minor version (2.21.0 and 2.21.1
+    # load the same library); anything else must be rebuilt.
+    if built.split(".")[:2] != tf_version.split(".")[:2]:
         raise ImportError(f"{path} was built against TensorFlow {built}, running TensorFlow "
                           f"{tf_version}: {REBUILD_HINT}")
 
