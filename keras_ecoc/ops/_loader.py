@@ -16,6 +16,7 @@ whether they can run there (see :mod:`keras_ecoc.ops._gpu_guard`):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -238,7 +239,7 @@ def _probe_gpus(tf, path: str) -> dict:
                 status.update(usable=False, reason=dev)
                 return status
             devices.append(dev)
-    status["devices"] = [dataclasses_asdict(d) for d in devices]
+    status["devices"] = [dataclasses.asdict(d) for d in devices]
     status["smem_optin"] = min(d.smem_optin for d in devices)
     for d in devices:
         problem = _gpu_guard.device_problem(d, archs, status["runtime"])
@@ -249,12 +250,6 @@ def _probe_gpus(tf, path: str) -> dict:
     status["reason"] = (f"the CUDA kernels run on {', '.join(d.name for d in devices)} ({how}) for "
                         f"code lengths up to {_gpu_guard.max_code_length(status['smem_optin'])}")
     return status
-
-
-def dataclasses_asdict(d) -> dict:
-    import dataclasses  # noqa: PLC0415
-
-    return dataclasses.asdict(d)
 
 
 def gpu_status() -> dict:
