@@ -93,10 +93,6 @@ def test_build_info_source_embeds_the_versions(build, tmp_path):
 # The loader (TensorFlow backend, built library).
 
 _STATUS = r"""
-import sys
-import tensorflow as tf
-if len(sys.argv) > 1:
-    tf.__version__ = sys.argv[1]  # pretend another TensorFlow is running
 from keras_ecoc import ops
 print(ops.fused_available())
 print(ops.fused_status())
@@ -114,12 +110,12 @@ def _built_library():
     return path
 
 
-def _status(library, *argv):
+def _status(library):
     env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3",
                KERAS_ECOC_OPS_LIBRARY=str(library),
                PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("KERAS_ECOC_DISABLE_FUSED", None)
-    proc = subprocess.run([sys.executable, "-c", _STATUS, *argv], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", _STATUS], capture_output=True, text=True,
                           env=env, timeout=300, cwd=str(REPO))
     assert proc.returncode == 0, proc.stderr[-3000:]
     available, status = proc.stdout.strip().splitlines()[-2:]
@@ -139,30 +135,41 @@ def test_library_says_which_tensorflow_it_was_built_against():
 def test_loader_refuses_a_library_built_against_another_tensorflow(tmp_path):
     import tensorflow as tf
 
+    from keras_ecoc.ops import _loader
+
     lib = _built_library()
-    ok, status = _status(lib, "2.99.0")
-    assert not ok
-    assert (f"built against TensorFlow {tf.__version__}, running TensorFlow 2.99.0: "
-            "rebuild with `python kernels/build.py --force`") in status, status
-    # The other direction: a file whose embedded version differs (same length).
-    fake = tmp_path / "_ecoc_ops.so"
+    hint = "rebuild with `python kernels/build.py --force`"
+    # Running another TensorFlow than the library was built against.
+    with pytest.raises(ImportError, match="running TensorFlow 2.99.0") as err:
+        _loader._check_built_for(lib, "2.99.0")
+    assert f"built against TensorFlow {tf.__version__}, running TensorFlow 2.99.0: {hint}" in str(err.value)
+    # A patch release keeps the C++ ABI: accepted.
+    major, minor = tf.__version__.split(".")[:2]
+    _loader._check_built_for(lib, f"{major}.{minor}.99")
+    # A file whose embedded version differs (same length, so the file stays valid).
     data = Path(lib).read_bytes()
     marker = f'"tensorflow":"{tf.__version__}"'.encode()
     assert data.count(marker) == 1
-    fake_version = "9" * len(tf.__version__.split(".")[0]) + tf.__version__[len(tf.__version__.split(".")[0]):]
+    fake_version = "9" * len(major) + tf.__version__[len(major):]
+    fake = tmp_path / "_ecoc_ops.so"
     fake.write_bytes(data.replace(marker, f'"tensorflow":"{fake_version}"'.encode()))
+    with pytest.raises(ImportError, match=f"built against TensorFlow {fake_version}, running "
+                                          f"TensorFlow {tf.__version__}"):
+        _loader._check_built_for(str(fake), tf.__version__)
+    # End to end in a fresh process: nothing is loaded, fused_status() says why.
     ok, status = _status(fake)
     assert not ok
-    assert f"built against TensorFlow {fake_version}, running TensorFlow {tf.__version__}" in status
+    assert f"built against TensorFlow {fake_version}, running TensorFlow {tf.__version__}: {hint}" in status
+    assert "pure-Keras path" in status
 
 
 def test_loader_refuses_a_library_without_embedded_versions(tmp_path):
+    from keras_ecoc.ops import _loader
+
     lib = _built_library()
     fake = tmp_path / "_ecoc_ops.so"
     shutil.copy(lib, fake)
-    data = fake.read_bytes().replace(b"KERAS_ECOC_BUILD_INFO=", b"KERAS_ECOC_BUILD_XXXX=")
-    fake.write_bytes(data)
-    ok, status = _status(fake)
-    assert not ok
-    assert "does not say which TensorFlow it was built against" in status, status
-    assert "python kernels/build.py --force" in status
+    fake.write_bytes(fake.read_bytes().replace(b"KERAS_ECOC_BUILD_INFO=", b"KERAS_ECOC_BUILD_XXXX="))
+    with pytest.raises(ImportError, match="does not say which TensorFlow it was built against") as err:
+        _loader._check_built_for(str(fake), "2.21.0")
+    assert "python kernels/build.py --force" in str(err.value)
