@@ -81,6 +81,7 @@ CXX_WARNINGS = [
 # which later GPUs JIT-compile. A GPU visible at build time is always added.
 # KERAS_ECOC_CUDA_ARCHS="80,90" overrides the list (e.g. for a quick build).
 DEFAULT_CUDA_ARCHS = ("75", "80", "86", "89", "90")
+MIN_CUDA_ARCH = 75  # the oldest architecture nvcc 13 compiles for
 PROBE_SRC = os.path.join("cuda", "ecoc_probe.cu.cc")
 BUILD_INFO_MARKER = "KERAS_ECOC_BUILD_INFO="
 
@@ -176,7 +177,11 @@ def cuda_archs(visible: list | None = None) -> list:
                              f"capabilities such as \"75,80,90\". Received: {override!r}")
     else:
         archs = list(DEFAULT_CUDA_ARCHS)
-    archs += visible_gpu_archs() if visible is None else visible
+    # nvcc 13 cannot compile for anything older than sm_75: such a visible GPU
+    # is left out (the runtime guard then keeps the op off it) rather than
+    # failing the whole CUDA part.
+    seen = visible_gpu_archs() if visible is None else visible
+    archs += [a for a in seen if int(a) >= MIN_CUDA_ARCH]
     return sorted(set(archs), key=int)
 
 

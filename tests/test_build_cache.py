@@ -69,6 +69,8 @@ def test_architectures_cover_common_cards_plus_ptx_and_the_visible_gpu(build, mo
     # A GPU seen at build time is always included (PTX then comes from the newest).
     assert build.cuda_archs(visible=["120"])[-1] == "120"
     assert build.cuda_archs(visible=["87"]) == ["75", "80", "86", "87", "89", "90"]
+    # nvcc 13 has no sm_70: a V100 at build time must not break the CUDA part.
+    assert build.cuda_archs(visible=["70"]) == ["75", "80", "86", "89", "90"]
     monkeypatch.setenv("KERAS_ECOC_CUDA_ARCHS", "sm_80, 9.0")
     assert build.cuda_archs(visible=["86"]) == ["80", "86", "90"]
     monkeypatch.setenv("KERAS_ECOC_CUDA_ARCHS", "ampere")

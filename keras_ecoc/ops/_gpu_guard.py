@@ -153,9 +153,11 @@ def device_problem(device: Device, archs: str | None, runtime_version: int) -> s
     how, _ = arch_coverage(archs, device.cc)
     if how is None or device.image_error:
         got = f" ({device.image_error})" if device.image_error else ""
+        hint = ("CUDA 13 cannot compile for it" if tuple(device.cc) < (7, 5) else
+                "rebuild on this machine with `python kernels/build.py --force`, which adds the "
+                "visible GPU's architecture")
         return (f"no kernel image for {device.name}{got}: compute capability {cc} is not covered by "
-                f"the library's CUDA architectures {archs} (rebuild on this machine with "
-                "`python kernels/build.py --force`, which adds the visible GPU's architecture)")
+                f"the library's CUDA architectures {archs} ({hint})")
     need_major = runtime_version // 1000 * 1000
     need = runtime_version if how == "ptx" else need_major
     if device.driver < need:
