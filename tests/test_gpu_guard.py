@@ -205,6 +205,30 @@ def test_simulated_gpu_failure_is_detected_and_reported(simulate, spec, k, messa
     np.testing.assert_allclose(loss, _reference_loss(z, codes, labels, 3.0), rtol=1e-5, atol=1e-5)
 
 
+def test_code_length_usable_reads_k_from_the_codes(simulate):
+    import warnings
+
+    import tensorflow as tf
+
+    loader = simulate("smem=4096")  # k = 4 needs 1408 bytes, k = 64 needs 11008
+    small, big = np.zeros((5, 4), np.float32), np.zeros((5, 64), np.float32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert loader.code_length_usable(small)
+        assert loader.code_length_usable(tf.constant(small))
+        assert not loader.code_length_usable(big)
+        assert not loader.code_length_usable(tf.Variable(big))
+        assert not loader.code_length_usable(big.tolist())
+    assert len([w for w in caught if "shared memory too small" in str(w.message)]) == 1
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.float32)])
+    def unknown_k(codes):
+        assert loader.code_length_usable(codes)  # k unknown: the guard cannot decide
+        return codes
+
+    unknown_k(tf.constant(big))
+
+
 def test_simulated_supported_gpu_keeps_the_fused_op(simulate):
     from keras_ecoc import ops
 

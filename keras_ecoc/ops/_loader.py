@@ -302,6 +302,25 @@ def gpu_kernels_usable(code_length: int, op: str = "cross_entropy") -> tuple:
     return False, problem
 
 
+def code_length_usable(codes, op: str = "cross_entropy") -> bool:
+    """The ops dispatcher's GPU-guard call: may the fused op run with these codes?
+
+    codes: the (n, k) code matrix (array, tensor or variable). When k is not
+    known statically, True (the guard cannot decide; a kernel that does not
+    fit then fails with its own error). Otherwise `gpu_kernels_usable(k, op)[0]`,
+    which warns once per reason when it refuses.
+    """
+    shape = getattr(codes, "shape", None)
+    if shape is None:
+        import numpy as np  # noqa: PLC0415
+
+        shape = np.shape(codes)
+    dims = tuple(shape)
+    if len(dims) != 2 or dims[-1] is None:
+        return True
+    return gpu_kernels_usable(int(dims[-1]), op)[0]
+
+
 def load_error() -> str | None:
     return _state["error"]
 
