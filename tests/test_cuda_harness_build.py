@@ -174,3 +174,84 @@ def test_device_check_rejects_unknown_arguments():
     proc = subprocess.run(["bash", str(DEVICE_CHECK), "--frobnicate"], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 3 and "unknown argument" in proc.stderr
+
+
+_FAKE_NVIDIA_SMI = """#!/bin/sh
+case "$1" in
+  --query-gpu=compute_cap) echo "9.0" ;;
+  *) echo "Fake H100, 9.0, 580.65" ;;
+esac
+"""
+
+# Writes, as the "harness", a script that prints what the real one prints in
+# each mode and fails the mode named in $FAKE_FAIL.
+_FAKE_NVCC = """#!/bin/sh
+if [ "$1" = "--version" ]; then echo "fake nvcc"; echo "Build cuda_13.0.fake"; exit 0; fi
+out=""
+while [ $# -gt 0 ]; do if [ "$1" = "-o" ]; then out="$2"; fi; shift; done
+cat > "$out" <<'HARNESS'
+#!/bin/sh
+echo "Device 0: Fake H100, compute capability 9.0"
+if [ "$1" = "--bench-only" ]; then
+  echo "## Timings (float32 z, int32 labels; median of 25 after 5 warm-up)"
+  echo "| B | k | n | forward (ms) | codes grad (ms) |"
+  echo "| 16 | 32 | 100 | 0.0100 | 0.0200 |"
+  echo "Largest drop in free device memory while the kernels ran: 0 bytes"
+  exit 0
+fi
+if [ "$1" = "$FAKE_FAIL" ]; then echo "FAIL x: y"; echo "2 checks, 1 failed"; exit 1; fi
+echo "PASS x: y"; echo "2 checks, 0 failed"; echo OK
+HARNESS
+chmod +x "$out"
+"""
+
+_FAKE_SANITIZER = """#!/bin/sh
+tool="$2"; shift 4
+"$@"; rc=$?
+if [ "$tool" = racecheck ]; then echo "========= RACECHECK SUMMARY: 0 hazards displayed"
+else echo "========= ERROR SUMMARY: 0 errors"; fi
+exit $rc
+"""
+
+
+def _fake_gpu_env(tmp_path, fail=""):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("nvidia-smi", _FAKE_NVIDIA_SMI), ("nvcc", _FAKE_NVCC),
+                       ("compute-sanitizer", _FAKE_SANITIZER)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    out = tmp_path / "out"
+    return out, dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", OUT=str(out),
+                     NVCC=str(bin_dir / "nvcc"), COMPUTE_SANITIZER=str(bin_dir / "compute-sanitizer"),
+                     FAKE_FAIL=fail)
+
+
+def test_device_check_plumbing_with_a_fake_gpu_writes_one_table(tmp_path):
+    # No GPU here: fake nvidia-smi, nvcc (whose "harness" prints what the real
+    # one prints) and compute-sanitizer check that every step runs in order
+    # and lands in the report. The real run needs a GPU machine.
+    out, env = _fake_gpu_env(tmp_path)
+    proc = subprocess.run(["bash", str(DEVICE_CHECK)], capture_output=True, text=True, timeout=120,
+                          env=env, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = (out / "device_check.md").read_text()
+    rows = [line for line in report.splitlines() if line.startswith("| ") and " | pass | " in line]
+    assert [r.split(" | ")[0][2:] for r in rows] == [
+        "build", "checks", "grid", "smem-limit", "memcheck", "racecheck", "bench"], report
+    assert "2 checks, 0 failed" in report and "RACECHECK SUMMARY: 0 hazards" in report
+    assert "| 16 | 32 | 100 | 0.0100 | 0.0200 |" in report
+    assert "harness built for sm_90" in report
+    log = (out / "device_check.log").read_text()
+    assert "## step grid: pass" in log
+
+
+def test_device_check_reports_a_failing_step_and_exits_nonzero(tmp_path):
+    out, env = _fake_gpu_env(tmp_path, fail="--grid")
+    proc = subprocess.run(["bash", str(DEVICE_CHECK)], capture_output=True, text=True, timeout=120,
+                          env=env, cwd=str(tmp_path))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    report = (out / "device_check.md").read_text()
+    assert "| grid | FAIL |" in report and "exit code 1; 2 checks, 1 failed" in report, report
+    assert "| checks | pass |" in report and "| bench | pass |" in report
+    assert "    FAIL x: y" in report

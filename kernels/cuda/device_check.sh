@@ -37,12 +37,22 @@ for arg in "$@"; do
 done
 
 OUT_DIR="${OUT:-$REPO/build/device_check}"
-WORK="$REPO/build/device_check_work"
+# The harness binary goes to a temporary folder, removed at the end.
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/ecoc_device_check.XXXXXX")"
+trap 'rm -rf "$WORK"' EXIT
 LOG="$OUT_DIR/device_check.log"
 MD="$OUT_DIR/device_check.md"
 EXE="$WORK/ecoc_harness"
 NVCC="${NVCC:-nvcc}"
-SANITIZER="${COMPUTE_SANITIZER:-compute-sanitizer}"
+SANITIZER="${COMPUTE_SANITIZER:-}"
+if [[ -z "$SANITIZER" ]]; then
+  SANITIZER=compute-sanitizer
+  for candidate in "$(command -v compute-sanitizer 2>/dev/null)" \
+      "$(dirname "$(readlink -f "$(command -v "$NVCC" 2>/dev/null || echo /nonexistent)")")/compute-sanitizer" \
+      /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer; do
+    if [[ -n "$candidate" && -x "$candidate" ]]; then SANITIZER="$candidate"; break; fi
+  done
+fi
 # Seconds per step; together 470 s, under 8 minutes.
 T_BUILD=120 T_CHECK=45 T_GRID=150 T_SMEM=15 T_MEMCHECK=50 T_RACECHECK=50 T_BENCH=40
 
@@ -84,7 +94,7 @@ if ! command -v "$NVCC" >/dev/null 2>&1; then
   echo "device_check: nvcc not found (set NVCC or put the CUDA toolkit on PATH)" >&2
   exit 1
 fi
-mkdir -p "$OUT_DIR" "$WORK"
+mkdir -p "$OUT_DIR"
 : >"$LOG"
 {
   echo "# device_check $(date -u +%FT%TZ)"
@@ -98,7 +108,8 @@ FAILED=0
 run_step() {  # name limit command...
   local name="$1" limit="$2"; shift 2
   echo "## step $name: $*" >>"$LOG"
-  local t0=$SECONDS rc
+  local t0=$SECONDS rc from
+  from=$(wc -l <"$LOG")
   timeout --kill-after=10 "$limit" "$@" >>"$LOG" 2>&1
   rc=$?
   local dt=$((SECONDS - t0)) status="pass" note=""
@@ -109,9 +120,9 @@ run_step() {  # name limit command...
   fi
   case "$name" in
     checks|grid|smem-limit)
-      note="${note:+$note; }$(awk '/^[0-9]+ checks, [0-9]+ failed/ {line=$0} END {print line}' "$LOG")" ;;
+      note="${note:+$note; }$(tail -n +"$((from + 1))" "$LOG" | grep -E '^[0-9]+ checks, [0-9]+ failed' | tail -n1)" ;;
     memcheck|racecheck)
-      note="${note:+$note; }$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG" | tail -n1)" ;;
+      note="${note:+$note; }$(tail -n +"$((from + 1))" "$LOG" | grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' | tail -n1)" ;;
   esac
   [[ $status == pass ]] || FAILED=1
   ROWS+=("| $name | $status | $dt | ${note//|//} |")
