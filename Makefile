@@ -8,10 +8,11 @@ TF_PIN := tensorflow-cpu==2.21.0
 .PHONY: demo test test-tensorflow test-jax test-torch test-notebooks install
 
 # TensorFlow goes in first: the op library is compiled against the installed
-# TensorFlow, so the package builds with --no-build-isolation.
-$(BIN)/.installed: setup.py
+# TensorFlow, so the package builds with --no-build-isolation (which also
+# needs setuptools in the venv: Python >= 3.12's venv has none).
+$(BIN)/.installed: setup.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check "$(TF_PIN)"
+	$(BIN)/pip install -q --disable-pip-version-check "setuptools>=64" wheel "$(TF_PIN)"
 	$(BIN)/pip install -q --disable-pip-version-check --no-build-isolation -e ".[cpu]"
 	touch $@
 
@@ -22,6 +23,8 @@ $(BIN)/.installed-test: $(BIN)/.installed
 install: $(BIN)/.installed
 
 # The main job: one-hot vs Gaussian vs data-based codes on embedded Omniglot.
+# kernels/build.py first: it rebuilds the op library when the sources, the
+# TensorFlow, g++ or nvcc changed since the install, and does nothing otherwise.
 demo: $(BIN)/.installed
 	$(BIN)/python kernels/build.py --quiet
 	$(BIN)/keras-ecoc-demo

@@ -1,9 +1,12 @@
 """keras-ecoc: low-dimensional output codes for Keras 3 classifiers.
 
 Install (the op library is compiled against the TensorFlow already installed,
-hence --no-build-isolation):
+hence --no-build-isolation; pyproject.toml declares the setuptools build, so
+that `-e` is a PEP 660 editable build in this environment rather than the
+legacy `setup.py develop`, which setuptools >= 80 turns into an isolated build
+that cannot import TensorFlow and leaves no op library):
 
-    pip install tensorflow-cpu==2.21.0
+    pip install tensorflow-cpu==2.21.0 "setuptools>=64"
     pip install --no-build-isolation -e ".[cpu,test]"
 
 The fused TensorFlow op library (keras_ecoc/_lib/_ecoc_ops.so) is built by

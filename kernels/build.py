@@ -19,7 +19,14 @@ failure of the CPU part raises :class:`BuildError`.
 All flags come from ``tf.sysconfig`` (never hard-coded ABI flags). Objects are
 cached in ``build/ecoc_ops/`` under a content hash, and the library carries a
 stamp (sources, TensorFlow version, flags, compilers), so running this again
-with nothing changed does nothing.
+with nothing changed does nothing. The cache key of every object includes the
+TensorFlow, g++ and nvcc versions (and the CUDA architectures), and the library
+embeds the TensorFlow version it was built against: the loader refuses it
+under another TensorFlow.
+
+CUDA: SASS for sm_75, sm_80, sm_86, sm_89 and sm_90 plus compute_90 PTX (later
+GPUs JIT it); the architecture of a GPU that nvidia-smi lists at build time is
+always added; $KERAS_ECOC_CUDA_ARCHS="80,90" replaces the default list.
 
 Usage (developers)::
 
@@ -37,6 +44,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -68,10 +76,14 @@ CXX_WARNINGS = [
     "-Wno-psabi",
     "-Wno-sign-compare",
 ]
-CUDA_ARCH_FLAGS = [
-    "-gencode=arch=compute_80,code=sm_80",
-    "-gencode=arch=compute_90,code=[sm_90,compute_90]",
-]
+# SASS for every architecture of common cards (T4 = 7.5, A100 = 8.0,
+# RTX 30xx/A10 = 8.6, RTX 40xx/L4 = 8.9, H100/H200 = 9.0) plus PTX of the newest,
+# which later GPUs JIT-compile. A GPU visible at build time is always added.
+# KERAS_ECOC_CUDA_ARCHS="80,90" overrides the list (e.g. for a quick build).
+DEFAULT_CUDA_ARCHS = ("75", "80", "86", "89", "90")
+MIN_CUDA_ARCH = 75  # the oldest architecture nvcc 13 compiles for
+PROBE_SRC = os.path.join("cuda", "ecoc_probe.cu.cc")
+BUILD_INFO_MARKER = "KERAS_ECOC_BUILD_INFO="
 
 
 class BuildError(RuntimeError):
@@ -84,9 +96,12 @@ class BuildResult:
     parts: list  # e.g. ["cpu", "xla", "cuda"]
     skipped: dict  # part -> reason
     up_to_date: bool
+    cuda_archs: str | None = None  # e.g. "sm_75,...,sm_90,compute_90" when "cuda" in parts
 
     def summary(self) -> str:
         s = f"{self.path} [{', '.join(self.parts)}]"
+        if self.cuda_archs:
+            s += f"; CUDA kernels for {self.cuda_archs}"
         if self.skipped:
             s += "; without " + "; ".join(f"{k} ({v})" for k, v in self.skipped.items())
         return s
@@ -127,6 +142,60 @@ def _sha(*parts) -> str:
         h.update(p if isinstance(p, bytes) else str(p).encode())
         h.update(b"\0")
     return h.hexdigest()
+
+
+def visible_gpu_archs() -> list:
+    """Compute capabilities of the GPUs nvidia-smi lists, as ["86", ...]."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        proc = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if proc.returncode != 0:
+        return []
+    found = []
+    for line in proc.stdout.split():
+        m = re.fullmatch(r"(\d+)\.(\d+)", line.strip())
+        if m and m.group(1) + m.group(2) not in found:
+            found.append(m.group(1) + m.group(2))
+    return found
+
+
+def cuda_archs(visible: list | None = None) -> list:
+    """SASS architectures to build, as ["75", "80", ...] (sorted numerically).
+
+    The default list, or $KERAS_ECOC_CUDA_ARCHS, plus every GPU visible now.
+    """
+    override = os.environ.get("KERAS_ECOC_CUDA_ARCHS", "").strip()
+    if override:
+        archs = [a.strip().replace("sm_", "").replace(".", "") for a in override.split(",") if a.strip()]
+        bad = [a for a in archs if not re.fullmatch(r"\d{2,3}", a)]
+        if bad:
+            raise BuildError("KERAS_ECOC_CUDA_ARCHS must be a comma-separated list of compute "
+                             f"capabilities such as \"75,80,90\". Received: {override!r}")
+    else:
+        archs = list(DEFAULT_CUDA_ARCHS)
+    # nvcc 13 cannot compile for anything older than sm_75: such a visible GPU
+    # is left out (the runtime guard then keeps the op off it) rather than
+    # failing the whole CUDA part.
+    seen = visible_gpu_archs() if visible is None else visible
+    archs += [a for a in seen if int(a) >= MIN_CUDA_ARCH]
+    return sorted(set(archs), key=int)
+
+
+def cuda_gencode_flags(archs: list) -> list:
+    """-gencode flags: SASS for each arch, PTX of the newest (for later GPUs)."""
+    flags = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs[:-1]]
+    newest = archs[-1]
+    flags.append(f"-gencode=arch=compute_{newest},code=[sm_{newest},compute_{newest}]")
+    return flags
+
+
+def cuda_arch_names(archs: list) -> str:
+    """What the library holds, e.g. "sm_75,sm_80,sm_86,sm_89,sm_90,compute_90"."""
+    return ",".join([f"sm_{a}" for a in archs] + [f"compute_{archs[-1]}"])
 
 
 def tf_config() -> dict:
@@ -188,6 +257,10 @@ class _Unit:
     cmd: list  # compiler command without -c/-o
     part: str  # "cpu" | "xla" | "cuda"
     compiler: str = "g++"
+    # Versions that change the object without changing the command line
+    # (TensorFlow's headers live at the same path after an upgrade; a new g++
+    # or nvcc has the same name): part of the cache key.
+    toolchain: str = ""
 
     def headers(self) -> list:
         if self.part == "cpu":
@@ -204,49 +277,101 @@ class _Unit:
         for h in self.headers():
             if os.path.exists(h):
                 deps.append(h.encode() + b"\0" + _read(h))
-        return _sha(*deps, " ".join(self.cmd))[:20]
+        return _sha(*deps, " ".join(self.cmd), self.toolchain)[:20]
+
+
+def toolchain_versions(tf_version: str, cxx: str, nvcc: str | None) -> dict:
+    """The versions that go into every object's cache key and the library's stamp."""
+    return {"tf": tf_version, "cxx": _tool_version(cxx, first=True),
+            "nvcc": _tool_version(nvcc) if nvcc else None}
+
+
+def write_build_info(build_dir: str, info: dict) -> str:
+    """Writes the C++ source that embeds `info` (JSON) in the library.
+
+    The loader reads the marker string straight from the file (no dlopen, so a
+    library built against another TensorFlow is refused before it is loaded);
+    KerasEcocBuildInfo() returns the same text to C callers. Rewritten only when
+    the content changes, so the object stays cached.
+    """
+    text = json.dumps(info, sort_keys=True, separators=(",", ":"))
+    if ";" in text or "\n" in text:
+        raise BuildError(f"build info must not contain ';' or newlines: {text}")
+    literal = (BUILD_INFO_MARKER + text + ";").replace("\\", "\\\\").replace('"', '\\"')
+    src = ("// Generated by kernels/build.py: what this library was built with.\n"
+           f'__attribute__((used)) static const char kKerasEcocBuildInfo[] = "{literal}";\n'
+           'extern "C" __attribute__((visibility("default"))) const char* KerasEcocBuildInfo() {\n'
+           f"  return kKerasEcocBuildInfo + {len(BUILD_INFO_MARKER)};\n}}\n")
+    path = os.path.join(build_dir, "gen", "ecoc_build_info.cc")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if not os.path.exists(path) or _read(path).decode() != src:
+        with open(path, "w") as f:
+            f.write(src)
+    return path
 
 
 def _units(tf: dict, cxx: str, nvcc: str | None, cuda_home: str | None, with_xla: bool,
-           with_cuda: bool, shim_dir: str, skipped: dict) -> list:
+           with_cuda: bool, shim_dir: str, skipped: dict, toolchain: dict | None = None,
+           archs: list | None = None, build_info_src: str | None = None) -> list:
+    toolchain = toolchain or {}
+    host_tc = f"tf={toolchain.get('tf')} cxx={toolchain.get('cxx')}"
     base = [cxx, "-std=c++17", "-fPIC", "-O3", "-DNDEBUG", *CXX_WARNINGS, f"-I{KERNELS_DIR}", *tf["cflags"]]
     src = lambda rel: os.path.join(KERNELS_DIR, rel)  # noqa: E731
     x86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
+
+    def unit(*args, **kw):
+        kw.setdefault("toolchain", host_tc)
+        return _Unit(*args, **kw)
+
     units = [
-        _Unit("ecoc_ops", src(OPS_SRC), base, "cpu"),
-        _Unit("ecoc_kernels_cpu", src(CPU_SRC), base + (["-DECOC_HAVE_AVX2_VARIANT"] if x86 else []), "cpu"),
+        unit("ecoc_ops", src(OPS_SRC), base, "cpu"),
+        unit("ecoc_kernels_cpu", src(CPU_SRC), base + (["-DECOC_HAVE_AVX2_VARIANT"] if x86 else []), "cpu"),
     ]
+    if build_info_src:
+        units.append(unit("ecoc_build_info", build_info_src, [cxx, "-std=c++17", "-fPIC", "-O2"], "cpu"))
     math = [*base, "-fno-math-errno", "-ffp-contract=fast", "-fno-exceptions"]
-    units.append(_Unit("ecoc_cpu_math_base", src(MATH_SRC),
-                       math + ["-DECOC_CPU_GETTER=GetKernelsBase", '-DECOC_CPU_ISA_NAME="base"'], "cpu"))
+    units.append(unit("ecoc_cpu_math_base", src(MATH_SRC),
+                      math + ["-DECOC_CPU_GETTER=GetKernelsBase", '-DECOC_CPU_ISA_NAME="base"'], "cpu"))
     if x86:
-        units.append(_Unit("ecoc_cpu_math_avx2", src(MATH_SRC),
-                           math + ["-mavx2", "-mfma", "-DECOC_CPU_GETTER=GetKernelsAvx2",
-                                   '-DECOC_CPU_ISA_NAME="avx2"'], "cpu"))
+        units.append(unit("ecoc_cpu_math_avx2", src(MATH_SRC),
+                          math + ["-mavx2", "-mfma", "-DECOC_CPU_GETTER=GetKernelsAvx2",
+                                  '-DECOC_CPU_ISA_NAME="avx2"'], "cpu"))
     if with_xla:
         if os.path.exists(src(XLA_SRC)):
             inc = tf["include"]
-            units.append(_Unit("ecoc_xla", src(XLA_SRC), base + [
+            units.append(unit("ecoc_xla", src(XLA_SRC), base + [
                 f"-I{os.path.join(inc, 'external', 'highwayhash')}",
                 f"-I{os.path.join(inc, 'external', 'farmhash_archive', 'src')}",
             ], "xla"))
         else:
             skipped["xla"] = f"kernels/{XLA_SRC} does not exist yet"
     if with_cuda:
-        missing = [rel for rel in (GPU_OPS_SRC, CUDA_SRC) if not os.path.exists(src(rel))]
+        missing = [rel for rel in (GPU_OPS_SRC, CUDA_SRC, PROBE_SRC) if not os.path.exists(src(rel))]
         if missing:
             skipped["cuda"] = "missing " + ", ".join(f"kernels/{m}" for m in missing)
         else:
+            archs = archs or list(DEFAULT_CUDA_ARCHS)
+            cuda_tc = f"{host_tc} nvcc={toolchain.get('nvcc')}"
             cuda_inc = os.path.join(cuda_home, "include")
-            units.append(_Unit("ecoc_ops_gpu", src(GPU_OPS_SRC), [
+            units.append(unit("ecoc_ops_gpu", src(GPU_OPS_SRC), [
                 cxx, "-std=c++17", "-fPIC", "-O3", "-DNDEBUG", *CXX_WARNINGS, "-DGOOGLE_CUDA=1", "-DEIGEN_USE_GPU",
-                f"-I{shim_dir}", f"-I{cuda_inc}", f"-I{KERNELS_DIR}", *tf["cflags"]], "cuda"))
-            units.append(_Unit("ecoc_kernels_cu", src(CUDA_SRC), [
-                nvcc, "-std=c++17", "-x", "cu", "-O3", "-DGOOGLE_CUDA=1", "-DEIGEN_USE_GPU", "-DNDEBUG",
-                "--expt-relaxed-constexpr", "-Xcompiler", "-fPIC",
-                "-Xcompiler", "-Wno-deprecated-declarations", *CUDA_ARCH_FLAGS,
-                f"-I{shim_dir}", f"-I{KERNELS_DIR}", *tf["cflags"]], "cuda", compiler="nvcc"))
+                f"-I{shim_dir}", f"-I{cuda_inc}", f"-I{KERNELS_DIR}", *tf["cflags"]], "cuda", toolchain=cuda_tc))
+            nvcc_cmd = [nvcc, "-std=c++17", "-x", "cu", "-O3", "-DNDEBUG", "--expt-relaxed-constexpr",
+                        "-Xcompiler", "-fPIC", "-Xcompiler", "-Wno-deprecated-declarations",
+                        *nvcc_thread_flags(len(archs)), *cuda_gencode_flags(archs), f"-I{KERNELS_DIR}"]
+            units.append(unit("ecoc_kernels_cu", src(CUDA_SRC), [
+                *nvcc_cmd, "-DGOOGLE_CUDA=1", "-DEIGEN_USE_GPU", f"-I{shim_dir}", *tf["cflags"]],
+                "cuda", compiler="nvcc", toolchain=cuda_tc))
+            units.append(unit("ecoc_probe_cu", src(PROBE_SRC), [
+                *nvcc_cmd, f'-DECOC_CUDA_ARCHS="{cuda_arch_names(archs)}"'],
+                "cuda", compiler="nvcc", toolchain=cuda_tc))
     return units
+
+
+def nvcc_thread_flags(num_archs: int) -> list:
+    """nvcc's own parallelism over the -gencode targets (see kernels/cuda/README.md)."""
+    threads = int(os.environ.get("KERAS_ECOC_NVCC_THREADS", "0")) or min(num_archs + 1, os.cpu_count() or 1)
+    return ["--threads", str(threads)] if threads > 1 else []
 
 
 def _make_shim(build_dir: str, cuda_home: str) -> str:
@@ -331,10 +456,17 @@ def build_library(out_dir: str | None = None, *, cuda: bool | None = None, xla: 
         if not with_cuda:
             skipped["cuda"] = reason
     shim_dir = _make_shim(build_dir, cuda_home) if with_cuda else ""
-    units = _units(tf, cxx, nvcc, cuda_home, xla, with_cuda, shim_dir, skipped)
+    archs = cuda_archs() if with_cuda else []
+    versions = toolchain_versions(tf["version"], cxx, nvcc if with_cuda else None)
+    # Embedded in the library: the loader refuses it under another TensorFlow.
+    # (The CUDA architectures are embedded by the CUDA probe object itself, so
+    # that they are in the library only when its CUDA part was linked.)
+    info = {"tensorflow": tf["version"], "cxx": versions["cxx"], "nvcc": versions["nvcc"]}
+    build_info_src = write_build_info(build_dir, info)
+    units = _units(tf, cxx, nvcc, cuda_home, xla, with_cuda, shim_dir, skipped, toolchain=versions,
+                   archs=archs, build_info_src=build_info_src)
 
-    toolchain = {"tf": tf["version"], "cxx": _tool_version(cxx, first=True), "lflags": tf["lflags"],
-                 "nvcc": _tool_version(nvcc) if nvcc and with_cuda else None,
+    toolchain = {**versions, "lflags": tf["lflags"], "archs": archs,
                  "python": sys.version.split()[0], "build.py": _sha(_read(__file__))[:16]}
     stamp = {"units": {u.name: u.key() for u in units}, "toolchain": toolchain,
              "skipped": sorted(skipped)}
@@ -344,7 +476,8 @@ def build_library(out_dir: str | None = None, *, cuda: bool | None = None, xla: 
                 old = json.load(f)
             if old.get("stamp") == stamp:
                 _log(f"{out} is up to date (TensorFlow {tf['version']})", verbose)
-                return BuildResult(out, old.get("parts", []), old.get("skipped_reasons", {}), True)
+                return BuildResult(out, old.get("parts", []), old.get("skipped_reasons", {}), True,
+                                   old.get("cuda_archs"))
         except (OSError, ValueError):
             pass
 
@@ -413,10 +546,11 @@ def build_library(out_dir: str | None = None, *, cuda: bool | None = None, xla: 
     os.replace(tmp, out)
     ordered = [p for p in ("cpu", "xla", "cuda") if p in parts]
     os.makedirs(os.path.dirname(_stamp_path(out, build_dir)), exist_ok=True)
+    held_archs = cuda_arch_names(archs) if "cuda" in parts else None
     with open(_stamp_path(out, build_dir), "w") as f:
         json.dump({"stamp": stamp, "parts": ordered, "skipped_reasons": skipped,
-                   "tensorflow": tf["version"], "out": out}, f, indent=1)
-    result = BuildResult(out, ordered, skipped, False)
+                   "tensorflow": tf["version"], "out": out, "cuda_archs": held_archs}, f, indent=1)
+    result = BuildResult(out, ordered, skipped, False, held_archs)
     _log("built " + result.summary(), verbose)
     return result
 

@@ -5,12 +5,25 @@ This is the only place that calls ``tf.load_op_library`` on
 without the op wrappers). TensorFlow is imported lazily, and only when the
 Keras backend is TensorFlow, so that importing :mod:`keras_ecoc.ops` under the
 JAX or PyTorch backends never imports TensorFlow.
+
+Before loading, the TensorFlow version embedded in the library by
+kernels/build.py is compared with the running one (a library built against
+another TensorFlow is refused, not loaded). After loading, when TensorFlow
+sees a GPU and the library holds CUDA kernels, the probe in the library says
+whether they can run there (see :mod:`keras_ecoc.ops._gpu_guard`):
+`gpu_status()` and `gpu_kernels_usable(code_length)` give the verdict.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import re
 import threading
+import warnings
+
+from keras_ecoc.ops import _gpu_guard
 
 _ENV_DISABLE = "KERAS_ECOC_DISABLE_FUSED"
 _ENV_LIBRARY = "KERAS_ECOC_OPS_LIBRARY"
@@ -23,7 +36,12 @@ OP_NAMES = (
 )
 
 _lock = threading.Lock()
-_state = {"attempted": False, "lib": None, "error": None, "path": None, "xla": None}
+_state = {"attempted": False, "lib": None, "error": None, "path": None, "xla": None, "gpu": None}
+_warned_reasons: set = set()
+_info_cache: dict = {}
+_BUILD_INFO_RE = re.compile(rb"KERAS_ECOC_BUILD_INFO=(\{[^;\n]*\});")
+_CUDA_ARCHS_RE = re.compile(rb"KERAS_ECOC_CUDA_ARCHS=([a-z0-9_,]*);")
+REBUILD_HINT = "rebuild with `python kernels/build.py --force`"
 
 
 def _truthy(value: str | None) -> bool:
@@ -72,6 +90,8 @@ def load_library():
                 )
             import tensorflow as tf  # noqa: PLC0415
 
+            # Before dlopen: an ABI-mismatched library may crash on load.
+            _check_built_for(path, tf.__version__)
             lib = tf.load_op_library(path)
             missing = [
                 name
@@ -86,6 +106,7 @@ def load_library():
                 )
             _register_gradients(tf, lib)
             _state["xla"] = _ensure_xla_kernels(path)
+            _state["gpu"] = _probe_gpus(tf, path)
             _state["lib"] = lib
         except Exception as e:  # noqa: BLE001 - a failed load must never break import
             _state["error"] = f"{type(e).__name__}: {e}".strip()
@@ -114,6 +135,192 @@ def _ensure_xla_kernels(path: str) -> bool:
     return True
 
 
+def library_info(path: str | None = None) -> dict:
+    """What a library file was built with, read from the file (not loaded).
+
+    Returns {"tensorflow", "cxx", "nvcc", "cuda_archs"}; "cuda_archs" (e.g.
+    "sm_75,...,sm_90,compute_90") is None when the library has no CUDA part,
+    and every key is None for a library built before the versions were
+    embedded.
+    """
+    path = path or library_path()
+    try:
+        st = os.stat(path)
+    except OSError:
+        return {"tensorflow": None, "cxx": None, "nvcc": None, "cuda_archs": None}
+    key = (path, st.st_mtime_ns, st.st_size)
+    if key not in _info_cache:
+        with open(path, "rb") as f:
+            data = f.read()
+        info = {"tensorflow": None, "cxx": None, "nvcc": None}
+        m = _BUILD_INFO_RE.search(data)
+        if m:
+            try:
+                info.update(json.loads(m.group(1).decode()))
+            except ValueError:
+                pass
+        m = _CUDA_ARCHS_RE.search(data)
+        info["cuda_archs"] = m.group(1).decode() if m else None
+        _info_cache.clear()
+        _info_cache[key] = info
+    return dict(_info_cache[key])
+
+
+def _check_built_for(path: str, tf_version: str) -> None:
+    built = library_info(path)["tensorflow"]
+    if built is None:
+        raise ImportError(f"{path} does not say which TensorFlow it was built against (built by an "
+                          f"older kernels/build.py): {REBUILD_HINT}")
+    # TensorFlow keeps its C++ ABI within a minor version (2.21.0 and 2.21.1
+    # load the same library); anything else must be rebuilt.
+    if built.split(".")[:2] != tf_version.split(".")[:2]:
+        raise ImportError(f"{path} was built against TensorFlow {built}, running TensorFlow "
+                          f"{tf_version}: {REBUILD_HINT}")
+
+
+def _cuda_probe(path: str, device: int) -> tuple:
+    """Calls KerasEcocCudaProbe in the library: (runtime_version, Device or error str)."""
+    import ctypes  # noqa: PLC0415
+
+    lib = ctypes.CDLL(path)
+    runtime = int(lib.KerasEcocCudaRuntimeVersion())
+    out = [ctypes.c_int(0) for _ in range(8)]
+    name = ctypes.create_string_buffer(128)
+    lib.KerasEcocCudaProbe.restype = ctypes.c_int
+    rc = lib.KerasEcocCudaProbe(ctypes.c_int(device), *[ctypes.byref(o) for o in out], name,
+                                ctypes.c_int(len(name)))
+    driver, count, major, minor, smem, image, _, _ = (o.value for o in out)
+    err = name.value.decode(errors="replace")
+    if rc != 0:
+        if err == "cudaErrorInsufficientDriver":
+            return runtime, (f"driver too old: the CUDA runtime reports {err} (driver supports CUDA "
+                             f"{driver // 1000}.{driver % 1000 // 10}, the kernels were built with CUDA "
+                             f"{runtime // 1000}.{runtime % 1000 // 10}); update the NVIDIA driver")
+        return runtime, f"the CUDA probe failed on GPU {device} with {err or rc}"
+    return runtime, _gpu_guard.Device(cc=(major, minor), driver=driver, smem_optin=smem,
+                                      name=f"GPU {device} (compute capability {major}.{minor})",
+                                      image_error=err if image != 0 else "")
+
+
+def _probe_gpus(tf, path: str) -> dict:
+    """The GPU guard's verdict for this process (see `gpu_status`)."""
+    archs = library_info(path)["cuda_archs"]
+    simulate = os.environ.get(_gpu_guard.SIMULATE_ENV, "").strip()
+    status = {"cuda_archs": archs, "runtime": None, "devices": [], "simulated": bool(simulate),
+              "usable": True, "reason": "", "smem_optin": None}
+    if archs is None:
+        status["reason"] = ("the library has no CUDA kernels (built without nvcc); "
+                            "TensorFlow runs the CPU kernels")
+        return status
+    import ctypes  # noqa: PLC0415
+
+    try:
+        status["runtime"] = int(ctypes.CDLL(path).KerasEcocCudaRuntimeVersion())
+    except (OSError, AttributeError) as e:
+        status.update(usable=False, reason=f"the library's CUDA probe is missing ({e}): {REBUILD_HINT}")
+        return status
+    if simulate:
+        devices = [_gpu_guard.parse_simulation(simulate, status["runtime"])]
+    else:
+        try:
+            count = len(tf.config.list_physical_devices("GPU"))
+        except Exception:  # noqa: BLE001 - no GPU support in this TensorFlow
+            count = 0
+        if count == 0:
+            status["reason"] = "no GPU visible to TensorFlow; the CPU kernels are used"
+            return status
+        devices = []
+        for i in range(count):
+            try:
+                _, dev = _cuda_probe(path, i)
+            except (OSError, AttributeError) as e:
+                dev = f"the CUDA probe could not be called ({e})"
+            if isinstance(dev, str):
+                status.update(usable=False, reason=dev)
+                return status
+            devices.append(dev)
+    status["devices"] = [dataclasses.asdict(d) for d in devices]
+    status["smem_optin"] = min(d.smem_optin for d in devices)
+    for d in devices:
+        problem = _gpu_guard.device_problem(d, archs, status["runtime"])
+        if problem:
+            status.update(usable=False, reason=problem)
+            return status
+    how = _gpu_guard.arch_coverage(archs, devices[0].cc)[1]
+    status["reason"] = (f"the CUDA kernels run on {', '.join(d.name for d in devices)} ({how}) for "
+                        f"code lengths up to {_gpu_guard.max_code_length(status['smem_optin'])}")
+    return status
+
+
+def gpu_status() -> dict:
+    """The GPU guard's state: a dict (empty before the library is loaded).
+
+    Keys: cuda_archs (what the loaded library holds, or None), runtime
+    (CUDART_VERSION linked in), devices (what the probe found), simulated,
+    smem_optin (bytes, the smallest of the devices), usable (False when the
+    CUDA kernels cannot run on a visible GPU for any code length) and reason.
+    """
+    if load_library() is None or _state["gpu"] is None:
+        return {}
+    return dict(_state["gpu"])
+
+
+def gpu_kernels_usable(code_length: int, op: str = "cross_entropy") -> tuple:
+    """(ok, reason): may an op with this code length run with the fused op?
+
+    False when a GPU is visible and the library's CUDA kernels cannot run
+    there: no kernel image for its compute capability, a driver older than
+    the linked CUDA runtime, or `code_length` beyond its shared memory. The
+    caller then uses the pure-Keras path (same numbers). True, with the
+    reason, when they can run or are never used (no GPU, no CUDA part, fused
+    op not loaded). op: "cross_entropy" or "decode" (label rank and nearest
+    codeword need about half the shared memory). A shared-memory refusal is
+    warned about once per reason; the device-level refusals already make
+    `fused_available()` False, and the ops layer warns once with
+    `fused_status()`.
+    """
+    if isinstance(code_length, bool) or not isinstance(code_length, int) or code_length < 0:
+        raise ValueError("Argument `code_length` must be a non-negative integer. "
+                         f"Received: code_length={code_length!r}")
+    status = gpu_status()
+    if not status:
+        return True, "fused op not loaded; nothing runs on the GPU kernels"
+    if not status["usable"]:
+        return False, status["reason"]
+    if not status["devices"]:
+        return True, status["reason"]
+    problems = [_gpu_guard.code_length_problem(_gpu_guard.Device(**d), code_length, op)
+                for d in status["devices"]]
+    problem = next((p for p in problems if p), None)
+    if problem is None:
+        return True, status["reason"]
+    if problem not in _warned_reasons:
+        _warned_reasons.add(problem)
+        warnings.warn(f"keras_ecoc.ops: not using the fused op's CUDA kernels ({problem}); "
+                      "using the pure-Keras path, which gives the same numbers", RuntimeWarning,
+                      stacklevel=2)
+    return False, problem
+
+
+def code_length_usable(codes, op: str = "cross_entropy") -> bool:
+    """The ops dispatcher's GPU-guard call: may the fused op run with these codes?
+
+    codes: the (n, k) code matrix (array, tensor or variable). When k is not
+    known statically, True (the guard cannot decide; a kernel that does not
+    fit then fails with its own error). Otherwise `gpu_kernels_usable(k, op)[0]`,
+    which warns once per reason when it refuses.
+    """
+    shape = getattr(codes, "shape", None)
+    if shape is None:
+        import numpy as np  # noqa: PLC0415
+
+        shape = np.shape(codes)
+    dims = tuple(shape)
+    if len(dims) != 2 or dims[-1] is None:
+        return True
+    return gpu_kernels_usable(int(dims[-1]), op)[0]
+
+
 def load_error() -> str | None:
     return _state["error"]
 
@@ -134,7 +341,11 @@ def fused_available() -> bool:
         return False
     if backend() != "tensorflow":
         return False
-    return load_library() is not None
+    if load_library() is None:
+        return False
+    # A visible GPU where the CUDA kernels cannot run at all: TensorFlow would
+    # still place the op there, so use the pure-Keras path instead.
+    return _state["gpu"] is None or _state["gpu"]["usable"]
 
 
 def fused_status() -> str:
@@ -148,7 +359,12 @@ def fused_status() -> str:
         return f"library not built or not loadable: {load_error()}; using the pure-Keras path"
     devices = ", ".join(registered_devices()) or "no"
     xla = "with XLA lowerings" if _state["xla"] else "WITHOUT XLA lowerings (jit_compile=True will fail)"
-    return f"fused op loaded from {_state['path']} ({devices} kernels, {xla})"
+    gpu = _state["gpu"] or {}
+    archs = f"; CUDA kernels for {gpu['cuda_archs']}" if gpu.get("cuda_archs") else ""
+    if not gpu.get("usable", True):
+        return (f"fused op loaded from {_state['path']} but its CUDA kernels cannot run here: "
+                f"{gpu['reason']}{archs}; using the pure-Keras path")
+    return f"fused op loaded from {_state['path']} ({devices} kernels, {xla}{archs})"
 
 
 # ---------------------------------------------------------------------------

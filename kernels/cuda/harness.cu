@@ -5,7 +5,9 @@
 //       -gencode=arch=compute_90,code=[sm_90,compute_90]
 //       -Ikernels -x cu kernels/cuda/harness.cu kernels/cuda/ecoc_kernels.cu.cc
 //       -o build/ecoc_harness
-//   build/ecoc_harness [--check-only | --bench-only] [--quick]
+//   build/ecoc_harness [--check-only | --bench-only | --grid | --small |
+//                       --smem-limit] [--quick]
+// (add -Xcompiler -fopenmp to spread the host reference of --grid over cores)
 // (one command; "-x cu" is needed because nvcc would hand a .cc file to the
 // host compiler.)
 //
@@ -450,6 +452,276 @@ void RunChecks(int sms) {
   RunEmptyBatch();
 }
 
+
+// ---------------------------------------------------------------------------
+// Grid of odd shapes (--grid, or --small for the sanitizers): every output
+// against the float64 reference, over B x k x n.  Where B * n * k is too large
+// for a host reference of every row, the check uses a sample S of at most 8
+// rows: the forward outputs, rank and index are compared on S, and grad_loss
+// is zero outside S, so the codes gradient (all n x k entries) is exactly
+// the sum over S.  The host work is spread over OpenMP threads when the
+// harness is built with -Xcompiler -fopenmp.
+
+constexpr double kFullReferenceWork = 5e8;  // B * n * k
+
+void FillNormal(std::vector<float>* v, uint64_t seed, double stddev) {
+  const int64_t size = static_cast<int64_t>(v->size());
+  const int64_t block = 1 << 16;
+#pragma omp parallel for schedule(static)
+  for (int64_t start = 0; start < size; start += block) {
+    Rng rng(seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(start));
+    const int64_t end = std::min(size, start + block);
+    for (int64_t i = start; i < end; ++i) (*v)[i] = static_cast<float>(rng.Normal() * stddev);
+  }
+}
+
+struct GridRef {
+  std::vector<double> loss, lse, esq, ecode;  // per sampled row (ecode: [S][k])
+  std::vector<int64_t> rank_lo, rank_hi;       // accepted rank range per row
+  std::vector<double> dmin;                    // nearest distance per row
+  std::vector<double> grad;                    // [n][k]
+  std::vector<std::vector<double>> dist;       // [S][n] (to check the index)
+};
+
+GridRef GridReference(const std::vector<float>& z, const std::vector<float>& codes,
+                      const std::vector<int32_t>& labels, const std::vector<float>& g,
+                      const std::vector<int64_t>& rows, double scale, int64_t n, int64_t k) {
+  const int64_t S = static_cast<int64_t>(rows.size());
+  GridRef r;
+  r.loss.assign(S, 0.0);
+  r.lse.assign(S, 0.0);
+  r.esq.assign(S, 0.0);
+  r.ecode.assign(S * k, 0.0);
+  r.rank_lo.assign(S, 0);
+  r.rank_hi.assign(S, 0);
+  r.dmin.assign(S, 0.0);
+  r.dist.assign(S, std::vector<double>(n, 0.0));
+  std::vector<std::vector<double>> u(S, std::vector<double>(k, 0.0));
+  for (int64_t s = 0; s < S; ++s) {
+    const float* zr = z.data() + rows[s] * k;
+    double ss = 0.0;
+    for (int64_t j = 0; j < k; ++j) ss += double(zr[j]) * zr[j];
+    const double inv = 1.0 / std::sqrt(std::max(ss, double(kEpsilon)));
+    for (int64_t j = 0; j < k; ++j) u[s][j] = zr[j] * inv;
+  }
+  // Distances, parallel over classes.
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float* m = codes.data() + i * k;
+    for (int64_t s = 0; s < S; ++s) {
+      double d = 0.0;
+      for (int64_t j = 0; j < k; ++j) {
+        const double diff = m[j] - u[s][j];
+        d += diff * diff;
+      }
+      r.dist[s][i] = d;
+    }
+  }
+  // Per-row softmax statistics, parallel over the rows.
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t s = 0; s < S; ++s) {
+    const std::vector<double>& d = r.dist[s];
+    double mx = -std::numeric_limits<double>::infinity();
+    for (int64_t i = 0; i < n; ++i) mx = std::max(mx, -0.5 * scale * d[i]);
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) sum += std::exp(-0.5 * scale * d[i] - mx);
+    r.lse[s] = mx + std::log(sum);
+    const int64_t y = labels[rows[s]];
+    r.loss[s] = r.lse[s] + 0.5 * scale * d[y];
+    const double dy = d[y], slack = 1e-5 * (1.0 + dy);
+    r.dmin[s] = *std::min_element(d.begin(), d.end());
+    for (int64_t i = 0; i < n; ++i) {
+      const double p = std::exp(-0.5 * scale * d[i] - r.lse[s]);
+      const float* m = codes.data() + i * k;
+      double msq = 0.0;
+      for (int64_t j = 0; j < k; ++j) {
+        msq += double(m[j]) * m[j];
+        r.ecode[s * k + j] += p * m[j];
+      }
+      r.esq[s] += p * msq;
+      if (i != y) {
+        if (d[i] < dy - slack) ++r.rank_lo[s];
+        if (d[i] < dy + slack) ++r.rank_hi[s];
+      }
+    }
+  }
+  // Codes gradient: grad_loss is zero outside the sampled rows.
+  r.grad.assign(n * k, 0.0);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float* m = codes.data() + i * k;
+    double* out = r.grad.data() + i * k;
+    for (int64_t s = 0; s < S; ++s) {
+      const double gb = g[rows[s]];
+      if (gb == 0.0) continue;
+      const double p = std::exp(-0.5 * scale * r.dist[s][i] - r.lse[s]);
+      const double w = scale * gb * (p - (labels[rows[s]] == i ? 1.0 : 0.0));
+      for (int64_t j = 0; j < k; ++j) out[j] += w * (u[s][j] - m[j]);
+    }
+  }
+  return r;
+}
+
+// check_memory: compare cudaMemGetInfo before and after the kernels (off in
+// --small, which runs under compute-sanitizer, whose own allocations would
+// show up there).
+void RunGridCase(int64_t B, int64_t n, int64_t k, const std::vector<float>& codes,
+                 const DeviceBuffer<float>& d_codes, uint64_t seed, bool check_memory) {
+  using namespace keras_ecoc::cuda;
+  Rng rng(seed);
+  const float scale = 6.0f;
+  std::vector<float> z(B * k), g(B, 0.0f);
+  std::vector<int32_t> labels(B);
+  for (auto& v : z) v = static_cast<float>(rng.Normal());
+  for (auto& y : labels) y = static_cast<int32_t>(rng.Below(n));
+  const bool full = double(B) * n * k <= kFullReferenceWork;
+  std::vector<int64_t> rows;
+  if (full || B <= 8) {
+    for (int64_t b = 0; b < B; ++b) rows.push_back(b);
+  } else {
+    for (int64_t s = 0; s < 8; ++s) rows.push_back(s * (B - 1) / 7);
+  }
+  for (int64_t b : rows) g[b] = static_cast<float>(2.0 * rng.Uniform() - 1.0);
+
+  DeviceBuffer<float> d_z(B * k), d_loss(B), d_lse(B), d_ecode(B * k), d_esq(B), d_g(B),
+      d_grad(n * k);
+  DeviceBuffer<int32_t> d_labels(B), d_rank(B);
+  DeviceBuffer<int64_t> d_index(B);
+  d_z.Upload(z);
+  d_g.Upload(g);
+  d_labels.Upload(labels);
+  for (auto* buf : {&d_loss, &d_lse, &d_ecode, &d_esq, &d_grad}) buf->Fill(0xFF);
+  d_rank.Fill(0xFF);
+  d_index.Fill(0xFF);
+  CUDA_OK(cudaDeviceSynchronize());
+  size_t free_before = 0, free_after = 0, total = 0;
+  CUDA_OK(cudaMemGetInfo(&free_before, &total));
+  CUDA_OK(EcocCrossEntropyForward(d_z.ptr, FloatType::kFloat32, d_codes.ptr, d_labels.ptr,
+                                  IndexType::kInt32, scale, kEpsilon, B, n, k, d_loss.ptr,
+                                  d_lse.ptr, d_ecode.ptr, d_esq.ptr, 0));
+  CUDA_OK(EcocCrossEntropyCodesGrad(d_z.ptr, FloatType::kFloat32, d_codes.ptr, d_labels.ptr,
+                                    IndexType::kInt32, scale, kEpsilon, d_lse.ptr, d_g.ptr, B,
+                                    n, k, d_grad.ptr, 0));
+  CUDA_OK(EcocLabelRank(d_z.ptr, FloatType::kFloat32, d_codes.ptr, d_labels.ptr,
+                        IndexType::kInt32, kEpsilon, B, n, k, d_rank.ptr, 0));
+  CUDA_OK(EcocNearestCodeword(d_z.ptr, FloatType::kFloat32, d_codes.ptr, kEpsilon, B, n, k,
+                              d_index.ptr, 0));
+  CUDA_OK(cudaDeviceSynchronize());
+  CUDA_OK(cudaMemGetInfo(&free_after, &total));
+
+  const GridRef ref = GridReference(z, codes, labels, g, rows, scale, n, k);
+  const std::vector<float> loss = d_loss.Download(), lse = d_lse.Download(),
+                           ecode = d_ecode.Download(), esq = d_esq.Download();
+  const std::vector<int32_t> rank = d_rank.Download();
+  const std::vector<int64_t> index = d_index.Download();
+  const int64_t S = static_cast<int64_t>(rows.size());
+  std::vector<float> got_loss(S), got_lse(S), got_esq(S), got_ecode(S * k);
+  int64_t rank_bad = 0, index_bad = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t b = rows[s];
+    got_loss[s] = loss[b];
+    got_lse[s] = lse[b];
+    got_esq[s] = esq[b];
+    for (int64_t j = 0; j < k; ++j) got_ecode[s * k + j] = ecode[b * k + j];
+    if (rank[b] < ref.rank_lo[s] || rank[b] > ref.rank_hi[s]) ++rank_bad;
+    const int64_t gi = index[b];
+    if (gi < 0 || gi >= n || ref.dist[s][gi] > ref.dmin[s] + 1e-5 * (1.0 + ref.dmin[s])) ++index_bad;
+  }
+  char prefix[160];
+  std::snprintf(prefix, sizeof(prefix), "grid [B=%lld n=%lld k=%lld, %s]",
+                static_cast<long long>(B), static_cast<long long>(n), static_cast<long long>(k),
+                full ? "all rows" : "8 sampled rows");
+  const std::string p(prefix);
+  const double tol = 2e-4;
+  CompareFloat(p + " loss", got_loss, ref.loss, tol);
+  CompareFloat(p + " lse", got_lse, ref.lse, tol);
+  CompareFloat(p + " expected_code", got_ecode, ref.ecode, tol);
+  CompareFloat(p + " expected_sqnorm", got_esq, ref.esq, tol);
+  CompareFloat(p + " grad_codes", d_grad.Download(), ref.grad, tol);
+  char buf[200];
+  std::snprintf(buf, sizeof(buf), "%lld of %lld rows outside the reference range",
+                static_cast<long long>(rank_bad), static_cast<long long>(S));
+  Report(p + " rank", rank_bad == 0, buf);
+  std::snprintf(buf, sizeof(buf), "%lld of %lld rows not a nearest codeword",
+                static_cast<long long>(index_bad), static_cast<long long>(S));
+  Report(p + " index", index_bad == 0, buf);
+  if (check_memory) {
+    const long long drop =
+        static_cast<long long>(free_before) - static_cast<long long>(free_after);
+    std::snprintf(buf, sizeof(buf), "free device memory dropped by %lld bytes during the kernels",
+                  drop);
+    Report(p + " memory", drop <= 0, buf);
+  }
+}
+
+void RunGrid(bool small) {
+  std::vector<int64_t> Bs = {1, 7, 256}, ks = {1, 31, 128, 1000}, ns = {1, 33, 10000, 1000000};
+  if (small) {
+    Bs = {1, 7};
+    ks = {1, 31};
+    ns = {1, 33};
+  }
+  uint64_t seed = 777;
+  for (int64_t n : ns) {
+    for (int64_t k : ks) {
+      std::vector<float> codes(n * k);
+      FillNormal(&codes, seed++, 1.0 / std::sqrt(double(k)));
+      DeviceBuffer<float> d_codes(n * k);
+      d_codes.Upload(codes);
+      for (int64_t B : Bs) RunGridCase(B, n, k, codes, d_codes, seed++, !small);
+      std::fflush(stdout);
+    }
+  }
+}
+
+// --smem-limit: the Python guard (keras_ecoc/ops/_gpu_guard.py) predicts the
+// largest code length from the card's opt-in shared memory with the formula
+// below; the launchers must accept that k and refuse k + 1.
+int64_t GuardSmemBytes(int64_t k, bool cross_entropy) {
+  const int64_t pitch = std::max<int64_t>(1, std::min<int64_t>(k, 128)) | 1;
+  const int64_t fixed = 32 * pitch + 32;
+  return 4 * (cross_entropy ? 2 * 4 * k + 4 * 32 + fixed : 4 * k + fixed);
+}
+
+void RunSmemLimit(int smem_optin) {
+  using namespace keras_ecoc::cuda;
+  for (bool ce : {true, false}) {
+    int64_t kmax = 0;
+    while (GuardSmemBytes(kmax + 1, ce) <= smem_optin) ++kmax;
+    for (int64_t k : {kmax, kmax + 1}) {
+      const int64_t B = 1, n = 1;
+      DeviceBuffer<float> d_z(B * k), d_codes(n * k), d_loss(B), d_lse(B), d_ecode(B * k),
+          d_esq(B), d_g(B), d_grad(n * k);
+      DeviceBuffer<int32_t> d_labels(B), d_rank(B);
+      for (auto* buf : {&d_z, &d_codes, &d_g}) buf->Fill(0);
+      d_labels.Fill(0);
+      cudaError_t err;
+      if (ce) {
+        err = EcocCrossEntropyForward(d_z.ptr, FloatType::kFloat32, d_codes.ptr, d_labels.ptr,
+                                      IndexType::kInt32, 1.0f, kEpsilon, B, n, k, d_loss.ptr,
+                                      d_lse.ptr, d_ecode.ptr, d_esq.ptr, 0);
+        if (err == cudaSuccess) {
+          err = EcocCrossEntropyCodesGrad(d_z.ptr, FloatType::kFloat32, d_codes.ptr,
+                                          d_labels.ptr, IndexType::kInt32, 1.0f, kEpsilon,
+                                          d_lse.ptr, d_g.ptr, B, n, k, d_grad.ptr, 0);
+        }
+      } else {
+        err = EcocLabelRank(d_z.ptr, FloatType::kFloat32, d_codes.ptr, d_labels.ptr,
+                            IndexType::kInt32, kEpsilon, B, n, k, d_rank.ptr, 0);
+      }
+      if (err == cudaSuccess) err = cudaDeviceSynchronize();
+      (void)cudaGetLastError();
+      const bool want_ok = k == kmax;
+      char name[160], detail[200];
+      std::snprintf(name, sizeof(name), "shared-memory limit [%s, optin=%d bytes, k=%lld]",
+                    ce ? "cross_entropy" : "decode", smem_optin, static_cast<long long>(k));
+      std::snprintf(detail, sizeof(detail), "%s (guard predicts %s)", cudaGetErrorName(err),
+                    want_ok ? "it fits" : "too large");
+      Report(name, want_ok ? err == cudaSuccess : err == cudaErrorInvalidValue, detail);
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Benchmark.
 
@@ -547,24 +819,47 @@ void RunBench(bool quick) {
 
 }  // namespace
 
+const char kUsage[] =
+    "usage: %s [--check-only | --bench-only | --grid | --small | --smem-limit] [--quick]\n"
+    "  (default)      the checks, then the benchmark table\n"
+    "  --check-only   the checks over odd shapes and dtypes\n"
+    "  --bench-only   the benchmark table (--quick: fewer shapes and repeats)\n"
+    "  --grid         B in {1,7,256} x k in {1,31,128,1000} x n in {1,33,1e4,1e6}\n"
+    "  --small        a small grid (for compute-sanitizer)\n"
+    "  --smem-limit   the largest code length the Python guard allows launches, +1 does not\n";
+
 int main(int argc, char** argv) {
-  bool check = true, bench = true, quick = false;
+  bool check = true, bench = true, quick = false, grid = false, small = false, smem = false;
+  int modes = 0;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--check-only") == 0) {
       bench = false;
+      ++modes;
     } else if (std::strcmp(argv[i], "--bench-only") == 0) {
       check = false;
+      ++modes;
+    } else if (std::strcmp(argv[i], "--grid") == 0) {
+      grid = true;
+      ++modes;
+    } else if (std::strcmp(argv[i], "--small") == 0) {
+      small = true;
+      ++modes;
+    } else if (std::strcmp(argv[i], "--smem-limit") == 0) {
+      smem = true;
+      ++modes;
     } else if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--check-only | --bench-only] [--quick]\n", argv[0]);
+      std::fprintf(stderr, kUsage, argv[0]);
       return 3;
     }
   }
-  if (!check && !bench) {
-    std::fprintf(stderr, "--check-only and --bench-only are exclusive\n");
+  if (modes > 1) {
+    std::fprintf(stderr, "at most one of --check-only, --bench-only, --grid, --small, --smem-limit\n");
+    std::fprintf(stderr, kUsage, argv[0]);
     return 3;
   }
+  if (grid || small || smem) check = bench = false;
 
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
@@ -578,14 +873,15 @@ int main(int argc, char** argv) {
   int runtime = 0, driver = 0;
   CUDA_OK(cudaRuntimeGetVersion(&runtime));
   CUDA_OK(cudaDriverGetVersion(&driver));
-  std::printf("Device 0: %s, compute capability %d.%d, %d SMs, %.1f GiB; runtime %d, driver %d\n",
+  std::printf("Device 0: %s, compute capability %d.%d, %d SMs, %.1f GiB, %zu bytes opt-in shared "
+              "memory per block; runtime %d, driver %d\n",
               prop.name, prop.major, prop.minor, prop.multiProcessorCount,
-              prop.totalGlobalMem / double(1 << 30), runtime, driver);
+              prop.totalGlobalMem / double(1 << 30), prop.sharedMemPerBlockOptin, runtime, driver);
 
-  if (check) {
-    RunChecks(prop.multiProcessorCount);
-    std::printf("\n%d checks, %d failed\n", g_checks, g_failures);
-  }
+  if (check) RunChecks(prop.multiProcessorCount);
+  if (grid || small) RunGrid(small);
+  if (smem) RunSmemLimit(static_cast<int>(prop.sharedMemPerBlockOptin));
+  if (check || grid || small || smem) std::printf("\n%d checks, %d failed\n", g_checks, g_failures);
   if (bench) RunBench(quick);
   if (g_failures > 0) {
     std::printf("FAILED\n");

@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# One run on a GPU machine (CUDA toolkit only; no TensorFlow needed) that
+# checks everything a GPU can tell about the ECOC CUDA kernels, in at most
+# about 8 minutes on one H100/H200:
+#
+#   1. builds kernels/cuda/harness.cu + ecoc_kernels.cu.cc for the card's own
+#      architecture (nvidia-smi --query-gpu=compute_cap), with OpenMP for the
+#      host reference;
+#   2. runs the harness's checks (odd shapes, float16/bfloat16 z, int64 labels,
+#      NaN/zero rows, ties) against the float64 reference;
+#   3. runs the grid B in {1,7,256} x k in {1,31,128,1000} x n in {1,33,1e4,1e6}
+#      against the float64 reference, with a free-device-memory check per case;
+#   4. checks the shared-memory limit the Python guard predicts;
+#   5. runs compute-sanitizer memcheck and racecheck on small shapes;
+#   6. times forward and codes gradient over the grid of docs/benchmarks.md
+#      (B in {16,256}, k in {32,128}, n in {1e2,1e3,1e4,1e5}).
+#
+# Writes $OUT/device_check.md (one Markdown table: each step, its status and
+# time, then the timing table) and $OUT/device_check.log (everything the
+# steps printed). Without $OUT it writes to build/device_check/.
+#
+# Usage (from anywhere):  bash kernels/cuda/device_check.sh [--dry-run]
+#   --dry-run   print the steps and commands, run nothing (exit 0)
+# Exit codes: 0 every step passed, or no GPU (says "no GPU" and runs
+# nothing); 1 a step failed; 3 bad command line.
+set -u -o pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$HERE/../.." && pwd)"
+DRY_RUN=0
+for arg in "$@"; do
+  case "$arg" in
+    --dry-run) DRY_RUN=1 ;;
+    -h|--help) sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "device_check: unknown argument '$arg' (usage: device_check.sh [--dry-run])" >&2; exit 3 ;;
+  esac
+done
+
+OUT_DIR="${OUT:-$REPO/build/device_check}"
+# The harness binary goes to a temporary folder, removed at the end.
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/ecoc_device_check.XXXXXX")"
+trap 'rm -rf "$WORK"' EXIT
+LOG="$OUT_DIR/device_check.log"
+MD="$OUT_DIR/device_check.md"
+EXE="$WORK/ecoc_harness"
+NVCC="${NVCC:-nvcc}"
+SANITIZER="${COMPUTE_SANITIZER:-}"
+if [[ -z "$SANITIZER" ]]; then
+  SANITIZER=compute-sanitizer
+  for candidate in "$(command -v compute-sanitizer 2>/dev/null)" \
+      "$(dirname "$(readlink -f "$(command -v "$NVCC" 2>/dev/null || echo /nonexistent)")")/compute-sanitizer" \
+      /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer; do
+    if [[ -n "$candidate" && -x "$candidate" ]]; then SANITIZER="$candidate"; break; fi
+  done
+fi
+# Seconds per step; together 470 s, under 8 minutes.
+T_BUILD=120 T_CHECK=45 T_GRID=150 T_SMEM=15 T_MEMCHECK=50 T_RACECHECK=50 T_BENCH=40
+
+# The card's architecture, e.g. "90".
+ARCH=""
+if command -v nvidia-smi >/dev/null 2>&1; then
+  ARCH="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 | tr -d ' .\r')"
+fi
+[[ "$ARCH" =~ ^[0-9]+$ ]] || ARCH=""
+
+BUILD_CMD=("$NVCC" -O2 -std=c++17 --expt-relaxed-constexpr -lineinfo
+  "-gencode=arch=compute_${ARCH:-90},code=sm_${ARCH:-90}"
+  -Xcompiler -fopenmp -I"$REPO/kernels" -x cu
+  "$HERE/harness.cu" "$HERE/ecoc_kernels.cu.cc" -o "$EXE")
+STEPS=(
+  "build|$T_BUILD|${BUILD_CMD[*]}"
+  "checks|$T_CHECK|$EXE --check-only"
+  "grid|$T_GRID|$EXE --grid"
+  "smem-limit|$T_SMEM|$EXE --smem-limit"
+  "memcheck|$T_MEMCHECK|$SANITIZER --tool memcheck --error-exitcode 1 $EXE --small"
+  "racecheck|$T_RACECHECK|$SANITIZER --tool racecheck --error-exitcode 1 $EXE --small"
+  "bench|$T_BENCH|$EXE --bench-only"
+)
+
+if [[ $DRY_RUN == 1 ]]; then
+  echo "device_check --dry-run: GPU architecture ${ARCH:-none found (sm_90 assumed)}; would write $MD and $LOG"
+  for s in "${STEPS[@]}"; do
+    IFS='|' read -r name limit cmd <<<"$s"
+    echo "step $name (<= ${limit} s): $cmd"
+  done
+  exit 0
+fi
+
+if [[ -z "$ARCH" ]]; then
+  echo "device_check: no GPU (nvidia-smi lists none); nothing was run."
+  exit 0
+fi
+if ! command -v "$NVCC" >/dev/null 2>&1; then
+  echo "device_check: nvcc not found (set NVCC or put the CUDA toolkit on PATH)" >&2
+  exit 1
+fi
+mkdir -p "$OUT_DIR"
+: >"$LOG"
+{
+  echo "# device_check $(date -u +%FT%TZ)"
+  nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv 2>&1
+  "$NVCC" --version | tail -n 2
+  command -v "$SANITIZER" >/dev/null 2>&1 || echo "compute-sanitizer not found: memcheck/racecheck will fail"
+} >>"$LOG"
+
+declare -a ROWS
+FAILED=0
+run_step() {  # name limit command...
+  local name="$1" limit="$2"; shift 2
+  echo "## step $name: $*" >>"$LOG"
+  local t0=$SECONDS rc from
+  from=$(wc -l <"$LOG")
+  timeout --kill-after=10 "$limit" "$@" >>"$LOG" 2>&1
+  rc=$?
+  local dt=$((SECONDS - t0)) status="pass" note=""
+  if [[ $rc == 124 || $rc == 137 ]]; then
+    status="FAIL"; note="timed out after ${limit} s"
+  elif [[ $rc != 0 ]]; then
+    status="FAIL"; note="exit code $rc"
+  fi
+  case "$name" in
+    checks|grid|smem-limit)
+      note="${note:+$note; }$(tail -n +"$((from + 1))" "$LOG" | grep -E '^[0-9]+ checks, [0-9]+ failed' | tail -n1)" ;;
+    memcheck|racecheck)
+      note="${note:+$note; }$(tail -n +"$((from + 1))" "$LOG" | grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' | tail -n1)" ;;
+  esac
+  [[ $status == pass ]] || FAILED=1
+  ROWS+=("| $name | $status | $dt | ${note//|//} |")
+  echo "## step $name: $status in $dt s ($note)" >>"$LOG"
+  return $rc
+}
+
+if run_step build "$T_BUILD" "${BUILD_CMD[@]}"; then
+  run_step checks "$T_CHECK" "$EXE" --check-only
+  run_step grid "$T_GRID" "$EXE" --grid
+  run_step smem-limit "$T_SMEM" "$EXE" --smem-limit
+  run_step memcheck "$T_MEMCHECK" "$SANITIZER" --tool memcheck --error-exitcode 1 "$EXE" --small
+  run_step racecheck "$T_RACECHECK" "$SANITIZER" --tool racecheck --error-exitcode 1 "$EXE" --small
+  BENCH_FROM=$(wc -l <"$LOG")
+  run_step bench "$T_BENCH" "$EXE" --bench-only
+fi
+
+{
+  echo "# ECOC CUDA kernels: device check"
+  echo
+  echo "$(nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader | head -n1);" \
+       "harness built for sm_$ARCH with $("$NVCC" --version | tail -n1)"
+  echo
+  echo "| step | status | seconds | result |"
+  echo "|---|---|---:|---|"
+  printf '%s\n' "${ROWS[@]}"
+  if [[ -n "${BENCH_FROM:-}" ]]; then
+    echo
+    tail -n +"$((BENCH_FROM + 1))" "$LOG" | sed -n '/^## Timings/,/^Largest drop/p'
+  fi
+  echo
+  grep -E '^FAIL ' "$LOG" | head -n 40 | sed 's/^/    /'
+} >"$MD"
+cat "$MD"
+exit $FAILED
