@@ -1,0 +1,91 @@
+"""Which implementation computes the ECOC loss, and why.
+
+Paths:
+  "fused"      the fused TensorFlow op (CPU / CUDA kernels, XLA lowering);
+  "streaming"  the tiled implementation of the active backend
+               (`_streaming_jax`, `_streaming_torch`, `_streaming_tf`), which
+               never holds the B x n logits;
+  "dense"      the pure-Keras B x n path (`keras_ecoc.decoding`), used for
+               small n, where it is as fast or faster (thresholds below, from
+               benchmarks/bench_streaming.py; see docs/benchmarks.md).
+
+`KERAS_ECOC_LOSS_PATH` = "streaming" or "dense" forces the non-fused path for
+every n (benchmarks and tests use it); "auto" or unset chooses by n.
+"""
+
+from __future__ import annotations
+
+import os
+
+from keras_ecoc.ops import _loader
+
+ENV_PATH = "KERAS_ECOC_LOSS_PATH"
+
+# Largest n for which the dense path is used on each backend (non-fused).
+# Measured by benchmarks/bench_streaming.py (forward + backward under each
+# backend's compiler, docs/benchmarks.md): at n = 1,000 dense and streaming
+# are within noise of each other, from n = 10,000 on streaming is faster and
+# uses >= 10x less memory. Below this threshold B x n is at most a few MB.
+DENSE_MAX_CLASSES = {"jax": 1024, "torch": 1024, "tensorflow": 1024}
+
+# Logits per class tile (B x C floats): C = TILE_ELEMENTS // B clipped to
+# [MIN_TILE, MAX_TILE] and to n. Chosen by measurement (the tile-size table
+# of benchmarks/bench_streaming.py): 2^16 floats = 256 KiB, about one L2.
+TILE_ELEMENTS = 2**16
+MIN_TILE = 128
+MAX_TILE = 4096
+
+
+def forced_path() -> str:
+    value = (os.environ.get(ENV_PATH) or "auto").strip().lower()
+    if value not in ("auto", "streaming", "dense"):
+        raise ValueError(
+            f"Environment variable `{ENV_PATH}` must be 'auto', 'streaming' or 'dense'. "
+            f"Received: {ENV_PATH}={value!r}"
+        )
+    return value
+
+
+def tile_size(batch_size, num_classes) -> int:
+    """Classes per tile for a batch of `batch_size` rows (None: unknown)."""
+    b = batch_size if isinstance(batch_size, int) and batch_size > 0 else 256
+    tile = max(MIN_TILE, min(MAX_TILE, TILE_ELEMENTS // b))
+    if isinstance(num_classes, int) and num_classes > 0:
+        tile = min(tile, num_classes)
+    return int(tile)
+
+
+def choose(num_classes=None, code_length=None) -> tuple[str, str]:
+    """(path, reason) for the loss on the active backend for n = num_classes."""
+    backend = _loader.backend()
+    if backend == "tensorflow" and _loader.fused_available():
+        # GPU hook: when the "cuda" helper's `_loader.gpu_kernels_usable(k)`
+        # lands, add `and _loader.gpu_kernels_usable(code_length)` to the
+        # condition above (one line); the other paths below stay as they are.
+        return "fused", _loader.fused_status()
+    del code_length
+    if backend not in ("jax", "torch", "tensorflow"):
+        return "dense", f"backend is {backend}: no streaming implementation, using the dense path"
+    if backend == "tensorflow":
+        why = f"fused op not in use ({_loader.fused_status()})"
+    else:
+        why = f"backend is {backend} (the fused op is TensorFlow-only)"
+    forced = forced_path()
+    if forced != "auto":
+        return forced, f"{why}; {forced} path forced by {ENV_PATH}"
+    limit = DENSE_MAX_CLASSES[backend]
+    if isinstance(num_classes, int) and num_classes <= limit:
+        return "dense", f"{why}; n = {num_classes} <= {limit}: dense path (faster for small n)"
+    return "streaming", (f"{why}; streaming {backend} implementation for n > {limit} "
+                         "(never holds the B x n logits)")
+
+
+def loss_path(num_classes=None) -> str:
+    """The path ``ecoc_cross_entropy`` takes for n classes: 'fused', 'streaming' or 'dense'."""
+    return choose(num_classes)[0]
+
+
+def backend_status(num_classes=None) -> str:
+    """One line: the path the loss takes for n classes on the active backend, and why."""
+    path, why = choose(num_classes)
+    return f"{path}: {why}"
