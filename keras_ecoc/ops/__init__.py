@@ -294,7 +294,7 @@ def label_rank(labels, z, codes):
     """int32 (...,): how many classes have a strictly larger logit than the label.
 
     0 means a correct top-1 prediction; ``rank < K`` is top-K correctness.
-    Rows with a NaN logit (non-finite z or codeword) and rows whose label is
+    Rows with a non-finite logit (non-finite z or codeword) and rows whose label is
     outside [0, n) (under a compiler; eagerly that raises) get rank n, i.e.
     never correct. The scale does not change the order, so it is not an
     argument. Streams over class tiles on every backend (no B x n tensor).
@@ -315,7 +315,7 @@ def label_rank(labels, z, codes):
 def nearest_codeword(z, codes):
     """int32 (...,): index of the nearest codeword (the argmax logit; ties go
     to the smallest index), like `keras_ecoc.decoding.nearest_codeword`; -1 for
-    rows with a NaN logit (non-finite z or codeword), never a valid class."""
+    rows with a non-finite logit (non-finite z or codeword), never a valid class."""
     backend = _dispatch._loader.backend()
     codes, n, k = _check_codes(codes)
     if not _use_fused():

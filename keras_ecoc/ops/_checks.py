@@ -61,7 +61,8 @@ def _variable_value(x):
     import keras  # noqa: PLC0415
 
     if isinstance(x, keras.Variable):
-        return x.value
+        # Under a compiler this is a tracer / symbolic tensor (not concrete).
+        return keras.ops.convert_to_tensor(x)
     return x
 
 

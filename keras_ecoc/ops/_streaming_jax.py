@@ -141,7 +141,7 @@ def cross_entropy(z, codes, labels, valid, scale, tile):
 
 
 def _decode_scan(z, codes, tile, labels=None):
-    """One pass over the tiles: (best index, any NaN logit, rank counts)."""
+    """One pass over the tiles: (best index, any non-finite logit, rank counts)."""
     n = codes.shape[0]
     u, _, _ = _normalize(lax.stop_gradient(z))
     codes = lax.stop_gradient(codes.astype(jnp.float32))
@@ -156,7 +156,9 @@ def _decode_scan(z, codes, tile, labels=None):
         best, arg, bad, count = carry
         mt, ct, off = xs
         logits, idx = _tile_logits(u, usq, mt, ct, off, 1.0, n)
-        bad = bad | jnp.any(jnp.isnan(logits), axis=-1)
+        # Padding classes are -inf by construction; any other non-finite logit
+        # means a non-finite z or codeword.
+        bad = bad | jnp.any(~jnp.isfinite(logits) & (idx[None, :] < n), axis=-1)
         tmax = jnp.max(logits, axis=-1)
         targ = off + jnp.argmax(logits, axis=-1).astype(jnp.int32)
         better = tmax > best  # strict: ties keep the smaller index
@@ -172,13 +174,13 @@ def _decode_scan(z, codes, tile, labels=None):
 
 
 def nearest_codeword(z, codes, tile):
-    """(B,) int32; -1 for rows with a NaN logit (non-finite z or codeword)."""
+    """(B,) int32; -1 for rows with a non-finite logit (non-finite z or codeword)."""
     arg, bad, _ = _decode_scan(z, codes, int(tile))
     return jnp.where(bad, -1, arg)
 
 
 def label_rank(z, codes, labels, valid, tile):
-    """(B,) int32 rank of the label; n for invalid labels and NaN rows."""
+    """(B,) int32 rank of the label; n for invalid labels and non-finite rows."""
     n = codes.shape[0]
     _, bad, count = _decode_scan(z, codes, int(tile), labels)
     return jnp.where(bad | ~valid, n, count).astype(jnp.int32)

@@ -138,7 +138,10 @@ def _decode(z, codes, tile, labels=None):
 
     def body(i, best, arg, bad, count):
         logits, idx = _tile_logits(u, usq, mts[i], cts[i], i, tile, n, 1.0)
-        bad = tf.logical_or(bad, tf.reduce_any(tf.math.is_nan(logits), -1))
+        # Padding classes are -inf by construction; any other non-finite logit
+        # means a non-finite z or codeword.
+        real = tf.logical_and(tf.logical_not(tf.math.is_finite(logits)), idx[None, :] < n)
+        bad = tf.logical_or(bad, tf.reduce_any(real, -1))
         tmax = tf.reduce_max(logits, -1)
         targ = i * tile + tf.argmax(logits, -1, output_type=tf.int32)
         better = tmax > best  # strict: ties keep the smaller index
@@ -154,13 +157,13 @@ def _decode(z, codes, tile, labels=None):
 
 
 def nearest_codeword(z, codes, tile):
-    """(B,) int32; -1 for rows with a NaN logit (non-finite z or codeword)."""
+    """(B,) int32; -1 for rows with a non-finite logit (non-finite z or codeword)."""
     arg, bad, _ = _decode(z, codes, tile)
     return tf.where(bad, -1, arg)
 
 
 def label_rank(z, codes, labels, valid, tile):
-    """(B,) int32 rank of the label; n for invalid labels and NaN rows."""
+    """(B,) int32 rank of the label; n for invalid labels and non-finite rows."""
     n = tf.shape(codes)[0]
     _, bad, count = _decode(z, codes, tile, labels)
     return tf.where(tf.logical_or(bad, tf.logical_not(valid)), n, count)

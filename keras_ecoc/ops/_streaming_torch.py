@@ -6,8 +6,13 @@ codewords with an online log-sum-exp and accumulates the softmax-expected
 codeword E = sum_i p_i M_i and Q = sum_i p_i ||M_i||^2; the backward gets dz and
 dscale from E and Q in closed form and recomputes each tile's probabilities
 for dcodes (only when the codes need a gradient). At most a B x C tile of
-logits exists at any time, never B x n. The Python loop over tiles is unrolled
-by `torch.compile` (T = ceil(n / C) iterations).
+logits exists at any time, never B x n.
+
+Under `torch.compile` the three entry points run eagerly (a deliberate graph
+break, `torch.compiler.disable`): inductor would unroll the loop over the
+T = ceil(n / C) tiles, so compiling would take minutes at n = 10^5 (measured:
+docs/benchmarks.md), while the tiles are GEMM-bound and gain little from
+fusion. The rest of the model still compiles.
 
 Shapes: z (B, k) any float dtype (math in float32), codes (n, k), labels (B,)
 int64 already made safe (invalid rows replaced by 0), valid (B,) bool,
@@ -41,22 +46,27 @@ class _StreamingCrossEntropy(torch.autograd.Function):
         u, r, sq = _normalize(z)
         usq = torch.sum(u * u, dim=-1, keepdim=True)
         csq = torch.sum(codes32 * codes32, dim=-1)
+        # [M | ||M||^2]: one GEMM per tile accumulates both E and Q.
+        codes_ext = torch.cat([codes32, csq[:, None]], dim=1)
+        bias = -0.5 * scale * csq
+        su = scale * u
         b = u.shape[0]
         m = torch.full((b,), float("-inf"), dtype=torch.float32, device=u.device)
         l = torch.zeros((b,), dtype=torch.float32, device=u.device)
-        e = torch.zeros((b, k), dtype=torch.float32, device=u.device)
-        q = torch.zeros((b,), dtype=torch.float32, device=u.device)
+        acc = torch.zeros((b, k + 1), dtype=torch.float32, device=u.device)
         for start in range(0, n, tile):
-            mt = codes32[start:start + tile]
-            ct = csq[start:start + tile]
-            logits = _tile_logits(u, usq, mt, ct, scale)
+            # logit - (-1/2 s ||u||^2): the per-row constant is added to lse at
+            # the end (it does not change the softmax), saving a pass per tile.
+            logits = torch.addmm(bias[None, start:start + tile], su,
+                                 codes32[start:start + tile].T)
             m_new = torch.maximum(m, torch.amax(logits, dim=-1))
             alpha = torch.exp(m - m_new)
             p = torch.exp(logits - m_new[:, None])
             l = l * alpha + torch.sum(p, dim=-1)
-            e = e * alpha[:, None] + p @ mt
-            q = q * alpha + p @ ct
+            acc = torch.addmm(acc * alpha[:, None], p, codes_ext[start:start + tile])
             m = m_new
+        m = m - 0.5 * scale * usq[:, 0]
+        e, q = acc[:, :k], acc[:, k]
         lse = m + torch.log(l)
         e = e / l[:, None]
         q = q / l
@@ -103,12 +113,14 @@ class _StreamingCrossEntropy(torch.autograd.Function):
         return dz, dcodes, None, None, dscale, None
 
 
+@torch.compiler.disable
 def cross_entropy(z, codes, labels, valid, scale, tile):
     """(B,) float32 loss; NaN where `valid` is False or z is not finite."""
     scale = torch.reshape(scale, ()).float()
     return _StreamingCrossEntropy.apply(z, codes, labels, valid, scale, int(tile))
 
 
+@torch.compiler.disable
 @torch.no_grad()
 def _decode(z, codes, tile, labels=None):
     codes = codes.detach().float()
@@ -127,7 +139,7 @@ def _decode(z, codes, tile, labels=None):
         ref = -0.5 * (torch.sum(m_y * m_y, -1) - 2.0 * torch.sum(u * m_y, -1) + usq[:, 0])
     for start in range(0, n, tile):
         logits = _tile_logits(u, usq, codes[start:start + tile], csq[start:start + tile], 1.0)
-        bad = bad | torch.any(torch.isnan(logits), dim=-1)
+        bad = bad | torch.any(~torch.isfinite(logits), dim=-1)  # no padding here
         tmax, targ = torch.max(logits, dim=-1)
         better = tmax > best  # strict: ties keep the smaller index
         best = torch.where(better, tmax, best)
@@ -140,13 +152,13 @@ def _decode(z, codes, tile, labels=None):
 
 
 def nearest_codeword(z, codes, tile):
-    """(B,) int32; -1 for rows with a NaN logit (non-finite z or codeword)."""
+    """(B,) int32; -1 for rows with a non-finite logit (non-finite z or codeword)."""
     arg, bad, _ = _decode(z, codes, int(tile))
     return torch.where(bad, -1, arg).to(torch.int32)
 
 
 def label_rank(z, codes, labels, valid, tile):
-    """(B,) int32 rank of the label; n for invalid labels and NaN rows."""
+    """(B,) int32 rank of the label; n for invalid labels and non-finite rows."""
     n = codes.shape[0]
     _, bad, count = _decode(z, codes, int(tile), labels)
     return torch.where(bad | ~valid, n, count).to(torch.int32)
