@@ -36,24 +36,26 @@ def _normalize(z):
     return z * r, r, sq
 
 
-def _tiles(codes, tile):
-    """(T, C, k) codes, (T, C) squared norms and (T,) offsets; zero padding."""
-    n, k = codes.shape
-    t = -(-n // tile)
-    pad = t * tile - n
-    csq = jnp.sum(codes * codes, axis=-1)
-    if pad:
-        codes = jnp.pad(codes, ((0, pad), (0, 0)))
-        csq = jnp.pad(csq, (0, pad))
-    offsets = jnp.arange(t, dtype=jnp.int32) * tile
-    return codes.reshape(t, tile, k), csq.reshape(t, tile), offsets
+def _num_tiles(n, tile):
+    return -(-n // tile)
 
 
-def _tile_logits(u, usq, mt, ct, off, scale, n):
+def _tile(codes, csq, i, tile):
+    """Tile i: C = tile codewords starting at min(i C, n - C) (no padding, no
+    copy of the codes: the last tile overlaps the previous one instead) and
+    the mask of the classes it adds (index >= i C)."""
+    n = codes.shape[0]
+    start = jnp.minimum(i * tile, n - tile)
+    mt = lax.dynamic_slice_in_dim(codes, start, tile, axis=0)
+    ct = lax.dynamic_slice_in_dim(csq, start, tile, axis=0)
+    idx = start + jnp.arange(tile, dtype=jnp.int32)
+    return mt, ct, idx, start, idx >= i * tile
+
+
+def _tile_logits(u, usq, mt, ct, new, scale):
     dots = jnp.matmul(u, mt.T, precision=_HI)  # (B, C)
     logits = -0.5 * scale * (ct[None, :] - 2.0 * dots + usq)
-    idx = off + jnp.arange(mt.shape[0], dtype=jnp.int32)
-    return jnp.where(idx[None, :] < n, logits, -jnp.inf), idx
+    return jnp.where(new[None, :], logits, -jnp.inf)
 
 
 def _label_logit(u, usq, codes, labels, scale):
@@ -65,13 +67,13 @@ def _forward(z, codes, labels, valid, scale, tile):
     n = codes.shape[0]
     u, r, sq = _normalize(z)
     usq = jnp.sum(u * u, axis=-1, keepdims=True)
-    mts, cts, offs = _tiles(codes, tile)
+    csq = jnp.sum(codes * codes, axis=-1)
     b, k = u.shape
 
-    def step(carry, xs):
+    def step(carry, i):
         m, l, e, q = carry
-        mt, ct, off = xs
-        logits, _ = _tile_logits(u, usq, mt, ct, off, scale, n)
+        mt, ct, _, _, new = _tile(codes, csq, i, tile)
+        logits = _tile_logits(u, usq, mt, ct, new, scale)
         m_new = jnp.maximum(m, jnp.max(logits, axis=-1))
         alpha = jnp.exp(m - m_new)
         p = jnp.exp(logits - m_new[:, None])
@@ -82,7 +84,7 @@ def _forward(z, codes, labels, valid, scale, tile):
 
     init = (jnp.full((b,), -jnp.inf, jnp.float32), jnp.zeros((b,), jnp.float32),
             jnp.zeros((b, k), jnp.float32), jnp.zeros((b,), jnp.float32))
-    (m, l, e, q), _ = lax.scan(step, init, (mts, cts, offs))
+    (m, l, e, q), _ = lax.scan(step, init, jnp.arange(_num_tiles(n, tile), dtype=jnp.int32))
     lse = m + jnp.log(l)
     e = e / l[:, None]
     q = q / l
@@ -115,18 +117,19 @@ def _ce_bwd(tile, res, g):
     per_row = g * (-0.5 * (q - jnp.sum(m_y * m_y, -1)) + jnp.sum(diff * u, -1))
     dscale = jnp.sum(jnp.where(valid, per_row, 0.0)).astype(scale.dtype)
 
-    mts, cts, offs = _tiles(codes, tile)
+    csq = jnp.sum(codes * codes, axis=-1)
     u_valid = jnp.where(valid[:, None], u, 0.0)
 
-    def step(_, xs):
-        mt, ct, off = xs
-        logits, _ = _tile_logits(u, usq, mt, ct, off, scale, n)
+    def step(i, dcodes):
+        mt, ct, _, start, new = _tile(codes, csq, i, tile)
+        logits = _tile_logits(u, usq, mt, ct, new, scale)
+        # exp(-inf) = 0 on the overlapped classes: they add nothing twice.
         w = jnp.where(valid[:, None], g[:, None] * jnp.exp(logits - lse[:, None]), 0.0)
         d = -scale * (jnp.sum(w, axis=0)[:, None] * mt - jnp.matmul(w.T, u_valid, precision=_HI))
-        return None, d
+        old = lax.dynamic_slice_in_dim(dcodes, start, tile, axis=0)
+        return lax.dynamic_update_slice_in_dim(dcodes, old + d, start, axis=0)
 
-    _, dtiles = lax.scan(step, None, (mts, cts, offs))
-    dcodes = dtiles.reshape(-1, k)[:n]
+    dcodes = lax.fori_loop(0, _num_tiles(n, tile), step, jnp.zeros((n, k), jnp.float32))
     dcodes = dcodes.at[labels].add((g * scale)[:, None] * (m_y - u_valid))
     return dz, dcodes.astype(codes.dtype), None, None, dscale
 
@@ -137,30 +140,32 @@ _cross_entropy.defvjp(_ce_fwd, _ce_bwd)
 def cross_entropy(z, codes, labels, valid, scale, tile):
     """(B,) float32 loss; NaN where `valid` is False or z is not finite."""
     return _cross_entropy(z, codes.astype(jnp.float32), labels, valid,
-                          jnp.reshape(scale, ()).astype(jnp.float32), int(tile))
+                          jnp.reshape(scale, ()).astype(jnp.float32),
+                          max(1, min(int(tile), codes.shape[0])))
 
 
 def _decode_scan(z, codes, tile, labels=None):
     """One pass over the tiles: (best index, any non-finite logit, rank counts)."""
     n = codes.shape[0]
+    tile = max(1, min(tile, n))
     u, _, _ = _normalize(lax.stop_gradient(z))
     codes = lax.stop_gradient(codes.astype(jnp.float32))
     usq = jnp.sum(u * u, axis=-1, keepdims=True)
-    mts, cts, offs = _tiles(codes, tile)
+    csq = jnp.sum(codes * codes, axis=-1)
     b = u.shape[0]
     ref = None
     if labels is not None:
         _, ref = _label_logit(u, usq, codes, labels, 1.0)
 
-    def step(carry, xs):
+    def step(carry, i):
         best, arg, bad, count = carry
-        mt, ct, off = xs
-        logits, idx = _tile_logits(u, usq, mt, ct, off, 1.0, n)
-        # Padding classes are -inf by construction; any other non-finite logit
+        mt, ct, idx, start, new = _tile(codes, csq, i, tile)
+        logits = _tile_logits(u, usq, mt, ct, new, 1.0)
+        # Overlapped classes are -inf by construction; any other non-finite logit
         # means a non-finite z or codeword.
-        bad = bad | jnp.any(~jnp.isfinite(logits) & (idx[None, :] < n), axis=-1)
+        bad = bad | jnp.any(~jnp.isfinite(logits) & new[None, :], axis=-1)
         tmax = jnp.max(logits, axis=-1)
-        targ = off + jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        targ = start + jnp.argmax(logits, axis=-1).astype(jnp.int32)
         better = tmax > best  # strict: ties keep the smaller index
         if ref is not None:
             above = (logits > ref[:, None]) & (idx[None, :] != labels[:, None])
@@ -169,7 +174,8 @@ def _decode_scan(z, codes, tile, labels=None):
 
     init = (jnp.full((b,), -jnp.inf, jnp.float32), jnp.zeros((b,), jnp.int32),
             jnp.zeros((b,), bool), jnp.zeros((b,), jnp.int32))
-    (_, arg, bad, count), _ = lax.scan(step, init, (mts, cts, offs))
+    (_, arg, bad, count), _ = lax.scan(step, init,
+                                       jnp.arange(_num_tiles(n, tile), dtype=jnp.int32))
     return arg, bad, count
 
 

@@ -27,23 +27,22 @@ def _normalize(z):
     return z * r, r, sq
 
 
-def _tiles(codes, tile):
-    """(T, C, k) codes and (T, C) squared norms, zero-padded to T*C rows."""
-    n = tf.shape(codes)[0]
-    k = tf.shape(codes)[1]
-    t = (n + tile - 1) // tile
-    pad = t * tile - n
-    csq = tf.reduce_sum(codes * codes, axis=-1)
-    codes = tf.pad(codes, [[0, pad], [0, 0]])
-    csq = tf.pad(csq, [[0, pad]])
-    return tf.reshape(codes, [t, tile, k]), tf.reshape(csq, [t, tile]), t
+def _tile(codes, csq, i, tile, n):
+    """Tile i: `tile` codewords from min(i C, n - C) (no padding, no copy of
+    the codes: the last tile overlaps the previous one) and the mask of the
+    classes it adds (index >= i C)."""
+    start = tf.minimum(i * tile, n - tile)
+    # tf.slice with a constant size (XLA needs static shapes).
+    mt = tf.slice(codes, tf.stack([start, 0]), [tile, -1])
+    ct = tf.slice(csq, tf.reshape(start, [1]), [tile])
+    idx = start + tf.range(tile)
+    return mt, ct, idx, start, idx >= i * tile
 
 
-def _tile_logits(u, usq, mt, ct, i, tile, n, scale):
+def _tile_logits(u, usq, mt, ct, new, scale):
     dots = tf.matmul(u, mt, transpose_b=True)
     logits = -0.5 * scale * (ct[None, :] - 2.0 * dots + usq)
-    idx = i * tile + tf.range(tile)
-    return tf.where(idx[None, :] < n, logits, tf.constant(-float("inf"))), idx
+    return tf.where(new[None, :], logits, tf.constant(-float("inf")))
 
 
 def _label_logit(u, usq, codes, labels, scale):
@@ -54,7 +53,7 @@ def _label_logit(u, usq, codes, labels, scale):
 
 def cross_entropy(z, codes, labels, valid, scale, tile):
     """(B,) float32 loss; NaN where `valid` is False or z is not finite."""
-    tile = int(tile)
+    tile = _clip_tile(codes, tile)
     scale = tf.reshape(tf.cast(scale, tf.float32), [])
     z_dtype = z.dtype
     codes_dtype = codes.dtype
@@ -65,13 +64,14 @@ def cross_entropy(z, codes, labels, valid, scale, tile):
         n = tf.shape(codes32)[0]
         u, r, sq = _normalize(z)
         usq = tf.reduce_sum(u * u, axis=-1, keepdims=True)
-        mts, cts, t = _tiles(codes32, tile)
+        csq = tf.reduce_sum(codes32 * codes32, axis=-1)
+        t = (n + tile - 1) // tile
         b = tf.shape(u)[0]
         k = tf.shape(u)[1]
 
         def body(i, m, l, e, q):
-            mt, ct = mts[i], cts[i]
-            logits, _ = _tile_logits(u, usq, mt, ct, i, tile, n, scale)
+            mt, ct, _, _, new = _tile(codes32, csq, i, tile, n)
+            logits = _tile_logits(u, usq, mt, ct, new, scale)
             m_new = tf.maximum(m, tf.reduce_max(logits, axis=-1))
             alpha = tf.exp(m - m_new)
             p = tf.exp(logits - m_new[:, None])
@@ -101,19 +101,19 @@ def cross_entropy(z, codes, labels, valid, scale, tile):
             dscale = tf.reduce_sum(tf.where(valid, per_row, tf.zeros_like(per_row)))
             u_valid = tf.where(valid[:, None], u, tf.zeros_like(u))
 
-            def dbody(i, acc):
-                mt, ct = mts[i], cts[i]
-                logits, _ = _tile_logits(u, usq, mt, ct, i, tile, n, scale)
+            def dbody(i, dcodes):
+                mt, ct, idx, _, new = _tile(codes32, csq, i, tile, n)
+                logits = _tile_logits(u, usq, mt, ct, new, scale)
+                # exp(-inf) = 0 on the overlapped classes: they add nothing twice.
                 w = tf.where(valid[:, None], g[:, None] * tf.exp(logits - lse[:, None]),
                              tf.zeros_like(logits))
                 d = -scale * (tf.reduce_sum(w, 0)[:, None] * mt
                               - tf.matmul(w, u_valid, transpose_a=True))
-                return i + 1, acc.write(i, d)
+                return i + 1, tf.tensor_scatter_nd_add(dcodes, idx[:, None], d)
 
-            acc = tf.TensorArray(tf.float32, size=t, element_shape=tf.TensorShape([tile, None]))
-            _, acc = tf.while_loop(lambda i, *_: i < t, dbody, (tf.constant(0), acc),
-                                   parallel_iterations=1)
-            dcodes = tf.reshape(acc.stack(), [-1, k])[:n]
+            _, dcodes = tf.while_loop(lambda i, *_: i < t, dbody,
+                                      (tf.constant(0), tf.zeros_like(codes32)),
+                                      parallel_iterations=1)
             dcodes = tf.tensor_scatter_nd_add(dcodes, labels[:, None],
                                               (g * scale)[:, None] * (m_y - u_valid))
             return tf.cast(dz, z_dtype), tf.cast(dcodes, codes_dtype), dscale
@@ -123,27 +123,34 @@ def cross_entropy(z, codes, labels, valid, scale, tile):
     return _ce(z, codes, scale)
 
 
+def _clip_tile(codes, tile):
+    n = codes.shape[0]
+    return max(1, min(int(tile), int(n))) if n is not None else int(tile)
+
+
 def _decode(z, codes, tile, labels=None):
-    tile = int(tile)
+    tile = _clip_tile(codes, tile)
     z = tf.stop_gradient(z)
     codes = tf.stop_gradient(tf.cast(codes, tf.float32))
     n = tf.shape(codes)[0]
     u, _, _ = _normalize(z)
     usq = tf.reduce_sum(u * u, axis=-1, keepdims=True)
-    mts, cts, t = _tiles(codes, tile)
+    csq = tf.reduce_sum(codes * codes, axis=-1)
+    t = (n + tile - 1) // tile
     b = tf.shape(u)[0]
     ref = None
     if labels is not None:
         _, ref = _label_logit(u, usq, codes, labels, 1.0)
 
     def body(i, best, arg, bad, count):
-        logits, idx = _tile_logits(u, usq, mts[i], cts[i], i, tile, n, 1.0)
-        # Padding classes are -inf by construction; any other non-finite logit
+        mt, ct, idx, start, new = _tile(codes, csq, i, tile, n)
+        logits = _tile_logits(u, usq, mt, ct, new, 1.0)
+        # Overlapped classes are -inf by construction; any other non-finite logit
         # means a non-finite z or codeword.
-        real = tf.logical_and(tf.logical_not(tf.math.is_finite(logits)), idx[None, :] < n)
+        real = tf.logical_and(tf.logical_not(tf.math.is_finite(logits)), new[None, :])
         bad = tf.logical_or(bad, tf.reduce_any(real, -1))
         tmax = tf.reduce_max(logits, -1)
-        targ = i * tile + tf.argmax(logits, -1, output_type=tf.int32)
+        targ = start + tf.argmax(logits, -1, output_type=tf.int32)
         better = tmax > best  # strict: ties keep the smaller index
         if ref is not None:
             above = tf.logical_and(logits > ref[:, None], idx[None, :] != labels[:, None])

@@ -46,14 +46,13 @@ class _StreamingCrossEntropy(torch.autograd.Function):
         u, r, sq = _normalize(z)
         usq = torch.sum(u * u, dim=-1, keepdim=True)
         csq = torch.sum(codes32 * codes32, dim=-1)
-        # [M | ||M||^2]: one GEMM per tile accumulates both E and Q.
-        codes_ext = torch.cat([codes32, csq[:, None]], dim=1)
         bias = -0.5 * scale * csq
         su = scale * u
         b = u.shape[0]
         m = torch.full((b,), float("-inf"), dtype=torch.float32, device=u.device)
         l = torch.zeros((b,), dtype=torch.float32, device=u.device)
-        acc = torch.zeros((b, k + 1), dtype=torch.float32, device=u.device)
+        e = torch.zeros((b, k), dtype=torch.float32, device=u.device)
+        q = torch.zeros((b,), dtype=torch.float32, device=u.device)
         for start in range(0, n, tile):
             # logit - (-1/2 s ||u||^2): the per-row constant is added to lse at
             # the end (it does not change the softmax), saving a pass per tile.
@@ -63,10 +62,11 @@ class _StreamingCrossEntropy(torch.autograd.Function):
             alpha = torch.exp(m - m_new)
             p = torch.exp(logits - m_new[:, None])
             l = l * alpha + torch.sum(p, dim=-1)
-            acc = torch.addmm(acc * alpha[:, None], p, codes_ext[start:start + tile])
+            # No [M | ||M||^2] concatenation: that would copy the n x k codes.
+            e = torch.addmm(e * alpha[:, None], p, codes32[start:start + tile])
+            q = q * alpha + p @ csq[start:start + tile]
             m = m_new
         m = m - 0.5 * scale * usq[:, 0]
-        e, q = acc[:, :k], acc[:, k]
         lse = m + torch.log(l)
         e = e / l[:, None]
         q = q / l
