@@ -45,8 +45,9 @@ def is_concrete(x, backend: str) -> bool:
     if backend == "tensorflow":
         import tensorflow as tf  # noqa: PLC0415
 
-        return isinstance(x, tf.__internal__.EagerTensor) if hasattr(tf, "__internal__") else (
-            tf.executing_eagerly())
+        if isinstance(x, tf.Variable):
+            return tf.executing_eagerly()
+        return isinstance(x, tf.__internal__.EagerTensor)
     return False
 
 
@@ -56,12 +57,16 @@ def _to_numpy(x):
     return np.asarray(x)
 
 
-def _variable_value(x):
+def _variable_value(x, backend):
     """A Keras variable's current value (the scoped value under stateless calls)."""
     import keras  # noqa: PLC0415
 
     if isinstance(x, keras.Variable):
         # Under a compiler this is a tracer / symbolic tensor (not concrete).
+        if backend == "tensorflow":
+            import tensorflow as tf  # noqa: PLC0415
+
+            return tf.convert_to_tensor(x)
         return keras.ops.convert_to_tensor(x)
     return x
 
@@ -76,7 +81,7 @@ def check_scale(scale, backend: str) -> None:
     if isinstance(scale, numbers.Number):
         value = float(scale)
     else:
-        scale = _variable_value(scale)
+        scale = _variable_value(scale, backend)
         dtype = getattr(scale, "dtype", None)
         if dtype is not None and "bool" in str(dtype):
             raise ValueError(
