@@ -75,7 +75,7 @@ def make_step(backend, method, b, k, n, tile=None):
     from keras_ecoc.ops import _dispatch
 
     z, codes, labels = problem(np, b, k, n)
-    tile = tile or _dispatch.tile_size(b, n)
+    tile = tile or _dispatch.tile_size(b, n, k, backend)
     info = {}
     if backend == "jax":
         import jax
@@ -312,8 +312,8 @@ def render(grid, tiles, fits, elapsed, args):
                 if any((bk, b, c) in tk for c in args.tile_sizes):
                     lines.append(f"| {bk} | {b} | {args.tile_k} | {args.tile_n} | " + " | ".join(
                         fmt(tk.get((bk, b, c))) for c in args.tile_sizes) + " |")
-        lines += ["", "The default (keras_ecoc/ops/_dispatch.py) is C = 2^16 / B clipped to "
-                  "[128, 4096]: B=16 -> 4096, B=256 -> 256."]
+        lines += ["", "Defaults (keras_ecoc/ops/_dispatch.py): JAX / TensorFlow C = 2^18 / (B + k) "
+                  "clipped to [128, 1024]; PyTorch C = 2^20 / B clipped to [128, 16384]."]
     if fits:
         lines += ["", "### End-to-end: one `model.fit` epoch with 100,000 classes", "",
                   f"Synthetic data: {fits[0]['samples']} examples of 64 features, batch 256, "

@@ -428,7 +428,7 @@ def test_jax_jit_never_allocates_the_batch_by_classes_logits():
     codes = jnp.zeros((n, k), jnp.float32)
     labels = jnp.zeros((b,), jnp.int32)
     valid = jnp.ones((b,), bool)
-    tile = _dispatch.tile_size(b, n)
+    tile = _dispatch.tile_size(b, n, k, "jax")
 
     def streaming(z, c):
         return jnp.sum(_streaming_jax.cross_entropy(z, c, labels, valid, 2.0, tile))

@@ -28,12 +28,16 @@ ENV_PATH = "KERAS_ECOC_LOSS_PATH"
 # uses >= 10x less memory. Below this threshold B x n is at most a few MB.
 DENSE_MAX_CLASSES = {"jax": 1024, "torch": 1024, "tensorflow": 1024}
 
-# Logits per class tile (B x C floats): C = TILE_ELEMENTS // B clipped to
-# [MIN_TILE, MAX_TILE] and to n. Chosen by measurement (the tile-size table
-# of benchmarks/bench_streaming.py): 2^16 floats = 256 KiB, about one L2.
-TILE_ELEMENTS = 2**16
+# Classes per tile, chosen by measurement (the tile-size table of
+# benchmarks/bench_streaming.py in docs/benchmarks.md):
+# * JAX / TensorFlow (XLA fuses the tile's elementwise work): C = 2^18 / (B + k)
+#   clipped to [128, 1024] (1024 was the fastest at B = 16 and 256); the tile
+#   holds a B x C block of logits and a C x k slice of the codes.
+# * PyTorch (eager: every op per tile costs a dispatch and a thread fork):
+#   C = 2^20 / B clipped to [128, 16384], i.e. B x C <= 4 MiB of logits; larger
+#   tiles were up to 7x faster at B = 256 than C = 256.
+TILE_BUDGET = {"jax": (2**18, 1024), "tensorflow": (2**18, 1024), "torch": (2**20, 16384)}
 MIN_TILE = 128
-MAX_TILE = 4096
 
 
 def forced_path() -> str:
@@ -46,10 +50,15 @@ def forced_path() -> str:
     return value
 
 
-def tile_size(batch_size, num_classes) -> int:
+def tile_size(batch_size, num_classes, code_length=None, backend=None) -> int:
     """Classes per tile for a batch of `batch_size` rows (None: unknown)."""
+    backend = backend or _loader.backend()
+    budget, max_tile = TILE_BUDGET.get(backend, TILE_BUDGET["jax"])
     b = batch_size if isinstance(batch_size, int) and batch_size > 0 else 256
-    tile = max(MIN_TILE, min(MAX_TILE, TILE_ELEMENTS // b))
+    k = code_length if isinstance(code_length, int) and code_length > 0 else 0
+    per_class = b + k if backend != "torch" else b
+    tile = max(MIN_TILE, min(max_tile, budget // per_class))
+    tile -= tile % MIN_TILE
     if isinstance(num_classes, int) and num_classes > 0:
         tile = min(tile, num_classes)
     return int(tile)

@@ -27,14 +27,16 @@ def _normalize(z):
     return z * r, r, sq
 
 
-def _tile(codes, csq, i, tile, n):
+def _tile(codes, i, tile, n):
     """Tile i: `tile` codewords from min(i C, n - C) (no padding, no copy of
     the codes: the last tile overlaps the previous one) and the mask of the
     classes it adds (index >= i C)."""
     start = tf.minimum(i * tile, n - tile)
     # tf.slice with a constant size (XLA needs static shapes).
     mt = tf.slice(codes, tf.stack([start, 0]), [tile, -1])
-    ct = tf.slice(csq, tf.reshape(start, [1]), [tile])
+    # Norms per tile: over all n, codes * codes would be an n x k temporary
+    # outside XLA.
+    ct = tf.reduce_sum(mt * mt, axis=-1)
     idx = start + tf.range(tile)
     return mt, ct, idx, start, idx >= i * tile
 
@@ -64,13 +66,12 @@ def cross_entropy(z, codes, labels, valid, scale, tile):
         n = tf.shape(codes32)[0]
         u, r, sq = _normalize(z)
         usq = tf.reduce_sum(u * u, axis=-1, keepdims=True)
-        csq = tf.reduce_sum(codes32 * codes32, axis=-1)
         t = (n + tile - 1) // tile
         b = tf.shape(u)[0]
         k = tf.shape(u)[1]
 
         def body(i, m, l, e, q):
-            mt, ct, _, _, new = _tile(codes32, csq, i, tile, n)
+            mt, ct, _, _, new = _tile(codes32, i, tile, n)
             logits = _tile_logits(u, usq, mt, ct, new, scale)
             m_new = tf.maximum(m, tf.reduce_max(logits, axis=-1))
             alpha = tf.exp(m - m_new)
@@ -102,7 +103,7 @@ def cross_entropy(z, codes, labels, valid, scale, tile):
             u_valid = tf.where(valid[:, None], u, tf.zeros_like(u))
 
             def dbody(i, dcodes):
-                mt, ct, idx, _, new = _tile(codes32, csq, i, tile, n)
+                mt, ct, idx, _, new = _tile(codes32, i, tile, n)
                 logits = _tile_logits(u, usq, mt, ct, new, scale)
                 # exp(-inf) = 0 on the overlapped classes: they add nothing twice.
                 w = tf.where(valid[:, None], g[:, None] * tf.exp(logits - lse[:, None]),
@@ -135,7 +136,6 @@ def _decode(z, codes, tile, labels=None):
     n = tf.shape(codes)[0]
     u, _, _ = _normalize(z)
     usq = tf.reduce_sum(u * u, axis=-1, keepdims=True)
-    csq = tf.reduce_sum(codes * codes, axis=-1)
     t = (n + tile - 1) // tile
     b = tf.shape(u)[0]
     ref = None
@@ -143,7 +143,7 @@ def _decode(z, codes, tile, labels=None):
         _, ref = _label_logit(u, usq, codes, labels, 1.0)
 
     def body(i, best, arg, bad, count):
-        mt, ct, idx, start, new = _tile(codes, csq, i, tile, n)
+        mt, ct, idx, start, new = _tile(codes, i, tile, n)
         logits = _tile_logits(u, usq, mt, ct, new, 1.0)
         # Overlapped classes are -inf by construction; any other non-finite logit
         # means a non-finite z or codeword.

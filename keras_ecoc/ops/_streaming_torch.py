@@ -45,8 +45,6 @@ class _StreamingCrossEntropy(torch.autograd.Function):
         n, k = codes32.shape
         u, r, sq = _normalize(z)
         usq = torch.sum(u * u, dim=-1, keepdim=True)
-        csq = torch.sum(codes32 * codes32, dim=-1)
-        bias = -0.5 * scale * csq
         su = scale * u
         b = u.shape[0]
         m = torch.full((b,), float("-inf"), dtype=torch.float32, device=u.device)
@@ -54,17 +52,19 @@ class _StreamingCrossEntropy(torch.autograd.Function):
         e = torch.zeros((b, k), dtype=torch.float32, device=u.device)
         q = torch.zeros((b,), dtype=torch.float32, device=u.device)
         for start in range(0, n, tile):
+            mt = codes32[start:start + tile]
+            # Norms per tile: over all n, codes * codes would be an n x k temporary.
+            ct = torch.linalg.vecdot(mt, mt)
             # logit - (-1/2 s ||u||^2): the per-row constant is added to lse at
             # the end (it does not change the softmax), saving a pass per tile.
-            logits = torch.addmm(bias[None, start:start + tile], su,
-                                 codes32[start:start + tile].T)
+            logits = torch.addmm((-0.5 * scale) * ct[None, :], su, mt.T)
             m_new = torch.maximum(m, torch.amax(logits, dim=-1))
             alpha = torch.exp(m - m_new)
             p = torch.exp(logits - m_new[:, None])
             l = l * alpha + torch.sum(p, dim=-1)
             # No [M | ||M||^2] concatenation: that would copy the n x k codes.
-            e = torch.addmm(e * alpha[:, None], p, codes32[start:start + tile])
-            q = q * alpha + p @ csq[start:start + tile]
+            e = torch.addmm(e * alpha[:, None], p, mt)
+            q = q * alpha + p @ ct
             m = m_new
         m = m - 0.5 * scale * usq[:, 0]
         lse = m + torch.log(l)
@@ -99,12 +99,11 @@ class _StreamingCrossEntropy(torch.autograd.Function):
             dscale = torch.sum(torch.where(valid, per_row, zero)).reshape(scale.shape)
         if ctx.needs_input_grad[1]:
             usq = torch.sum(u * u, dim=-1, keepdim=True)
-            csq = torch.sum(codes * codes, dim=-1)
             u_valid = torch.where(valid[:, None], u, zero)
             blocks = []
             for start in range(0, n, tile):
                 mt = codes[start:start + tile]
-                logits = _tile_logits(u, usq, mt, csq[start:start + tile], scale)
+                logits = _tile_logits(u, usq, mt, torch.linalg.vecdot(mt, mt), scale)
                 w = torch.where(valid[:, None], g[:, None] * torch.exp(logits - lse[:, None]), zero)
                 blocks.append(-scale * (torch.sum(w, dim=0)[:, None] * mt - w.T @ u_valid))
             dcodes = torch.cat(blocks, dim=0)
@@ -127,7 +126,6 @@ def _decode(z, codes, tile, labels=None):
     n = codes.shape[0]
     u, _, _ = _normalize(z.detach())
     usq = torch.sum(u * u, dim=-1, keepdim=True)
-    csq = torch.sum(codes * codes, dim=-1)
     b = u.shape[0]
     best = torch.full((b,), float("-inf"), device=u.device)
     arg = torch.zeros((b,), dtype=torch.int64, device=u.device)
@@ -138,7 +136,8 @@ def _decode(z, codes, tile, labels=None):
         m_y = codes[labels]
         ref = -0.5 * (torch.sum(m_y * m_y, -1) - 2.0 * torch.sum(u * m_y, -1) + usq[:, 0])
     for start in range(0, n, tile):
-        logits = _tile_logits(u, usq, codes[start:start + tile], csq[start:start + tile], 1.0)
+        mt = codes[start:start + tile]
+        logits = _tile_logits(u, usq, mt, torch.linalg.vecdot(mt, mt), 1.0)
         bad = bad | torch.any(~torch.isfinite(logits), dim=-1)  # no padding here
         tmax, targ = torch.max(logits, dim=-1)
         better = tmax > best  # strict: ties keep the smaller index
