@@ -22,10 +22,12 @@ from keras_ecoc.ops import _loader
 ENV_PATH = "KERAS_ECOC_LOSS_PATH"
 
 # Largest n for which the dense path is used on each backend (non-fused).
-# Measured by benchmarks/bench_streaming.py (forward + backward under each
-# backend's compiler, docs/benchmarks.md): at n = 1,000 dense and streaming
-# are within noise of each other, from n = 10,000 on streaming is faster and
-# uses >= 10x less memory. Below this threshold B x n is at most a few MB.
+# Measured by benchmarks/bench_streaming.py (docs/benchmarks.md): at n = 1,000
+# dense and streaming are within noise of each other on JAX; from n = 10,000 on
+# streaming uses several times to >100x less memory and (on JAX) is faster. On
+# PyTorch streaming is slower than the dense loss (eager tile loop) but keeps
+# memory O(B C + n); KERAS_ECOC_LOSS_PATH=dense picks speed instead. The
+# TensorFlow value (the fallback without the op library) was not measured.
 DENSE_MAX_CLASSES = {"jax": 1024, "torch": 1024, "tensorflow": 1024}
 
 # Classes per tile, chosen by measurement (the tile-size table of
