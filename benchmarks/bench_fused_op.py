@@ -475,8 +475,17 @@ def main(argv=None) -> int:
     out = args.out or (None if args.quick else os.path.join(ROOT, "docs", "benchmarks.md"))
     if out:
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        # Keep what bench_streaming.py wrote (its section and the hand-written
+        # notes after it): everything from its begin marker on.
+        marker = "<!-- bench_streaming:begin -->"
+        kept = ""
+        if os.path.exists(out):
+            with open(out) as f:
+                old = f.read()
+            if marker in old:
+                kept = "\n" + old[old.index(marker):]
         with open(out, "w") as f:
-            f.write(report)
+            f.write(report.rstrip("\n") + "\n" + kept)
     errors = [r for r in results if "error" in r] + [r for r in fits if "error" in r]
     return 1 if errors else 0
 

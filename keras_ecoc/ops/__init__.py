@@ -23,18 +23,37 @@ tiles inside an XLA while loop carrying the same online log-sum-exp state;
 below that it emits the dense computation (one tile). Under XLA an
 out-of-range label gives a NaN loss instead of an error.
 
-Dispatch: every function here uses the fused op when `fused_available()`
+Dispatch (`keras_ecoc.ops._dispatch`): the fused op when `fused_available()`
 (the Keras backend is TensorFlow, the library loaded, and
-``KERAS_ECOC_DISABLE_FUSED`` is not set), and otherwise the pure-Keras path of
-:mod:`keras_ecoc.decoding`, which runs on every backend. When the backend is
-TensorFlow but the library is missing, a warning is issued once.
-`fused_status()` says which path is used and why.
+``KERAS_ECOC_DISABLE_FUSED`` is not set); otherwise a streaming implementation
+of the same algorithm for the active backend (`jax.custom_vjp` over
+`lax.scan` on JAX, a `torch.autograd.Function` on PyTorch, `tf.custom_gradient`
+over `tf.while_loop` on TensorFlow without the library), which never holds the
+B x n logits either; for small n (where it is as fast) the dense pure-Keras
+path of :mod:`keras_ecoc.decoding`. `loss_path(n)` names the path taken for n
+classes and `backend_status(n)` says why; `fused_status()` describes the op
+library. When the backend is TensorFlow but the library is missing, a warning
+is issued once.
+
+Input rules shared by every path: `scale` must be a finite number > 0 (checked
+whenever its value is known); `labels` must be integers (a float tensor is
+rejected; integral-valued float NumPy data is converted exactly) and are never
+narrowed; labels outside [0, n) raise where their values are known (eager) and
+otherwise give a NaN loss and a zero gradient for their row; rows with
+non-finite z (or any non-finite codeword) get a NaN loss, `nearest_codeword`
+-1 and `label_rank` n.
 """
 
 from __future__ import annotations
 
 import warnings
 
+import numpy as np
+
+from keras_ecoc.ops import _checks
+from keras_ecoc.ops import _dispatch
+from keras_ecoc.ops._dispatch import backend_status
+from keras_ecoc.ops._dispatch import loss_path
 from keras_ecoc.ops._loader import fused_available
 from keras_ecoc.ops._loader import fused_status
 from keras_ecoc.ops._loader import library_path
@@ -46,6 +65,8 @@ __all__ = [
     "nearest_codeword",
     "fused_available",
     "fused_status",
+    "loss_path",
+    "backend_status",
     "library_path",
     "load_library",
 ]
@@ -64,11 +85,101 @@ def _use_fused() -> bool:
         _warned[0] = True
         warnings.warn(
             "keras_ecoc.ops: the fused ECOC op is unavailable, falling back to the "
-            f"pure-Keras path (B x n logits in memory): {fused_status()}",
+            "streaming TensorFlow implementation (slower, same O(B k + n k) memory): "
+            f"{fused_status()}",
             RuntimeWarning,
             stacklevel=3,
         )
     return False
+
+
+def _streaming_module(backend):
+    """The streaming implementation of `backend`, or None (e.g. numpy backend)."""
+    if backend == "jax":
+        from keras_ecoc.ops import _streaming_jax as mod  # noqa: PLC0415
+    elif backend == "torch":
+        from keras_ecoc.ops import _streaming_torch as mod  # noqa: PLC0415
+    elif backend == "tensorflow":
+        from keras_ecoc.ops import _streaming_tf as mod  # noqa: PLC0415
+    else:
+        return None
+    return mod
+
+
+def _check_codes(codes):
+    """Returns (codes, n, k) with codes as given or as a float32 NumPy array."""
+    if isinstance(codes, (list, tuple)):
+        codes = np.asarray(codes, np.float32)
+    shape = getattr(codes, "shape", None)
+    if shape is None:
+        raise ValueError(
+            "Argument `codes` must be a matrix (num_classes, code_length) (array, tensor "
+            f"or variable). Received: codes of type {type(codes).__name__}"
+        )
+    shape = tuple(shape)
+    if len(shape) != 2:
+        raise ValueError(
+            "Argument `codes` must be a matrix of rank 2 (num_classes, code_length). "
+            f"Received: codes with shape {shape}"
+        )
+    n, k = (None if d is None else int(d) for d in shape)
+    if n == 0:
+        raise ValueError("Argument `codes` must have at least one row (one class). "
+                         f"Received: codes with shape {shape}")
+    return codes, n, k
+
+
+def _check_labels(labels, num_classes, backend):
+    """Labels as exact integers (NumPy when given as host data); raises for
+    float tensors and, where values are known, for labels outside [0, n)."""
+    host = _checks.host_labels(labels)
+    if host is None:
+        _checks.check_label_tensor_dtype(labels)
+        _checks.check_label_values(labels, num_classes, backend)
+        return labels
+    if num_classes is not None:
+        _checks.check_label_values(host, num_classes, backend)
+    if host.size == 0 or (host.min() >= -(2**31) and host.max() < 2**31):
+        host = host.astype(np.int32)  # exact: values checked above
+    return host
+
+
+def _non_fused_inputs(z, codes, labels, scale, n, k):
+    """Backend tensors: z2 (B, k), codes (n, k) float32, safe int32 labels (B,),
+    valid (B,) bool, scale () float32, and z's batch shape."""
+    from keras import ops as kops  # noqa: PLC0415
+
+    z = kops.convert_to_tensor(z)
+    if "float" not in str(z.dtype):
+        z = kops.cast(z, "float32")
+    if len(z.shape) < 1:
+        raise ValueError(f"Argument `z` must have at least one dimension. Received: z with shape {z.shape}")
+    k_z = z.shape[-1]
+    if k_z is not None and k is not None and int(k_z) != k:
+        raise ValueError(
+            f"z has code length (last dimension) {k_z} but codes has code length {k}; "
+            "they must be equal"
+        )
+    k = k if k is not None else k_z
+    batch_shape = kops.shape(z)[:-1]
+    z2 = kops.reshape(z, (-1, k))
+    codes = kops.cast(kops.convert_to_tensor(codes), "float32")
+    out = [z2, codes, batch_shape]
+    if labels is not None:
+        labels = kops.reshape(kops.convert_to_tensor(labels), (-1,))
+        b_z, b_y = z2.shape[0], labels.shape[0]
+        if b_z is not None and b_y is not None and int(b_z) != int(b_y):
+            raise ValueError(
+                f"z has batch size {b_z} but labels has {b_y} elements; they must be equal"
+            )
+        n_t = n if n is not None else kops.shape(codes)[0]
+        # Validity in the labels' own dtype, before any narrowing cast.
+        valid = kops.logical_and(labels >= 0, labels < n_t)
+        safe = kops.cast(kops.where(valid, labels, kops.zeros_like(labels)), "int32")
+        out += [safe, valid]
+    if scale is not None:
+        out.append(kops.reshape(kops.cast(kops.convert_to_tensor(scale), "float32"), ()))
+    return out
 
 
 def _prepare(tf, z, codes, labels=None, scale=None):
@@ -118,20 +229,40 @@ def ecoc_cross_entropy(labels, z, codes, scale=1.0):
     target, output)` and every Keras loss.
 
     Args:
-        labels: (...,) integer class indices in [0, n).
+        labels: (...,) integer class indices in [0, n) (or Keras-style (B, 1)).
         z: (..., k) network outputs (float32, float16 or bfloat16).
         codes: (n, k) code matrix (cast to float32); may be trainable.
-        scale: positive Python float, scalar tensor or Keras variable (the
-            logits are multiplied by it; differentiable).
+        scale: finite float > 0, scalar tensor or Keras variable (the logits
+            are multiplied by it; differentiable).
 
-    The fused op raises InvalidArgumentError for labels outside [0, n) when
-    run eagerly or in a graph; under XLA such labels give a NaN loss (as the
-    pure-Keras path does everywhere).
+    Labels outside [0, n) raise a ValueError when their values are known
+    (eager); inside a compiled function they give a NaN loss and a zero
+    gradient for their row, on every path. `loss_path(n)` says which
+    implementation runs.
     """
+    backend = _dispatch._loader.backend()
+    _checks.check_scale(scale, backend)
+    codes, n, k = _check_codes(codes)
+    labels = _check_labels(labels, n, backend)
     if not _use_fused():
-        from keras_ecoc import decoding  # noqa: PLC0415
+        path, _ = _dispatch.choose(n, k)
+        mod = _streaming_module(backend)
+        z2, codes_t, batch_shape, safe, valid, scale_t = _non_fused_inputs(
+            z, codes, labels, scale, n, k)
+        if path == "streaming" and mod is not None:
+            tile = _dispatch.tile_size(z2.shape[0], n, k, backend)
+            loss = mod.cross_entropy(z2, codes_t, safe, valid, scale_t, tile)
+        else:
+            from keras import ops as kops  # noqa: PLC0415
 
-        return decoding.cross_entropy(labels, z, codes, scale)
+            from keras_ecoc import decoding  # noqa: PLC0415
+
+            loss = decoding.cross_entropy(safe, z2, codes_t, scale_t)
+            # NaN loss and (through `where`) a zero gradient for invalid labels.
+            loss = kops.where(valid, loss, kops.full_like(loss, float("nan")))
+        from keras import ops as kops  # noqa: PLC0415
+
+        return kops.reshape(loss, batch_shape)
     import tensorflow as tf  # noqa: PLC0415
 
     lib = load_library()
@@ -140,17 +271,39 @@ def ecoc_cross_entropy(labels, z, codes, scale=1.0):
     return tf.reshape(loss, batch_shape) if flat else loss
 
 
+def _decode_non_fused(z, codes, labels, n, k, backend):
+    from keras import ops as kops  # noqa: PLC0415
+
+    mod = _streaming_module(backend)
+    if mod is None:  # a backend without a streaming implementation: dense math
+        from keras_ecoc import decoding  # noqa: PLC0415
+
+        if labels is None:
+            return decoding.nearest_codeword(z, codes)
+        return decoding.label_rank(labels, z, codes)
+    if labels is None:
+        z2, codes_t, batch_shape = _non_fused_inputs(z, codes, None, None, n, k)
+        out = mod.nearest_codeword(z2, codes_t, _dispatch.tile_size(z2.shape[0], n, k, backend))
+    else:
+        z2, codes_t, batch_shape, safe, valid = _non_fused_inputs(z, codes, labels, None, n, k)
+        out = mod.label_rank(z2, codes_t, safe, valid, _dispatch.tile_size(z2.shape[0], n, k, backend))
+    return kops.reshape(out, batch_shape)
+
+
 def label_rank(labels, z, codes):
     """int32 (...,): how many classes have a strictly larger logit than the label.
 
     0 means a correct top-1 prediction; ``rank < K`` is top-K correctness.
-    Rows whose label logit is NaN (NaN in z) get rank n, i.e. never correct.
-    The scale does not change the order, so it is not an argument.
+    Rows with a non-finite logit (non-finite z or codeword) and rows whose label is
+    outside [0, n) (under a compiler; eagerly that raises) get rank n, i.e.
+    never correct. The scale does not change the order, so it is not an
+    argument. Streams over class tiles on every backend (no B x n tensor).
     """
+    backend = _dispatch._loader.backend()
+    codes, n, k = _check_codes(codes)
+    labels = _check_labels(labels, n, backend)
     if not _use_fused():
-        from keras_ecoc import decoding  # noqa: PLC0415
-
-        return decoding.label_rank(labels, z, codes)
+        return _decode_non_fused(z, codes, labels, n, k, backend)
     import tensorflow as tf  # noqa: PLC0415
 
     lib = load_library()
@@ -161,11 +314,12 @@ def label_rank(labels, z, codes):
 
 def nearest_codeword(z, codes):
     """int32 (...,): index of the nearest codeword (the argmax logit; ties go
-    to the smallest index), like `keras_ecoc.decoding.nearest_codeword`."""
+    to the smallest index), like `keras_ecoc.decoding.nearest_codeword`; -1 for
+    rows with a non-finite logit (non-finite z or codeword), never a valid class."""
+    backend = _dispatch._loader.backend()
+    codes, n, k = _check_codes(codes)
     if not _use_fused():
-        from keras_ecoc import decoding  # noqa: PLC0415
-
-        return decoding.nearest_codeword(z, codes)
+        return _decode_non_fused(z, codes, None, n, k, backend)
     import tensorflow as tf  # noqa: PLC0415
 
     lib = load_library()

@@ -1,0 +1,102 @@
+"""Which implementation computes the ECOC loss, and why.
+
+Paths:
+  "fused"      the fused TensorFlow op (CPU / CUDA kernels, XLA lowering);
+  "streaming"  the tiled implementation of the active backend
+               (`_streaming_jax`, `_streaming_torch`, `_streaming_tf`), which
+               never holds the B x n logits;
+  "dense"      the pure-Keras B x n path (`keras_ecoc.decoding`), used for
+               small n, where it is as fast or faster (thresholds below, from
+               benchmarks/bench_streaming.py; see docs/benchmarks.md).
+
+`KERAS_ECOC_LOSS_PATH` = "streaming" or "dense" forces the non-fused path for
+every n (benchmarks and tests use it); "auto" or unset chooses by n.
+"""
+
+from __future__ import annotations
+
+import os
+
+from keras_ecoc.ops import _loader
+
+ENV_PATH = "KERAS_ECOC_LOSS_PATH"
+
+# Largest n for which the dense path is used on each backend (non-fused).
+# Measured by benchmarks/bench_streaming.py (docs/benchmarks.md): at n = 1,000
+# dense and streaming are within noise of each other on JAX; from n = 10,000 on
+# streaming uses several times to >100x less memory and (on JAX) is faster. On
+# PyTorch streaming is slower than the dense loss (eager tile loop) but keeps
+# memory O(B C + n); KERAS_ECOC_LOSS_PATH=dense picks speed instead. The
+# TensorFlow value (the fallback without the op library) was not measured.
+DENSE_MAX_CLASSES = {"jax": 1024, "torch": 1024, "tensorflow": 1024}
+
+# Classes per tile, chosen by measurement (the tile-size table of
+# benchmarks/bench_streaming.py in docs/benchmarks.md):
+# * JAX / TensorFlow (XLA fuses the tile's elementwise work): C = 2^18 / (B + k)
+#   clipped to [128, 1024] (1024 was the fastest at B = 16 and 256); the tile
+#   holds a B x C block of logits and a C x k slice of the codes.
+# * PyTorch (eager: every op per tile costs a dispatch and a thread fork):
+#   C = 2^20 / B clipped to [128, 16384], i.e. B x C <= 4 MiB of logits; larger
+#   tiles were up to 7x faster at B = 256 than C = 256.
+TILE_BUDGET = {"jax": (2**18, 1024), "tensorflow": (2**18, 1024), "torch": (2**20, 16384)}
+MIN_TILE = 128
+
+
+def forced_path() -> str:
+    value = (os.environ.get(ENV_PATH) or "auto").strip().lower()
+    if value not in ("auto", "streaming", "dense"):
+        raise ValueError(
+            f"Environment variable `{ENV_PATH}` must be 'auto', 'streaming' or 'dense'. "
+            f"Received: {ENV_PATH}={value!r}"
+        )
+    return value
+
+
+def tile_size(batch_size, num_classes, code_length=None, backend=None) -> int:
+    """Classes per tile for a batch of `batch_size` rows (None: unknown)."""
+    backend = backend or _loader.backend()
+    budget, max_tile = TILE_BUDGET.get(backend, TILE_BUDGET["jax"])
+    b = batch_size if isinstance(batch_size, int) and batch_size > 0 else 256
+    k = code_length if isinstance(code_length, int) and code_length > 0 else 0
+    per_class = b + k if backend != "torch" else b
+    tile = max(MIN_TILE, min(max_tile, budget // per_class))
+    tile -= tile % MIN_TILE
+    if isinstance(num_classes, int) and num_classes > 0:
+        tile = min(tile, num_classes)
+    return int(tile)
+
+
+def choose(num_classes=None, code_length=None) -> tuple[str, str]:
+    """(path, reason) for the loss on the active backend for n = num_classes."""
+    backend = _loader.backend()
+    if backend == "tensorflow" and _loader.fused_available():
+        # GPU hook: when the "cuda" helper's `_loader.gpu_kernels_usable(k)`
+        # lands, add `and _loader.gpu_kernels_usable(code_length)` to the
+        # condition above (one line); the other paths below stay as they are.
+        return "fused", _loader.fused_status()
+    del code_length
+    if backend not in ("jax", "torch", "tensorflow"):
+        return "dense", f"backend is {backend}: no streaming implementation, using the dense path"
+    if backend == "tensorflow":
+        why = f"fused op not in use ({_loader.fused_status()})"
+    else:
+        why = f"backend is {backend} (the fused op is TensorFlow-only)"
+    forced = forced_path()
+    if forced != "auto":
+        return forced, f"{why}; {forced} path forced by {ENV_PATH}"
+    limit = DENSE_MAX_CLASSES[backend]
+    if isinstance(num_classes, int) and num_classes <= limit:
+        return "dense", f"{why}; n = {num_classes} <= {limit}: dense path (faster for small n)"
+    return "streaming", (f"{why}; streaming {backend} implementation for n > {limit} "
+                         "(never holds the B x n logits)")
+
+
+def loss_path(num_classes=None) -> str:
+    """The path ``ecoc_cross_entropy`` takes for n classes: 'fused', 'streaming' or 'dense'."""
+    return choose(num_classes)[0]
+
+
+def backend_status(num_classes=None) -> str:
+    """One line: the path the loss takes for n classes on the active backend, and why."""
+    path, why = choose(num_classes)
+    return f"{path}: {why}"
