@@ -122,6 +122,9 @@ BACKEND_INDEPENDENT_FILES = {
     "test_cuda_harness_build.py",
     "test_notebooks_params.py",
     "test_benchmarks_smoke.py",
+    # The TensorFlow op's loader: build cache, TF-version check, GPU guard.
+    "test_build_cache.py",
+    "test_gpu_guard.py",
 }
 
 

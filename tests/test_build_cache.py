@@ -162,7 +162,7 @@ def test_loader_refuses_a_library_built_against_another_tensorflow(tmp_path):
     ok, status = _status(fake)
     assert not ok
     assert f"built against TensorFlow {fake_version}, running TensorFlow {tf.__version__}: {hint}" in status
-    assert "pure-Keras path" in status
+    assert "using the non-fused path" in status
 
 
 def test_loader_refuses_a_library_without_embedded_versions(tmp_path):

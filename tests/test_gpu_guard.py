@@ -197,7 +197,7 @@ def test_simulated_gpu_failure_is_detected_and_reported(simulate, spec, k, messa
         # (the ops layer gives the one warning, see the next test).
         assert not ops.fused_available()
         assert mine == []
-        assert message in ops.fused_status() and "pure-Keras path" in ops.fused_status()
+        assert message in ops.fused_status() and "using the non-fused path" in ops.fused_status()
     z, codes, labels = _inputs(k)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the ops layer's fallback warning

@@ -75,11 +75,12 @@ EPSILON = 1e-12
 _warned = [False]
 
 
-def _use_fused() -> bool:
+def _use_fused(codes, op="cross_entropy") -> bool:
+    """Whether the fused op runs these codes (the GPU guard may refuse k)."""
     from keras_ecoc.ops import _loader  # noqa: PLC0415
 
     if fused_available():
-        return True
+        return _loader.code_length_usable(codes, op)
     if (not _loader.disabled() and _loader.backend() == "tensorflow"
             and not _warned[0]):
         _warned[0] = True
@@ -244,7 +245,7 @@ def ecoc_cross_entropy(labels, z, codes, scale=1.0):
     _checks.check_scale(scale, backend)
     codes, n, k = _check_codes(codes)
     labels = _check_labels(labels, n, backend)
-    if not _use_fused():
+    if not _use_fused(codes):
         path, _ = _dispatch.choose(n, k)
         mod = _streaming_module(backend)
         z2, codes_t, batch_shape, safe, valid, scale_t = _non_fused_inputs(
@@ -302,7 +303,7 @@ def label_rank(labels, z, codes):
     backend = _dispatch._loader.backend()
     codes, n, k = _check_codes(codes)
     labels = _check_labels(labels, n, backend)
-    if not _use_fused():
+    if not _use_fused(codes, "decode"):
         return _decode_non_fused(z, codes, labels, n, k, backend)
     import tensorflow as tf  # noqa: PLC0415
 
@@ -318,7 +319,7 @@ def nearest_codeword(z, codes):
     rows with a non-finite logit (non-finite z or codeword), never a valid class."""
     backend = _dispatch._loader.backend()
     codes, n, k = _check_codes(codes)
-    if not _use_fused():
+    if not _use_fused(codes, "decode"):
         return _decode_non_fused(z, codes, None, n, k, backend)
     import tensorflow as tf  # noqa: PLC0415
 

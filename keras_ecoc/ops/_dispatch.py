@@ -69,15 +69,20 @@ def tile_size(batch_size, num_classes, code_length=None, backend=None) -> int:
 def choose(num_classes=None, code_length=None) -> tuple[str, str]:
     """(path, reason) for the loss on the active backend for n = num_classes."""
     backend = _loader.backend()
+    gpu_refusal = None
     if backend == "tensorflow" and _loader.fused_available():
-        # GPU hook: when the "cuda" helper's `_loader.gpu_kernels_usable(k)`
-        # lands, add `and _loader.gpu_kernels_usable(code_length)` to the
-        # condition above (one line); the other paths below stay as they are.
-        return "fused", _loader.fused_status()
-    del code_length
+        # The GPU guard refuses a code length beyond the card's shared memory
+        # (it warns once per reason); everything else runs the fused op.
+        usable, why_gpu = (True, "") if code_length is None else (
+            _loader.gpu_kernels_usable(int(code_length)))
+        if usable:
+            return "fused", _loader.fused_status()
+        gpu_refusal = why_gpu
     if backend not in ("jax", "torch", "tensorflow"):
         return "dense", f"backend is {backend}: no streaming implementation, using the dense path"
-    if backend == "tensorflow":
+    if gpu_refusal is not None:
+        why = f"fused op's CUDA kernels cannot run k = {code_length} here ({gpu_refusal})"
+    elif backend == "tensorflow":
         why = f"fused op not in use ({_loader.fused_status()})"
     else:
         why = f"backend is {backend} (the fused op is TensorFlow-only)"

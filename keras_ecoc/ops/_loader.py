@@ -26,6 +26,9 @@ import warnings
 from keras_ecoc.ops import _gpu_guard
 
 _ENV_DISABLE = "KERAS_ECOC_DISABLE_FUSED"
+# What runs instead of the fused op: the streaming implementation of the
+# backend, or the dense pure-Keras math for small n (keras_ecoc.ops._dispatch).
+FALLBACK = "using the non-fused path (keras_ecoc.ops.backend_status(n) says which: streaming or dense)"
 _ENV_LIBRARY = "KERAS_ECOC_OPS_LIBRARY"
 _LIB_NAME = "_ecoc_ops.so"
 OP_NAMES = (
@@ -271,7 +274,7 @@ def gpu_kernels_usable(code_length: int, op: str = "cross_entropy") -> tuple:
     False when a GPU is visible and the library's CUDA kernels cannot run
     there: no kernel image for its compute capability, a driver older than
     the linked CUDA runtime, or `code_length` beyond its shared memory. The
-    caller then uses the pure-Keras path (same numbers). True, with the
+    caller then uses the non-fused path (same numbers). True, with the
     reason, when they can run or are never used (no GPU, no CUDA part, fused
     op not loaded). op: "cross_entropy" or "decode" (label rank and nearest
     codeword need about half the shared memory). A shared-memory refusal is
@@ -297,7 +300,7 @@ def gpu_kernels_usable(code_length: int, op: str = "cross_entropy") -> tuple:
     if problem not in _warned_reasons:
         _warned_reasons.add(problem)
         warnings.warn(f"keras_ecoc.ops: not using the fused op's CUDA kernels ({problem}); "
-                      "using the pure-Keras path, which gives the same numbers", RuntimeWarning,
+                      f"{FALLBACK}, which gives the same numbers", RuntimeWarning,
                       stacklevel=2)
     return False, problem
 
@@ -344,26 +347,26 @@ def fused_available() -> bool:
     if load_library() is None:
         return False
     # A visible GPU where the CUDA kernels cannot run at all: TensorFlow would
-    # still place the op there, so use the pure-Keras path instead.
+    # still place the op there, so use the non-fused path instead.
     return _state["gpu"] is None or _state["gpu"]["usable"]
 
 
 def fused_status() -> str:
     """One line saying whether the fused op is in use and, if not, why."""
     if disabled():
-        return f"fused op disabled by {_ENV_DISABLE}; using the pure-Keras path"
+        return f"fused op disabled by {_ENV_DISABLE}; {FALLBACK}"
     b = backend()
     if b != "tensorflow":
-        return f"backend is {b}: using the pure-Keras path (the fused op is TensorFlow-only)"
+        return f"backend is {b}: {FALLBACK} (the fused op is TensorFlow-only)"
     if load_library() is None:
-        return f"library not built or not loadable: {load_error()}; using the pure-Keras path"
+        return f"library not built or not loadable: {load_error()}; {FALLBACK}"
     devices = ", ".join(registered_devices()) or "no"
     xla = "with XLA lowerings" if _state["xla"] else "WITHOUT XLA lowerings (jit_compile=True will fail)"
     gpu = _state["gpu"] or {}
     archs = f"; CUDA kernels for {gpu['cuda_archs']}" if gpu.get("cuda_archs") else ""
     if not gpu.get("usable", True):
         return (f"fused op loaded from {_state['path']} but its CUDA kernels cannot run here: "
-                f"{gpu['reason']}{archs}; using the pure-Keras path")
+                f"{gpu['reason']}{archs}; {FALLBACK}")
     return f"fused op loaded from {_state['path']} ({devices} kernels, {xla}{archs})"
 
 
