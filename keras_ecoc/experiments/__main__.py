@@ -460,6 +460,9 @@ def main(argv=None):
     from keras_ecoc.experiments import common
     from keras_ecoc.experiments import report
 
+    # Before any training: the figures need matplotlib, t-SNE scikit-learn.
+    common.require_extras(["matplotlib", "sklearn"])
+
     start = time.perf_counter()
     command = " ".join(["python -m keras_ecoc.experiments"]
                        + list(sys.argv[1:] if argv is None else argv))
