@@ -15,7 +15,6 @@ import pytest
 from keras_ecoc.experiments import __main__ as cli
 from keras_ecoc.experiments import attribute_correlation
 from keras_ecoc.experiments import tsne
-from keras_ecoc.experiments.scale import parse_scale_config
 from keras_ecoc.experiments.tsne import neighbour_agreement
 
 # 6 Omniglot classes (embedded set), 3 training and 2 test images a class.
@@ -89,14 +88,6 @@ def test_tsne_separates_clusters():
     centroids = np.stack([y[labels == c].mean(0) for c in range(4)])
     nearest = np.argmin(((y[:, None] - centroids[None]) ** 2).sum(-1), 1)
     assert np.mean(nearest == labels) > 0.97
-
-
-def test_parse_scale_config():
-    assert parse_scale_config("fixed:1") == (1.0, False)
-    assert parse_scale_config("learnable:8") == (8.0, True)
-    for bad in ("fixed", "learn:2", "fixed:-1"):
-        with pytest.raises(ValueError):
-            parse_scale_config(bad)
 
 
 def test_ablation_command(tmp_path):
@@ -261,20 +252,6 @@ def test_pictures_command(tmp_path):
         assert 0.0 <= record["knn5_agreement_tsne"] <= 1.0
 
 
-def test_scale_command(tmp_path):
-    cli.main(["scale", *TINY, "--encodings", "gaussian", "--code-length", "4",
-              "--scale-configs", "fixed:1", "learnable:8",
-              "--output", str(tmp_path)])
-    data, _ = _load(tmp_path, "scale")
-    _check_png(tmp_path / "scale.png")
-    configs = {(r["encoding"], r["scale_config"]): r for r in data["summary"]}
-    assert set(configs) == {("one_hot", "n/a"), ("gaussian", "fixed:1"),
-                            ("gaussian", "learnable:8")}
-    assert configs[("gaussian", "fixed:1")]["final_scale_mean"] == (
-        pytest.approx(1.0))
-    assert configs[("one_hot", "n/a")]["final_scale_mean"] is None
-
-
 def test_all_runs_every_experiment(tmp_path, monkeypatch):
     # `all` wiring only (each experiment has its own test above): a stub
     # records the calls and the options they get.
@@ -289,11 +266,11 @@ def test_all_runs_every_experiment(tmp_path, monkeypatch):
     results = cli.main(["all", "--smoke", "--output", str(tmp_path)])
     # The embedded Omniglot set has no class attributes: skipped.
     assert [c[0] for c in calls] == ["ablation", "bits", "batch-size",
-                                     "pictures", "scale"]
+                                     "pictures"]
     assert set(results) == {c[0] for c in calls}
     assert all(c[1:] == (1, 12) for c in calls)  # --smoke settings
     readme = (tmp_path / "README.md").read_text()
-    assert "## batch-size" in readme and "table of scale" in readme
+    assert "## batch-size" in readme and "table of pictures" in readme
 
 
 # ---------------------------------------------------------------------------

@@ -25,8 +25,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-EXPERIMENTS = ("ablation", "bits", "batch-size", "attributes", "pictures",
-               "scale")
+EXPERIMENTS = ("ablation", "bits", "batch-size", "attributes", "pictures")
 
 # --smoke: a few steps of everything, for CI.
 SMOKE = {"epochs": 1, "classes": 12, "train_per_class": 3,
@@ -63,7 +62,7 @@ def _common_parser():
     g.add_argument("--code-lengths", type=int, nargs="+", default=None,
                    help="code lengths k (ablation, bits, attributes)")
     g.add_argument("--code-length", type=int, default=None,
-                   help="k of batch-size, scale and pictures (default 32, "
+                   help="k of batch-size and pictures (default 32, "
                    "capped at n - 1)")
     g.add_argument("--encodings", nargs="+", default=None,
                    help="encoding names (keras_ecoc.training.ENCODINGS)")
@@ -119,11 +118,6 @@ def build_parser():
                    help="test images in the t-SNE (default 1000)")
     p.add_argument("--confusion-classes", type=int, default=10)
     p.add_argument("--tsne-iterations", type=int, default=None)
-    p = sub.add_parser("scale", parents=[common],
-                       help="fixed vs learnable decoding scale")
-    p.add_argument("--scale-configs", nargs="+", default=None,
-                   help="'fixed:S' / 'learnable:S' (default: fixed:1 "
-                   "fixed:8 learnable:8)")
     _add_grid_parser(sub)
     p = sub.add_parser("all", parents=[common], help="every experiment")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=None)
@@ -133,7 +127,6 @@ def build_parser():
     p.add_argument("--max-points", type=int, default=None)
     p.add_argument("--confusion-classes", type=int, default=10)
     p.add_argument("--tsne-iterations", type=int, default=None)
-    p.add_argument("--scale-configs", nargs="+", default=None)
     return parser
 
 
@@ -378,7 +371,6 @@ def run_experiment(experiment, o, output_dir):
     from keras_ecoc.experiments import bits
     from keras_ecoc.experiments import common
     from keras_ecoc.experiments import pictures
-    from keras_ecoc.experiments import scale
 
     data = common.load_data(_data_options(o))
     common.log(f"== {experiment} on {data.name}: {data.num_classes} classes, "
@@ -437,13 +429,6 @@ def run_experiment(experiment, o, output_dir):
             confusion_classes=o["confusion_classes"],
             tsne_iterations=_pick(o, "tsne_iterations", 500), **scale_kwargs,
             **shared)
-    if experiment == "scale":
-        return scale.run_scale(
-            data, configs=_pick(o, "scale_configs", scale.SCALE_CONFIGS),
-            encodings=_pick(o, "encodings", ("gaussian", "spectral")),
-            code_length=k, seeds=seeds, epochs=_pick(o, "epochs", 4),
-            batch_size=_pick(o, "batch_size", 32),
-            eval_per_epoch=_pick(o, "eval_per_epoch", 2), **shared)
     raise ValueError(f"Unknown experiment {experiment!r}")
 
 
