@@ -250,7 +250,9 @@ def _group_key(spec):
 def summarize(records, grid, several, num_classes):
     """Comparisons with one-hot, curves with 95% bands, sparsity per group."""
     ok = [r for r in records if r["status"] == "ok"]
-    failed = [{"label": r["label"], "seed": r["spec"]["seed"],
+    failed = [{"label": cell_label(runner_lib.RunSpec.from_dict(r["spec"]),
+                                   several),
+               "seed": r["spec"]["seed"],
                "status": r["status"], "error": r.get("error")}
               for r in records if r["status"] != "ok"]
     groups = {}
