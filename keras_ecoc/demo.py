@@ -53,7 +53,8 @@ def comparison_table(results, target):
     from keras_ecoc.experiments import stats
 
     header = ["encoding", "bits", "lr", "val@25%", "val@50%", "val@end",
-              f"steps to {target:.0%} val", "test acc (best val)", "wall s"]
+              f"steps to {target:.0%} val", "test acc (best val)",
+              "train s"]
     rows = []
     for r in results:
         rec = r.record
@@ -70,7 +71,7 @@ def comparison_table(results, target):
                      f"{rec['spec']['learning_rate']:g}", at(0.25), at(0.5),
                      at(1.0), str(reached) if reached is not None
                      else "not reached", f"{rec['test_accuracy']:.3f}",
-                     f"{rec['wall_time']:.0f}"])
+                     f"{rec['train_time']:.1f}"])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
@@ -152,6 +153,11 @@ def run(argv=None):
     one_hot = [r for r in results if r.encoding == "one_hot"]
     reference = one_hot[0] if one_hot else results[0]
     target = 0.9 * reference.record["final_val_accuracy"]
+    pretrain = reference.record.get("pretrain") or {}
+    if pretrain:
+        print(f"\npretrained network: best validation accuracy "
+              f"{pretrain['best_val_accuracy']:.3f} after "
+              f"{pretrain['epochs_run']} epochs ({pretrain['wall_time']:.0f} s)")
     print("\nValidation accuracy against steps (nearest codeword for ECOC, "
           "argmax for one-hot); test accuracy at the best validation step:\n")
     print(comparison_table(results, target))
