@@ -302,7 +302,6 @@ GRID_TINY = ["--epochs", "2", "--seeds", "0", "1", "--pretrain-epochs", "2",
              "--val-per-class", "2", "--verbose", "0"]
 
 
-@pytest.mark.slow
 def test_grid_command_on_any_npz(tmp_path):
     path = _tiny_npz(tmp_path, num_classes=8)
     out = tmp_path / "out"
