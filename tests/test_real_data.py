@@ -135,7 +135,8 @@ def test_demo_runs_end_to_end_on_a_subset(rng, tmp_path, capsys):
                         "--epochs", "1", "--code-length", "3", "--batch-size", "8",
                         "--verbose", "0"])
     out = capsys.readouterr().out
-    assert [r.encoding for r in results] == ["one_hot", "gaussian", "spectral"]
+    assert [r.encoding for r in results] == ["one_hot", "one_hot_imprinted",
+                                             "gaussian", "spectral"]
     assert "| encoding | bits |" in out and "steps to" in out
 
 
