@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import time
+import warnings
 
 import numpy as np
 
@@ -59,6 +60,8 @@ class PretrainSettings:
         flip: random horizontal flips during pretraining.
         seed: seeds the weights and the batch order.
         fc_width: width of fc7 (fc6 is the backbone's 256-unit "features").
+        train_per_class: keep at most so many source training images per
+            class (None: all; small values for smoke tests).
     """
 
     source: str
@@ -69,6 +72,7 @@ class PretrainSettings:
     flip: bool = True
     seed: int = 0
     fc_width: int = FC_WIDTH
+    train_per_class: int = None
 
     def __post_init__(self):
         for name in ("image_size", "epochs", "batch_size", "fc_width"):
@@ -77,6 +81,12 @@ class PretrainSettings:
                 raise ValueError(
                     f"Argument `{name}` must be a positive integer. "
                     f"Received: {name}={value!r}")
+        if self.train_per_class is not None and (
+                not isinstance(self.train_per_class, (int, np.integer))
+                or self.train_per_class < 1):
+            raise ValueError(
+                "Argument `train_per_class` must be None or a positive "
+                f"integer. Received: train_per_class={self.train_per_class!r}")
         if not (isinstance(self.learning_rate, (int, float))
                 and self.learning_rate > 0):
             raise ValueError(
@@ -85,7 +95,11 @@ class PretrainSettings:
 
     def key(self):
         """A short hash of every setting (and the cache version)."""
-        blob = json.dumps({**dataclasses.asdict(self),
+        # Optional fields left at None stay out of the key, so caches made
+        # before such a field existed keep their key.
+        fields = {k: v for k, v in dataclasses.asdict(self).items()
+                  if v is not None}
+        blob = json.dumps({**fields,
                            "source": os.path.basename(self.source),
                            "version": _CACHE_VERSION}, sort_keys=True)
         return hashlib.sha1(blob.encode()).hexdigest()[:12]
@@ -149,7 +163,7 @@ def pretrain_backbone(settings, cache_dir, verbose=2):
     if os.path.exists(weights) and os.path.exists(meta):
         with open(meta) as f:
             info = json.load(f)
-        if info.get("settings") == dataclasses.asdict(settings):
+        if info.get("key") == settings.key():
             model = build_pretrain_model(
                 (settings.image_size, settings.image_size, 3),
                 info["num_classes"], settings.fc_width, flip=settings.flip)
@@ -158,6 +172,9 @@ def pretrain_backbone(settings, cache_dir, verbose=2):
             return model, {**info, "cached": True}
     source = datasets.load_dataset(settings.source,
                                    image_size=settings.image_size)
+    if settings.train_per_class:
+        source = source.subset(settings.train_per_class, None,
+                               seed=settings.seed)
     keras.utils.set_random_seed(settings.seed)
     model = build_pretrain_model(source.input_shape, source.num_classes,
                                  settings.fc_width, flip=settings.flip)
@@ -299,6 +316,37 @@ def frozen_features(model, data, per_class=VALIDATION_PER_CLASS):
         fc7_train=train_fc7[tr], num_classes=int(data.num_classes))
 
 
+def pretrained_features(data, pretrain, output_dir,
+                        val_per_class=VALIDATION_PER_CLASS, verbose=0):
+    """Pretrains (or loads) the backbone and computes frozen features.
+
+    Args:
+        data: an `ImageDataset` or a data spec for `common.load_data`; it is
+            resized to `pretrain.image_size`.
+        pretrain: a `PretrainSettings`.
+        output_dir: folder of the backbone cache.
+        val_per_class: validation images per class.
+        verbose: Keras verbosity of the pretraining.
+
+    Returns:
+        (features, pretrain_info, data): a `FeatureSplits`, the
+        `pretrain_backbone` info, and the (resized) `ImageDataset`.
+    """
+    from keras_ecoc import datasets
+
+    model, info = pretrain_backbone(pretrain, output_dir, verbose=verbose)
+    if not hasattr(data, "x_train"):
+        data = common.load_data(data)
+    if tuple(data.input_shape[:2]) != (pretrain.image_size,) * 2:
+        data = datasets._resized(data, pretrain.image_size)
+    if data.input_shape[-1] == 1:  # Grayscale data on an RGB backbone.
+        import dataclasses as dc
+
+        data = dc.replace(data, x_train=np.repeat(data.x_train, 3, -1),
+                          x_test=np.repeat(data.x_test, 3, -1))
+    return frozen_features(model, data, val_per_class), info, data
+
+
 # ---------------------------------------------------------------------------
 # Codes.
 
@@ -406,6 +454,7 @@ def train_head(features, codes, learning_rate, seed, epochs=HEAD_EPOCHS,
     """
     import keras
 
+    from keras_ecoc.decoding import nearest_codeword
     from keras_ecoc.models import ECOCClassifier
 
     if not (isinstance(learning_rate, (int, float)) and learning_rate > 0):
@@ -414,27 +463,37 @@ def train_head(features, codes, learning_rate, seed, epochs=HEAD_EPOCHS,
             f"Received: learning_rate={learning_rate!r}")
     keras.utils.set_random_seed(int(seed))
     n = features.num_classes
-    model = build_head(features.train.shape[1], n, codes)
     steps_per_epoch = int(np.ceil(len(features.y_train) / batch_size))
     schedule = keras.optimizers.schedules.PiecewiseConstantDecay(
         [steps_per_epoch * (epochs // 2)],
         [float(learning_rate), float(learning_rate) / 10])
     optimizer = keras.optimizers.SGD(schedule, momentum=momentum)
-    if codes is None:
-        model.compile(
-            optimizer=optimizer,
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            jit_compile=True)
-    else:
-        model.compile(optimizer=optimizer, metrics=[], jit_compile=True)
+    # One traced call runs a whole epoch: the head is tiny, so per-step
+    # dispatch, not arithmetic, dominates the cost on a CPU. No XLA: its
+    # compilation (6-9 s measured) costs more than the whole 30-epoch run.
+    compiled = dict(jit_compile=False, steps_per_execution=steps_per_epoch)
+    with warnings.catch_warnings():
+        # Only the truncated one-hot code (one all-zero codeword) has unequal
+        # codeword norms here, and that is its definition.
+        warnings.filterwarnings("ignore", message=".*unequal norms")
+        model = build_head(features.train.shape[1], n, codes)
+        if codes is None:
+            model.compile(
+                optimizer=optimizer,
+                loss=keras.losses.SparseCategoricalCrossentropy(
+                    from_logits=True),
+                **compiled)
+        else:
+            model.compile(optimizer=optimizer, metrics=[], **compiled)
 
     def accuracy(x, y):
+        # One forward pass over the whole split (at most a few thousand rows).
+        out = model(keras.ops.convert_to_tensor(x), training=False)
         if isinstance(model, ECOCClassifier):
-            predicted = model.predict_classes(x, batch_size=1024, verbose=0)
+            predicted = nearest_codeword(out, model.codes)
         else:
-            predicted = np.argmax(model.predict(x, batch_size=1024,
-                                                verbose=0), -1)
-        return float(np.mean(np.asarray(predicted) == y))
+            predicted = keras.ops.argmax(out, -1)
+        return float(np.mean(keras.ops.convert_to_numpy(predicted) == y))
 
     val_accuracies = []
     record_val = keras.callbacks.LambdaCallback(
@@ -623,9 +682,6 @@ def run_cub_bits(data, output_dir, pretrain, code_lengths=CODE_LENGTHS,
         with TOST), "pretrain", "settings", "dataset", "environment",
         "markdown", "files", "wall_time".
     """
-    from keras_ecoc import datasets
-    from keras_ecoc.experiments import report
-
     start = time.perf_counter()
     seeds = [int(s) for s in seeds]
     if len(seeds) < 2:
@@ -637,13 +693,8 @@ def run_cub_bits(data, output_dir, pretrain, code_lengths=CODE_LENGTHS,
         raise ValueError(
             f"Argument `encodings` must be among {ENCODINGS}. Received "
             f"unknown encodings {unknown}")
-    model, pretrain_info = pretrain_backbone(pretrain, output_dir,
-                                             verbose=verbose)
-    if not hasattr(data, "x_train"):
-        data = common.load_data(data)
-    if tuple(data.input_shape[:2]) != (pretrain.image_size,) * 2:
-        data = datasets._resized(data, pretrain.image_size)
-    features = frozen_features(model, data, val_per_class)
+    features, pretrain_info, data = pretrained_features(
+        data, pretrain, output_dir, val_per_class, verbose=verbose)
     similarity = features.similarity()
     n = features.num_classes
     plan = [("one_hot", n)]
