@@ -8,7 +8,12 @@
   the class means of features of a network trained briefly with one-hot
   targets on the training split only.
 - `train_and_evaluate`: fits one encoding and records test accuracy against
-  training steps (`TrainResult`), for convergence comparisons.
+  training steps (`TrainResult`), for the demo.
+- `make_optimizer`, `build_head`, `train_tracked`: the pieces of the
+  experiments' runner (`keras_ecoc.experiments.runner`): SGD/Adam with a step
+  schedule, the fc7 + fc8 head retrained on frozen features, and a training
+  loop that tracks validation accuracy against steps, keeps the
+  best-validation weights and measures how many output units get a gradient.
 
 Every model uses the same backbone, optimizer and hyper-parameters, so that
 only the output encoding differs between runs.
@@ -325,3 +330,331 @@ def feature_similarity(
     if return_model:
         return similarity, model
     return similarity
+
+
+OPTIMIZERS = ("sgd", "adam")
+
+
+def make_optimizer(name="sgd", learning_rate=0.01, momentum=0.9,
+                   drop_steps=(), drop_factor=0.1):
+    """SGD (with momentum) or Adam, with an optional step schedule.
+
+    Args:
+        name: "sgd" or "adam".
+        learning_rate: positive float, the initial learning rate.
+        momentum: SGD momentum in [0, 1) (ignored by Adam).
+        drop_steps: optimizer steps at which the rate is multiplied by
+            `drop_factor` (increasing positive ints).
+        drop_factor: the factor of each drop, in (0, 1].
+
+    Returns:
+        A `keras.optimizers.Optimizer`.
+    """
+    if name not in OPTIMIZERS:
+        raise ValueError(f"Argument `optimizer` must be one of {OPTIMIZERS}. "
+                         f"Received: optimizer={name!r}")
+    if not (isinstance(learning_rate, (int, float)) and
+            np.isfinite(learning_rate) and learning_rate > 0):
+        raise ValueError("Argument `learning_rate` must be a positive float. "
+                         f"Received: learning_rate={learning_rate!r}")
+    if not 0 <= momentum < 1:
+        raise ValueError("Argument `momentum` must be in [0, 1). "
+                         f"Received: momentum={momentum!r}")
+    drop_steps = [int(s) for s in drop_steps]
+    if any(s <= 0 for s in drop_steps) or drop_steps != sorted(set(drop_steps)):
+        raise ValueError("Argument `drop_steps` must be increasing positive "
+                         f"integers. Received: drop_steps={drop_steps!r}")
+    rate = float(learning_rate)
+    if drop_steps:
+        rate = keras.optimizers.schedules.PiecewiseConstantDecay(
+            drop_steps, [float(learning_rate) * drop_factor ** i
+                         for i in range(len(drop_steps) + 1)])
+    if name == "sgd":
+        return keras.optimizers.SGD(rate, momentum=float(momentum))
+    return keras.optimizers.Adam(rate)
+
+
+def _glorot(rng, fan_in, fan_out):
+    limit = np.sqrt(6.0 / (fan_in + fan_out))
+    return rng.uniform(-limit, limit, (fan_in, fan_out)).astype("float32")
+
+
+def build_head(feature_dim, num_classes, codes=None, hidden=256, seed=0,
+               scale=DEFAULT_SCALE, learnable_scale=DEFAULT_LEARNABLE_SCALE):
+    """The re-initialised fc7 + fc8 head trained on frozen features.
+
+    fc7 is Dense(hidden) + ReLU; fc8 is Dense(num_classes) (one-hot, softmax
+    cross-entropy on its logits) or Dense(k) + ECOC decoding
+    (`ECOCClassifier`). Both kernels are drawn Glorot-uniform from
+    `numpy.random.default_rng(seed)`, fc7 first, biases zero: the same seed
+    gives every encoding the SAME fc7 weights, so runs pair across encodings.
+
+    Args:
+        feature_dim: d, width of the frozen features (batch, d).
+        num_classes: n.
+        codes: (n, k) code matrix, or None for one-hot.
+        hidden: width of fc7.
+        seed: seed of the initial weights.
+        scale, learnable_scale: ECOC decoding scale (ECOC heads only).
+
+    Returns:
+        An uncompiled Keras model mapping (batch, d) features to logits
+        (batch, n) (one-hot) or z (batch, k) (ECOC).
+    """
+    inputs = keras.Input((int(feature_dim),), name="features")
+    fc7 = keras.layers.Dense(int(hidden), activation="relu", name="fc7")
+    trunk = keras.Model(inputs, fc7(inputs), name="fc7_trunk")
+    if codes is None:
+        fc8 = keras.layers.Dense(int(num_classes), name="fc8")
+        model = keras.Model(inputs, fc8(trunk.output), name="one_hot_head")
+    else:
+        model = ECOCClassifier(trunk, codes, scale=scale,
+                               learnable_scale=learnable_scale,
+                               name="ecoc_head")
+    rng = np.random.default_rng(seed)
+    fc7.kernel.assign(_glorot(rng, int(feature_dim), int(hidden)))
+    out = output_layer(model)
+    out.kernel.assign(_glorot(rng, int(hidden), out.kernel.shape[1]))
+    return model
+
+
+def output_layer(model):
+    """The output Dense layer: fc8 / logits (one-hot) or the ECOC projection."""
+    if isinstance(model, ECOCClassifier):
+        return model.projection
+    for name in ("fc8", "logits"):
+        try:
+            return model.get_layer(name)
+        except ValueError:
+            continue
+    raise ValueError("The model has no output layer named 'fc8' or 'logits' "
+                     f"and is not an ECOCClassifier. Received: {model.name!r}")
+
+
+def imprint_output_layer(model, x_train, y_train, num_classes):
+    """Initialises a one-hot model's output layer from class means.
+
+    The "imprinted" baseline: with h the features feeding the output layer
+    AT INITIALISATION (e.g. the freshly initialised fc7's ReLU outputs) on
+    the training images, m_c the mean of h over class c and m the mean over
+    all training images, the output weights are w_c = (m_c - m) /
+    ||m_c - m|| and the bias b_c = -w_c . m, so logit_c = w_c . (h - m):
+    the cosine-like score of the centred features against each class's
+    centred mean (centring removes the direction all ReLU features share).
+    Uses only the training images, the same data as the data-based codes.
+    """
+    out = output_layer(model)
+    feeding = keras.Model(model.inputs, out.input)
+    h = np.asarray(feeding.predict(x_train, batch_size=1024, verbose=0),
+                   np.float64)
+    overall = h.mean(0)
+    means = np.stack([h[y_train == c].mean(0) for c in range(num_classes)])
+    centred = means - overall
+    weights = centred / np.maximum(
+        np.linalg.norm(centred, axis=1, keepdims=True), 1e-12)
+    out.kernel.assign(weights.T.astype("float32"))
+    out.bias.assign((-weights @ overall).astype("float32"))
+
+
+def predict_classes_direct(model, x, chunk=2048):
+    """Class ids by calling the model directly (no `predict` data pipeline).
+
+    Calling the model on small arrays is ~10x cheaper than `model.predict`,
+    which matters when the validation split is scored every few steps.
+    """
+    parts = []
+    for i in range(0, len(x), chunk):
+        out = model(x[i:i + chunk], training=False)
+        if isinstance(model, ECOCClassifier):
+            from keras_ecoc import ops as ecoc_ops
+
+            out = ecoc_ops.nearest_codeword(out, model.decoder.codes)
+            parts.append(np.asarray(keras.ops.convert_to_numpy(out)))
+        else:
+            parts.append(np.argmax(keras.ops.convert_to_numpy(out), -1))
+    return np.concatenate(parts) if parts else np.zeros(0, int)
+
+
+def output_gradient_rows(model, x, y):
+    """Gradient of the mean training loss w.r.t. the output layer's kernel.
+
+    Returns:
+        float ndarray (units,): the norm of the gradient of each output
+        unit's weight row (fc8's kernel transposed: n rows for one-hot, k
+        for ECOC) on the batch (x, y).
+    """
+    kernel = output_layer(model).kernel
+    loss_fn = model.loss
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grad = tape.gradient(loss, kernel.value)
+    elif backend == "jax":
+        import jax
+
+        trainable = [v.value for v in model.trainable_variables]
+        fixed = [v.value for v in model.non_trainable_variables]
+        index = [id(v) for v in model.trainable_variables].index(id(kernel))
+
+        def loss_of(kernel_value):
+            values = list(trainable)
+            values[index] = kernel_value
+            out, _ = model.stateless_call(values, fixed, x, training=True)
+            return loss_fn(y, out)
+
+        grad = jax.grad(loss_of)(trainable[index])
+    elif backend == "torch":
+        import torch
+
+        loss = loss_fn(y, model(x, training=True))
+        (grad,) = torch.autograd.grad(loss, kernel.value)
+    else:
+        raise ValueError(f"Unsupported backend {backend!r} for gradients.")
+    grad = np.asarray(keras.ops.convert_to_numpy(grad), np.float64)
+    return np.linalg.norm(grad, axis=0)
+
+
+def active_fraction(row_norms, threshold):
+    """Fraction of rows whose gradient norm exceeds threshold x the max."""
+    row_norms = np.asarray(row_norms, np.float64)
+    top = row_norms.max(initial=0.0)
+    if not np.isfinite(top) or top <= 0:
+        return 0.0
+    return float(np.mean(row_norms > threshold * top))
+
+
+SPARSITY_THRESHOLDS = (1e-3, 1e-2, 1e-1)
+
+
+class _Tracker(keras.callbacks.Callback):
+    """Scores the validation split and the output-gradient sparsity.
+
+    Called after every execution of `steps_per_execution` steps; the step
+    count is read from the optimizer, so it is exact.
+    """
+
+    def __init__(self, x_val, y_val, x_train, y_train, order, batch_size,
+                 thresholds):
+        super().__init__()
+        self.x_val, self.y_val = x_val, y_val
+        self.x_train, self.y_train = x_train, y_train
+        self.order, self.batch_size = order, batch_size
+        self.thresholds = thresholds
+        self.steps, self.val_accuracy = [], []
+        self.sparsity_steps, self.sparsity = [], []
+        self.best = (-1.0, 0, None)
+
+    def _step(self):
+        return int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+
+    def _measure(self):
+        step = self._step()
+        if self.steps and self.steps[-1] == step:
+            return
+        accuracy = float(np.mean(
+            predict_classes_direct(self.model, self.x_val) == self.y_val))
+        self.steps.append(step)
+        self.val_accuracy.append(accuracy)
+        if accuracy > self.best[0]:
+            self.best = (accuracy, step, self.model.get_weights())
+        # Output-gradient sparsity on the batch the next step will use.
+        start = (step * self.batch_size) % len(self.order)
+        idx = self.order[start:start + self.batch_size]
+        norms = output_gradient_rows(self.model, self.x_train[idx],
+                                     self.y_train[idx])
+        self.sparsity_steps.append(step)
+        self.sparsity.append([active_fraction(norms, t)
+                              for t in self.thresholds])
+
+    def on_train_begin(self, logs=None):
+        self._measure()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._measure()
+
+    def on_train_end(self, logs=None):
+        self._measure()
+
+
+def train_tracked(model, train, val, test, batch_size, epochs, seed,
+                  evals_per_epoch=4, thresholds=SPARSITY_THRESHOLDS,
+                  verbose=0):
+    """Trains a compiled model; tracks validation accuracy against steps.
+
+    The batch order is drawn from `numpy.random.default_rng(seed)`: every
+    epoch is a permutation of the training split cut into
+    floor(N / batch_size) full batches (the remainder of that permutation is
+    left out of that epoch), so runs with the same seed see the same batches
+    whatever their encoding. The validation split is scored at step 0,
+    every ceil(steps_per_epoch / evals_per_epoch) steps and at the end; the
+    weights of the first best validation score are kept, and the test split
+    is scored twice: with those weights (the reported number) and with the
+    final ones. At every validation point the output-gradient sparsity is
+    measured on the batch of the next step (`output_gradient_rows`).
+
+    The model must be compiled with `steps_per_execution` equal to the
+    evaluation interval (`eval_interval`), so the callbacks fire exactly at
+    the evaluation steps.
+
+    Args:
+        model: a compiled one-hot model or `ECOCClassifier`.
+        train, val, test: (x, y) pairs; y int (N,).
+        batch_size, epochs: the schedule.
+        seed: seed of the batch order.
+        evals_per_epoch: validation points per epoch.
+        thresholds: relative thresholds of the sparsity measurement.
+
+    Returns:
+        dict: steps, val_accuracy (lists), best_step, best_val_accuracy,
+        final_val_accuracy, test_accuracy (at best_step),
+        final_test_accuracy, total_steps, steps_per_epoch, train_time (s),
+        sparsity {thresholds, steps, fraction (T, len(thresholds))}.
+    """
+    x_train, y_train = train
+    n = len(y_train)
+    steps_per_epoch = n // batch_size
+    if steps_per_epoch < 1:
+        raise ValueError(
+            f"Argument `batch_size` must be <= the {n} training examples. "
+            f"Received: batch_size={batch_size}")
+    rng = np.random.default_rng(seed)
+    order = np.concatenate([rng.permutation(n)[:steps_per_epoch * batch_size]
+                            for _ in range(epochs)])
+    tracker = _Tracker(val[0], np.asarray(val[1]), x_train, y_train, order,
+                       batch_size, tuple(thresholds))
+    start = time.perf_counter()
+    model.fit(x_train[order], y_train[order], batch_size=batch_size,
+              epochs=1, shuffle=False, verbose=verbose, callbacks=[tracker])
+    train_time = time.perf_counter() - start
+    final_weights = model.get_weights()
+    final_test = float(np.mean(predict_classes_direct(model, test[0])
+                               == test[1]))
+    best_val, best_step, best_weights = tracker.best
+    model.set_weights(best_weights)
+    best_test = float(np.mean(predict_classes_direct(model, test[0])
+                              == test[1]))
+    model.set_weights(final_weights)
+    return {
+        "steps": tracker.steps,
+        "val_accuracy": tracker.val_accuracy,
+        "best_step": best_step,
+        "best_val_accuracy": best_val,
+        "final_val_accuracy": tracker.val_accuracy[-1],
+        "test_accuracy": best_test,
+        "final_test_accuracy": final_test,
+        "total_steps": steps_per_epoch * epochs,
+        "steps_per_epoch": steps_per_epoch,
+        "train_time": train_time,
+        "sparsity": {"thresholds": list(thresholds),
+                     "steps": tracker.sparsity_steps,
+                     "fraction": tracker.sparsity},
+    }
+
+
+def eval_interval(num_train, batch_size, evals_per_epoch):
+    """Steps between validation points (and the `steps_per_execution`)."""
+    steps_per_epoch = max(1, num_train // batch_size)
+    return max(1, int(np.ceil(steps_per_epoch / max(1, evals_per_epoch))))

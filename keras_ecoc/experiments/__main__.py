@@ -163,6 +163,7 @@ def build_parser():
     p.add_argument("--scale-configs", nargs="+", default=None,
                    help="'fixed:S' / 'learnable:S' (default: fixed:1 "
                    "fixed:8 learnable:8)")
+    _add_grid_parser(sub)
     p = sub.add_parser("all", parents=[common, _pretrain_parser()],
                        help="every experiment")
     p.add_argument("--learning-rates", type=float, nargs="+", default=None)
@@ -178,6 +179,212 @@ def build_parser():
     p.add_argument("--tsne-iterations", type=int, default=None)
     p.add_argument("--scale-configs", nargs="+", default=None)
     return parser
+
+
+GRID_SMOKE = {"classes": 8, "epochs": 2, "seeds": [0, 1],
+              "pretrain_epochs": 2, "batch_sizes": [8], "hidden": 32}
+
+
+def _add_grid_parser(sub):
+    from keras_ecoc.experiments import runner as runner_lib
+
+    defaults = runner_lib.RunSpec()
+    p = sub.add_parser(
+        "grid", help="convergence grid: protocol x encoding x k x batch x "
+        "optimizer x learning rate x seed, with paired statistics",
+        description="Runs a grid of RunSpecs (keras_ecoc.experiments.runner)"
+        ": picks each cell's learning rate on the validation split with "
+        "--select-seed, then trains --seeds and compares every encoding "
+        "with one-hot, paired by seed.")
+    g = p.add_argument_group("data")
+    g.add_argument("--dataset", default="embedded",
+                   help="'embedded' (Omniglot), a .npz with images/labels"
+                   "/is_train, or a tensorflow-datasets name")
+    g.add_argument("--classes", type=int, default=None,
+                   help="retraining classes kept (drawn with --data-seed); "
+                   "default all")
+    g.add_argument("--train-per-class", type=int, default=None)
+    g.add_argument("--test-per-class", type=int, default=None)
+    g.add_argument("--image-size", type=int, default=None)
+    g.add_argument("--keep-duplicate-classes", action="store_true")
+    g.add_argument("--val-per-class", type=int,
+                   default=defaults.val_per_class,
+                   help="validation images per class carved from training")
+    g.add_argument("--data-seed", type=int, default=defaults.data_seed,
+                   help="seed of the validation split and class draw")
+    g = p.add_argument_group("protocol")
+    g.add_argument("--protocol", choices=runner_lib.PROTOCOLS,
+                   default="retrain")
+    g.add_argument("--variant", choices=runner_lib.VARIANTS, default=None,
+                   help="retrain: 'transfer' (default; pretrain on half of "
+                   "the alphabets/classes, retrain on the others) or 'same'")
+    g.add_argument("--pretrain-epochs", type=int,
+                   default=defaults.pretrain_epochs,
+                   help="most epochs of the one-hot pretraining (early stop "
+                   "on its validation split)")
+    g.add_argument("--pretrain-patience", type=int,
+                   default=defaults.pretrain_patience)
+    g.add_argument("--hidden", type=int, default=defaults.hidden,
+                   help="width of fc7")
+    g = p.add_argument_group("grid")
+    g.add_argument("--encodings", nargs="+",
+                   default=["one_hot", "gaussian", "spectral"],
+                   help=f"of {', '.join(runner_lib.ENCODINGS)}")
+    g.add_argument("--code-lengths", nargs="+", default=["0.16n"],
+                   help="k: integers or '0.16n', '0.66n', 'n-1', '2n'")
+    g.add_argument("--min-code-length", type=int, default=2)
+    g.add_argument("--normalize-rows", nargs="+", choices=("on", "off"),
+                   default=["on"],
+                   help="row normalisation of raw gaussian/spectral codes")
+    g.add_argument("--batch-sizes", type=int, nargs="+", default=[16])
+    g.add_argument("--epochs", nargs="+", default=["20"],
+                   help="epochs for every batch size, or BATCH:EPOCHS pairs")
+    g.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    g.add_argument("--select-seed", type=int, default=100,
+                   help="seed of the learning-rate selection runs (not "
+                   "reused for reporting)")
+    g.add_argument("--evals-per-epoch", nargs="+",
+                   default=[str(defaults.evals_per_epoch)],
+                   help="validation points per epoch, or BATCH:N pairs")
+    g.add_argument("--fraction", type=float, default=0.9,
+                   help="steps-to-target: this fraction of one-hot's mean "
+                   "final validation accuracy")
+    g = p.add_argument_group("optimizer")
+    g.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
+    g.add_argument("--learning-rate", type=float, default=None)
+    g.add_argument("--learning-rates", type=float, nargs="+", default=None,
+                   help="a grid, chosen per cell on validation")
+    g.add_argument("--lr-from", default=None,
+                   help="a <name>.json of an earlier grid: reuse the rate it "
+                   "chose for each encoding label and batch size")
+    g.add_argument("--momentum", type=float, default=defaults.momentum)
+    g.add_argument("--head-lr-multiplier", type=float, default=1.0,
+                   help="learning-rate factor of the re-initialised head "
+                   "(retrain; with frozen features it scales every update)")
+    g.add_argument("--lr-drop-epochs", type=int, nargs="*", default=[],
+                   help="multiply the rate by 0.1 after these epochs")
+    g.add_argument("--scale", type=float, default=defaults.scale)
+    g.add_argument("--fixed-scale", action="store_true")
+    g = p.add_argument_group("output")
+    g.add_argument("--output", default="ecoc-experiments")
+    g.add_argument("--name", default="grid",
+                   help="file stem of the summary files")
+    g.add_argument("--resume", action="store_true",
+                   help="reuse stored runs whose settings all match")
+    g.add_argument("--overwrite", action="store_true",
+                   help="train again and replace the stored runs")
+    g.add_argument("--verbose", type=int, default=0, choices=(0, 1, 2))
+    g.add_argument("--smoke", action="store_true",
+                   help="a tiny grid to check the command end to end")
+    return p
+
+
+def _epochs_by_batch(tokens, batch_sizes):
+    if len(tokens) == 1 and ":" not in tokens[0]:
+        return {b: int(tokens[0]) for b in batch_sizes}
+    table = {}
+    for token in tokens:
+        try:
+            b, e = token.split(":")
+            table[int(b)] = int(e)
+        except ValueError:
+            raise ValueError("Arguments `epochs` and `evals_per_epoch` take "
+                             "one integer or "
+                             f"BATCH:EPOCHS pairs. Received: {token!r}")
+    missing = [b for b in batch_sizes if b not in table]
+    if missing:
+        raise ValueError(f"Argument `epochs` has no entry for batch sizes "
+                         f"{missing}. Received: {tokens}")
+    return table
+
+
+def _lr_overrides(path):
+    import json
+
+    with open(path) as f:
+        previous = json.load(f)
+    table = {}
+    for group in previous["groups"]:
+        for label, lr in group["learning_rates"].items():
+            table[(label.split(" k=")[0], group["batch_size"])] = lr
+    return table
+
+
+def run_grid_command(args):
+    """The `grid` experiment from parsed arguments; returns its results."""
+    from keras_ecoc.experiments import common
+    from keras_ecoc.experiments import grid as grid_lib
+    from keras_ecoc.experiments import runner as runner_lib
+
+    if args.smoke:
+        args.classes = args.classes or GRID_SMOKE["classes"]
+        args.epochs = [str(GRID_SMOKE["epochs"])]
+        args.seeds = GRID_SMOKE["seeds"]
+        args.pretrain_epochs = GRID_SMOKE["pretrain_epochs"]
+        args.batch_sizes = GRID_SMOKE["batch_sizes"]
+        args.hidden = GRID_SMOKE["hidden"]
+        args.train_per_class = args.train_per_class or 6
+        args.test_per_class = args.test_per_class or 2
+        args.val_per_class = min(args.val_per_class, 2)
+        args.code_lengths = ["4"]
+    common.require_extras(["matplotlib"])
+    # Validate every setting (RunSpec checks its fields) before training.
+    common.DataOptions(dataset=args.dataset, classes=args.classes,
+                       train_per_class=args.train_per_class,
+                       test_per_class=args.test_per_class,
+                       image_size=args.image_size)
+    if args.learning_rate is not None and args.learning_rates:
+        raise ValueError("Pass --learning-rate or --learning-rates, not both.")
+    rates = args.learning_rates or [args.learning_rate or
+                                    (0.01 if args.optimizer == "sgd" else 1e-3)]
+    variant = args.variant or ("same" if args.protocol == "scratch"
+                               else "transfer")
+    base = dict(
+        dataset=args.dataset, image_size=args.image_size,
+        train_per_class=args.train_per_class,
+        test_per_class=args.test_per_class,
+        dedupe=not args.keep_duplicate_classes, classes=args.classes,
+        val_per_class=args.val_per_class, data_seed=args.data_seed,
+        protocol=args.protocol, variant=variant,
+        pretrain_epochs=args.pretrain_epochs,
+        pretrain_patience=args.pretrain_patience, hidden=args.hidden,
+        scale=args.scale, learnable_scale=not args.fixed_scale,
+        optimizer=args.optimizer, momentum=args.momentum,
+        head_lr_multiplier=args.head_lr_multiplier,
+        lr_drop_epochs=tuple(args.lr_drop_epochs),
+    )
+    evals = _epochs_by_batch(args.evals_per_epoch, args.batch_sizes)
+    for encoding in args.encodings:
+        if encoding not in runner_lib.ENCODINGS:
+            raise ValueError(f"Argument `encodings` must name encodings of "
+                             f"{runner_lib.ENCODINGS}. Received: {encoding!r}")
+    for token in args.code_lengths:
+        grid_lib.parse_code_length(token, 100)
+    epochs = _epochs_by_batch(args.epochs, args.batch_sizes)
+    # Builds one spec per batch size now, so bad values fail before training.
+    for b in args.batch_sizes:
+        runner_lib.RunSpec(**dict(base, batch_size=b, epochs=epochs[b],
+                                  evals_per_epoch=evals[b],
+                                  learning_rate=rates[0]))
+    runner_lib.prepare_output(args.output, resume=args.resume,
+                              overwrite=args.overwrite)
+    grid = grid_lib.Grid(
+        base=base, encodings=list(args.encodings),
+        code_lengths=list(args.code_lengths),
+        normalize_rows=[v == "on" for v in args.normalize_rows],
+        batch_sizes=list(args.batch_sizes), epochs=epochs,
+        learning_rates=[float(r) for r in rates], seeds=list(args.seeds),
+        select_seed=args.select_seed,
+        lr_overrides=_lr_overrides(args.lr_from) if args.lr_from else None,
+        min_code_length=args.min_code_length, fraction=args.fraction,
+        evals_per_epoch=evals)
+    results = grid_lib.run_grid(grid, args.output, args.name,
+                                resume=args.resume,
+                                verbose=args.verbose)
+    common.log("\n" + results["markdown"])
+    common.log(f"{args.name}: {results['wall_time']:.0f} s; files in "
+               f"{args.output}")
+    return results
 
 
 def _resolve(args):
@@ -322,6 +529,12 @@ def run_experiment(experiment, o, output_dir):
 def main(argv=None):
     """Entry point of ``keras-ecoc-experiments``; returns {experiment: results}."""
     args = build_parser().parse_args(argv)
+    if args.experiment == "grid":
+        from keras_ecoc.experiments import common
+
+        common.COMMAND = " ".join(["python -m keras_ecoc.experiments"] + list(
+            sys.argv[1:] if argv is None else argv))
+        return {"grid": run_grid_command(args)}
     o = _resolve(args)
     from keras_ecoc.experiments import common
     from keras_ecoc.experiments import report

@@ -50,6 +50,30 @@ class DataOptions:
     subset_seed: int = 0
     dedupe: bool = True
 
+    def __post_init__(self):
+        # None means "all"; 0 or a negative count is a mistake (it used to
+        # mean "all classes" and "drop one image per class" silently).
+        for name in ("classes", "train_per_class", "test_per_class",
+                     "image_size"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or
+                                      not isinstance(value, (int, np.integer))
+                                      or value < 1):
+                raise ValueError(
+                    f"Argument `{name}` must be a positive integer (or None "
+                    f"for all). Received: {name}={value!r}")
+
+
+def require_extras(modules):
+    """Raises before any training if an optional dependency is missing."""
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ModuleNotFoundError(
+            f"The experiments need {', '.join(missing)} (figures, t-SNE). "
+            'Install them with: pip install "keras-ecoc[experiments]"')
+
 
 _DATA_CACHE = {}
 

@@ -1,4 +1,8 @@
-"""Matplotlib figures of the experiments (Agg backend, imported lazily).
+"""Matplotlib figures of the experiments (imported lazily).
+
+Every figure is a `matplotlib.figure.Figure` drawn and saved directly (no
+pyplot, no global backend switch), so importing the experiments never
+changes a user's matplotlib state.
 
 Figures are kept small (about 6x4 inches at 80 dpi) so the committed PNGs
 stay well under 200 KB.
@@ -11,20 +15,22 @@ import numpy as np
 DPI = 80
 
 
-def _pyplot():
-    import matplotlib
+def _figure(figsize):
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    return Figure(figsize=figsize)
 
-    return plt
+
+def _subplots(figsize, rows=1, cols=1, squeeze=True):
+    fig = _figure(figsize)
+    axes = fig.subplots(rows, cols, squeeze=squeeze)
+    return fig, axes
 
 
 def _save(fig, path):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
-    _pyplot().close(fig)
     return path
 
 
@@ -37,8 +43,7 @@ def grouped_bars(path, categories, groups, title, ylabel="test accuracy",
         groups: list of (label, means (C,), stds (C,)); None means no bar.
         references: optional list of (label, y) horizontal dashed lines.
     """
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(max(5, 0.6 * len(categories) + 2), 4))
+    fig, ax = _subplots((max(5, 0.6 * len(categories) + 2), 4))
     x = np.arange(len(categories))
     width = 0.8 / max(1, len(groups))
     for g, (label, means, stds) in enumerate(groups):
@@ -65,8 +70,7 @@ def lines(path, series, title, xlabel, ylabel="test accuracy", logx=False,
         series: list of (label, x (T,), mean (T,), std (T,) or None).
         hlines: optional list of (label, y) horizontal references.
     """
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = _subplots((6, 4))
     for label, x, mean, std in series:
         x, mean = np.asarray(x, float), np.asarray(mean, float)
         (line,) = ax.plot(x, mean, marker="o", ms=3, label=label)
@@ -93,9 +97,8 @@ def curve_panels(path, panels, title, xlabel="optimizer steps",
     Args:
         panels: list of (panel title, series) with series as in `lines`.
     """
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.6),
-                             squeeze=False)
+    fig, axes = _subplots((4 * len(panels), 3.6), 1, len(panels),
+                          squeeze=False)
     for ax, (panel_title, series) in zip(axes[0], panels):
         for label, x, mean, std in series:
             x, mean = np.asarray(x, float), np.asarray(mean, float)
@@ -115,9 +118,8 @@ def curve_panels(path, panels, title, xlabel="optimizer steps",
 
 def scatter_panels(path, panels, title):
     """t-SNE panels: list of (panel title, points (N, 2), groups (N,) int)."""
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.6),
-                             squeeze=False)
+    fig, axes = _subplots((3.6 * len(panels), 3.6), 1, len(panels),
+                          squeeze=False)
     for ax, (panel_title, points, groups) in zip(axes[0], panels):
         ax.scatter(points[:, 0], points[:, 1], c=groups, cmap="tab20", s=4,
                    linewidths=0)
@@ -130,9 +132,8 @@ def scatter_panels(path, panels, title):
 
 def matrix_panels(path, panels, labels, title):
     """Confusion matrices: list of (panel title, (c, c) row-normalised)."""
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.8),
-                             squeeze=False)
+    fig, axes = _subplots((3.6 * len(panels), 3.8), 1, len(panels),
+                          squeeze=False)
     for ax, (panel_title, matrix) in zip(axes[0], panels):
         ax.imshow(matrix, vmin=0, vmax=1, cmap="Blues")
         ax.set_title(panel_title, fontsize=9)
@@ -149,8 +150,7 @@ def matrix_panels(path, panels, labels, title):
 
 def heatmap(path, matrix, row_labels, col_labels, title, vmin=-1, vmax=1):
     """A signed heat map (e.g. correlations), with a colour bar."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    fig, ax = _subplots((7, 3.5))
     image = ax.imshow(matrix, aspect="auto", vmin=vmin, vmax=vmax,
                       cmap="coolwarm")
     ax.set_yticks(np.arange(len(row_labels)))
@@ -160,4 +160,34 @@ def heatmap(path, matrix, row_labels, col_labels, title, vmin=-1, vmax=1):
         ax.set_xticklabels(col_labels, rotation=90, fontsize=5)
     fig.colorbar(image, ax=ax)
     ax.set_title(title, fontsize=9)
+    return _save(fig, path)
+
+
+def band_panels(path, panels, title, xlabel="optimizer steps",
+                ylabel="validation accuracy", ncols=2):
+    """Mean curves with 95% confidence bands, one subplot per panel.
+
+    Args:
+        panels: list of (panel title, series); series: list of (label,
+            x (T,), mean (T,), low (T,) or None, high (T,) or None).
+    """
+    rows = int(np.ceil(len(panels) / ncols))
+    cols = min(ncols, len(panels))
+    fig, axes = _subplots((4.6 * cols, 3.4 * rows), rows, cols, squeeze=False)
+    for ax in axes.ravel()[len(panels):]:
+        ax.set_visible(False)
+    for ax, (panel_title, series) in zip(axes.ravel(), panels):
+        for label, x, mean, low, high in series:
+            x, mean = np.asarray(x, float), np.asarray(mean, float)
+            (line,) = ax.plot(x, mean, label=label, lw=1.2)
+            if low is not None:
+                ax.fill_between(x, np.asarray(low, float),
+                                np.asarray(high, float), alpha=0.18,
+                                color=line.get_color(), lw=0)
+        ax.set_title(panel_title, fontsize=9)
+        ax.set_xlabel(xlabel, fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    fig.suptitle(title, fontsize=10)
     return _save(fig, path)

@@ -1,0 +1,277 @@
+"""Data splits and the pretrained backbone of the `retrain` protocol.
+
+The paper's convergence figures retrain the last two fully connected layers
+(fc7, fc8) of a network pretrained on the same data (ImageNet, Places:
+variant "same") or fine-tune it on new classes (CUB: variant "transfer").
+Here:
+
+- `split_task`: the retraining classes' train / validation / test arrays and
+  the pretraining set. The validation split is carved from the training
+  split, `val_per_class` images of every class drawn with `data_seed`
+  (independent of the training seed); it drives model selection and the
+  learning-rate choice, the test split is scored once per run.
+  "transfer" splits Omniglot by alphabet (class names "Alphabet/characterNN"):
+  the alphabets in sorted order go alternately to pretraining (even
+  positions) and retraining (odd positions); class names without an
+  alphabet prefix alternate class by class.
+- `Pretrained`: the one-hot network pretrained to a plateau on its own
+  validation split, trained ONCE and cached under `<output>/pretrain/`, keyed
+  by every setting it depends on. Its fc6 outputs are the frozen features the
+  heads retrain on; its fc7 outputs on the retraining classes' TRAINING
+  images give the class similarity of data-based codes, so no encoding gets
+  training the others do not get.
+"""
+
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+
+import numpy as np
+
+from keras_ecoc.experiments import common
+
+
+@dataclasses.dataclass
+class Task:
+    """Arrays of one run's classes (labels 0..n-1) and its pretraining set.
+
+    Attributes:
+        name: data set name.
+        class_names: the n retraining classes.
+        train, val, test: (x, y) of the retraining classes.
+        pretrain_train, pretrain_val: (x, y) of the pretraining set (labels
+            0..n_pre-1); the retraining classes themselves for "same".
+        pretrain_classes: names of the pretraining classes.
+    """
+
+    name: str
+    class_names: list
+    train: tuple
+    val: tuple
+    test: tuple
+    pretrain_train: tuple
+    pretrain_val: tuple
+    pretrain_classes: list
+
+    @property
+    def num_classes(self):
+        return len(self.class_names)
+
+
+def validation_split(labels, per_class, seed):
+    """Stratified split of a training split: (train indices, val indices).
+
+    Args:
+        labels: int (N,) labels.
+        per_class: validation images per class (>= 1, and every class must
+            keep at least one training image).
+        seed: seed of the draw (independent of the training seed).
+    """
+    labels = np.asarray(labels)
+    rng = np.random.default_rng(seed)
+    val = []
+    for c in np.unique(labels):
+        idx = np.flatnonzero(labels == c)
+        if len(idx) <= per_class:
+            raise ValueError(
+                f"Argument `val_per_class` must leave at least one training "
+                f"image per class; class {c} has {len(idx)}. Received: "
+                f"val_per_class={per_class}")
+        val.append(rng.permutation(idx)[:per_class])
+    val = np.sort(np.concatenate(val))
+    train = np.setdiff1d(np.arange(len(labels)), val)
+    return train, val
+
+
+def transfer_split(class_names):
+    """(pretraining class ids, retraining class ids) of the transfer variant.
+
+    Classes named "group/name" (Omniglot: "Alphabet/characterNN") are split
+    by group: the sorted groups alternate, even positions pretrain, odd ones
+    retrain. Other names alternate class by class.
+    """
+    names = list(class_names)
+    if all("/" in name for name in names):
+        groups = sorted({name.split("/")[0] for name in names})
+        retrain_groups = set(groups[1::2])
+        retrain = [i for i, name in enumerate(names)
+                   if name.split("/")[0] in retrain_groups]
+    else:
+        retrain = list(range(1, len(names), 2))
+    pretrain = sorted(set(range(len(names))) - set(retrain))
+    if not pretrain or not retrain:
+        raise ValueError("The transfer variant needs at least two classes "
+                         f"(groups). Received: {len(names)} classes")
+    return np.array(pretrain), np.array(retrain)
+
+
+def _select(x, y, classes):
+    """Rows of `classes`, relabelled by their position in `classes`."""
+    new_id = np.full(int(max(y.max(initial=0), max(classes))) + 1, -1)
+    new_id[classes] = np.arange(len(classes))
+    keep = new_id[y] >= 0 if len(y) else np.zeros(0, bool)
+    return x[keep], new_id[y[keep]].astype("int32")
+
+
+def split_task(data, protocol, variant, classes, val_per_class, data_seed):
+    """Builds the `Task` of a run from an `ImageDataset`.
+
+    Args:
+        data: `ImageDataset` (all classes).
+        protocol: "scratch" or "retrain".
+        variant: "same" or "transfer" ("scratch" uses "same").
+        classes: keep so many retraining classes (None: all), drawn with
+            `data_seed` among the retraining classes.
+        val_per_class: validation images per class, carved from training.
+        data_seed: seed of the class draw and of the validation split.
+    """
+    if variant == "transfer":
+        pre_ids, re_ids = transfer_split(data.class_names)
+    else:
+        pre_ids = re_ids = np.arange(data.num_classes)
+    if classes is not None:
+        if classes > len(re_ids):
+            raise ValueError(
+                f"Argument `classes` must be at most the {len(re_ids)} "
+                f"retraining classes. Received: classes={classes}")
+        rng = np.random.default_rng(data_seed)
+        re_ids = np.sort(rng.choice(re_ids, int(classes), replace=False))
+        if variant == "same":
+            pre_ids = re_ids
+    x_tr, y_tr = _select(data.x_train, data.y_train, re_ids)
+    x_te, y_te = _select(data.x_test, data.y_test, re_ids)
+    tr, va = validation_split(y_tr, val_per_class, data_seed)
+    if variant == "same":
+        pre_train, pre_val = (x_tr[tr], y_tr[tr]), (x_tr[va], y_tr[va])
+    else:
+        px, py = _select(data.x_train, data.y_train, pre_ids)
+        ptr, pva = validation_split(py, val_per_class, data_seed)
+        pre_train, pre_val = (px[ptr], py[ptr]), (px[pva], py[pva])
+    return Task(
+        name=data.name,
+        class_names=[data.class_names[i] for i in re_ids],
+        train=(x_tr[tr], y_tr[tr]), val=(x_tr[va], y_tr[va]),
+        test=(x_te, y_te), pretrain_train=pre_train, pretrain_val=pre_val,
+        pretrain_classes=[data.class_names[i] for i in pre_ids],
+    )
+
+
+def build_pretrain_network(input_shape, num_classes, hidden):
+    """conv backbone + fc6 ("features", 256) + fc7 (hidden) + fc8 (n)."""
+    import keras
+
+    from keras_ecoc import training
+
+    backbone = training.build_backbone(input_shape)
+    h = keras.layers.Dense(hidden, activation="relu", name="fc7")(
+        backbone.output)
+    logits = keras.layers.Dense(num_classes, name="fc8")(h)
+    return keras.Model(backbone.input, logits, name="pretrained")
+
+
+class Pretrained:
+    """The pretrained one-hot network of a pretraining key, cached on disk.
+
+    Args:
+        settings: dict of every setting the pretraining depends on (its key).
+        cache_dir: folder of the cache (`<output>/pretrain`).
+    """
+
+    def __init__(self, settings, cache_dir):
+        self.settings = dict(settings)
+        blob = json.dumps(self.settings, sort_keys=True).encode()
+        self.key = hashlib.sha1(blob).hexdigest()[:16]
+        self.cache_dir = cache_dir
+        self.weights_path = os.path.join(cache_dir, f"{self.key}.weights.h5")
+        self.record_path = os.path.join(cache_dir, f"{self.key}.json")
+        self.model = None
+        self.record = None
+
+    def load_or_train(self, task, verbose=0):
+        """Loads the cached weights, or pretrains (one process at a time)."""
+        import keras
+
+        os.makedirs(self.cache_dir, exist_ok=True)
+        s = self.settings
+        self.model = build_pretrain_network(
+            task.pretrain_train[0].shape[1:], len(task.pretrain_classes),
+            s["hidden"])
+        # A lock, so parallel workers sharing an output folder pretrain once
+        # and all retrain from the same weights.
+        with open(os.path.join(self.cache_dir, f"{self.key}.lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if os.path.exists(self.record_path):
+                with open(self.record_path) as f:
+                    stored = json.load(f)
+                if stored["settings"] != s:
+                    raise ValueError(
+                        f"The pretraining cache {self.record_path} holds "
+                        "other settings than this run's; use another "
+                        "--output or --overwrite.")
+                self.model.load_weights(self.weights_path)
+                self.record = stored
+            else:
+                self.record = self._train(task, verbose)
+            fcntl.flock(lock, fcntl.LOCK_UN)
+        return self
+
+    def _train(self, task, verbose):
+        import time
+
+        import keras
+
+        s = self.settings
+        keras.utils.set_random_seed(s["pretrain_seed"])
+        self.model.compile(
+            optimizer=keras.optimizers.Adam(s["pretrain_learning_rate"]),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"])
+        stop = keras.callbacks.EarlyStopping(
+            monitor="val_accuracy", patience=s["pretrain_patience"],
+            restore_best_weights=True)
+        common.log(f"  pretraining ({len(task.pretrain_classes)} classes, "
+                   f"{len(task.pretrain_train[1])} images, up to "
+                   f"{s['pretrain_epochs']} epochs, early stop on validation)")
+        start = time.perf_counter()
+        history = self.model.fit(
+            *task.pretrain_train, validation_data=task.pretrain_val,
+            batch_size=s["pretrain_batch_size"], epochs=s["pretrain_epochs"],
+            shuffle=True, verbose=verbose, callbacks=[stop])
+        wall = time.perf_counter() - start
+        val = [float(v) for v in history.history["val_accuracy"]]
+        record = {"settings": s, "key": self.key,
+                  "val_accuracy_per_epoch": val,
+                  "best_val_accuracy": max(val),
+                  "best_epoch": int(np.argmax(val)) + 1,
+                  "epochs_run": len(val), "wall_time": wall,
+                  "pretrain_classes": len(task.pretrain_classes),
+                  "pretrain_images": int(len(task.pretrain_train[1]))}
+        tmp = self.weights_path + ".tmp.weights.h5"
+        self.model.save_weights(tmp)
+        os.replace(tmp, self.weights_path)
+        common.log(f"  pretrained: best validation accuracy "
+                   f"{record['best_val_accuracy']:.3f} at epoch "
+                   f"{record['best_epoch']} of {len(val)} ({wall:.0f} s)")
+        with open(self.record_path + ".tmp", "w") as f:
+            json.dump(record, f, indent=1)
+        os.replace(self.record_path + ".tmp", self.record_path)
+        return record
+
+    def layer_outputs(self, name, x):
+        """Outputs of layer `name` ("features" = fc6, "fc7") on images x."""
+        import keras
+
+        extractor = keras.Model(self.model.input,
+                                self.model.get_layer(name).output)
+        return np.asarray(extractor.predict(x, batch_size=512, verbose=0),
+                          np.float32)
+
+
+def class_similarity_from_features(features, labels, num_classes):
+    """Cosine similarity of class means (`keras_ecoc.codes.class_similarity`)."""
+    from keras_ecoc import codes as codes_lib
+
+    return np.asarray(codes_lib.class_similarity(
+        features, labels, num_classes=num_classes, kernel="cosine"))

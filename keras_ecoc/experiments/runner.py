@@ -1,0 +1,467 @@
+"""One shared runner for every training run of the experiments.
+
+A run is fully described by a `RunSpec` (data, protocol, encoding, code
+length, optimizer, learning rate, batch size, epochs, seed, ...): every field
+is part of its key. `Runner.run(spec)` trains it and writes
+`<output>/runs/<key>.json` as soon as it finishes: the settings, the
+environment, the validation-accuracy curve (step, accuracy), the step of the
+best validation accuracy, the test accuracy with those weights (the reported
+number) and at the end, wall times and the output-gradient sparsity.
+
+Protocols:
+
+- "retrain" (the paper's): a one-hot network pretrained once to a plateau
+  (`protocols.Pretrained`, cached under `<output>/pretrain/`); every encoding
+  then starts from the same frozen fc6 features, with fc7 (Dense + ReLU) and
+  fc8 (Dense(n) or Dense(k) + ECOC decoding) re-initialised from the run's
+  seed and trained. Variants "same" (retrain on the pretraining classes) and
+  "transfer" (pretrain on half of the classes / alphabets, retrain on the
+  others).
+- "scratch": the whole CNN (`training.build_model`) trained from random
+  weights; data-based codes take their similarity from the "same" pretrained
+  network's fc7 features (extra training the baselines do not get).
+
+Speed (measured on the shared 2-core machine, TF 2.21 CPU, a 256-256-121
+head at batch 16): Keras `fit` costs ~1.6 ms per step with one step per
+call, ~1.0-1.4 ms with `steps_per_execution=50` (XLA on or off); the rest
+is Keras's per-step data handling. XLA (`jit_compile=True`) adds 2-4 s of
+compilation to every run (a new model each time), which outweighs its
+per-step gain at these run lengths (one epoch at batch 16: 2.7-6.7 s with
+XLA, 1.4-2.2 s without), so the runner compiles WITHOUT XLA and with
+`steps_per_execution` = the validation interval, and scores the validation
+split by calling the model directly (`predict` re-traces and costs ~10x
+more on a few hundred rows). The JAX backend ran the fit loop at 0.3-0.75
+ms per step (XLA) and also works.
+"""
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import shutil
+import time
+
+import numpy as np
+
+from keras_ecoc.experiments import common
+from keras_ecoc.experiments import protocols
+
+PROTOCOLS = ("scratch", "retrain")
+VARIANTS = ("same", "transfer")
+# Encodings whose row normalisation matters (raw real-valued codewords have
+# unequal norms); for the others `normalize_rows` is None.
+ROW_NORM_ENCODINGS = ("gaussian", "spectral")
+ENCODINGS = ("one_hot", "one_hot_imprinted", "dense_random", "hadamard",
+             "gaussian", "gaussian_zero", "gaussian_median", "spectral",
+             "spectral_zero", "spectral_median")
+DATA_ENCODINGS = common.DATA_ENCODINGS
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """Every setting of one run; all fields form its key.
+
+    Attributes:
+        dataset: "embedded", a .npz path or a tensorflow-datasets name.
+        image_size: resize to (size, size), None: as stored.
+        train_per_class, test_per_class: per-class caps (None: all).
+        dedupe: drop classes duplicating another's images.
+        classes: retraining classes kept (None: all), drawn with data_seed.
+        val_per_class: validation images per class carved from training.
+        data_seed: seed of the validation split and class draw.
+        protocol: "retrain" or "scratch".
+        variant: "transfer" or "same" (scratch: "same").
+        pretrain_epochs, pretrain_batch_size, pretrain_learning_rate,
+        pretrain_patience, pretrain_seed: the one-hot pretraining (Adam,
+            early stopping on its validation split, best weights kept).
+        hidden: width of fc7.
+        encoding: a name of `ENCODINGS`.
+        code_length: k (None for one-hot: n outputs).
+        normalize_rows: rescale raw Gaussian / spectral codewords to norm
+            sqrt(k) (None where it changes nothing).
+        scale, learnable_scale: ECOC decoding scale.
+        optimizer: "sgd" or "adam".
+        learning_rate: the base learning rate.
+        momentum: SGD momentum.
+        head_lr_multiplier: learning-rate factor of the re-initialised head
+            layers (retrain); with frozen features every trained weight is
+            in the head, so the effective rate is learning_rate x this.
+        lr_drop_epochs: epochs after which the rate is multiplied by 0.1.
+        batch_size, epochs: the schedule (full batches only).
+        seed: seeds the head initialisation, the code draw and the batch
+            order (paired across encodings).
+        evals_per_epoch: validation points per epoch.
+    """
+
+    encoding: str = "one_hot"
+    code_length: int = None
+    normalize_rows: bool = None
+    dataset: str = "embedded"
+    image_size: int = None
+    train_per_class: int = None
+    test_per_class: int = None
+    dedupe: bool = True
+    classes: int = None
+    val_per_class: int = 3
+    data_seed: int = 0
+    protocol: str = "retrain"
+    variant: str = "transfer"
+    pretrain_epochs: int = 40
+    pretrain_batch_size: int = 32
+    pretrain_learning_rate: float = 1e-3
+    pretrain_patience: int = 5
+    pretrain_seed: int = 0
+    hidden: int = 256
+    scale: float = 1.0
+    learnable_scale: bool = True
+    optimizer: str = "sgd"
+    learning_rate: float = 0.01
+    momentum: float = 0.9
+    head_lr_multiplier: float = 1.0
+    lr_drop_epochs: tuple = ()
+    batch_size: int = 16
+    epochs: int = 10
+    seed: int = 0
+    evals_per_epoch: int = 4
+
+    def __post_init__(self):
+        _check_choice("protocol", self.protocol, PROTOCOLS)
+        _check_choice("variant", self.variant, VARIANTS)
+        _check_choice("encoding", self.encoding, ENCODINGS)
+        _check_choice("optimizer", self.optimizer, ("sgd", "adam"))
+        if self.protocol == "scratch" and self.variant != "same":
+            raise ValueError("The scratch protocol trains on the given "
+                             "classes: use variant='same'. Received: "
+                             f"variant={self.variant!r}")
+        if self.protocol == "scratch" and self.head_lr_multiplier != 1.0:
+            raise ValueError(
+                "Argument `head_lr_multiplier` applies to the re-initialised "
+                "head of the retrain protocol; scratch has none. Received: "
+                f"head_lr_multiplier={self.head_lr_multiplier}")
+        for name in ("classes", "train_per_class", "test_per_class",
+                     "image_size"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"Argument `{name}` must be a positive "
+                                 f"integer or None. Received: {name}={value!r}")
+        for name in ("batch_size", "epochs", "val_per_class", "hidden",
+                     "evals_per_epoch", "pretrain_epochs",
+                     "pretrain_batch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"Argument `{name}` must be a positive "
+                                 f"integer. Received: {name}={value!r}")
+        for name in ("learning_rate", "head_lr_multiplier", "scale",
+                     "pretrain_learning_rate"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value)
+                    and value > 0):
+                raise ValueError(f"Argument `{name}` must be a positive "
+                                 f"float. Received: {name}={value!r}")
+        if self.encoding.startswith("one_hot"):
+            if self.code_length is not None:
+                raise ValueError("One-hot encodings have n outputs: leave "
+                                 "`code_length` None. Received: "
+                                 f"code_length={self.code_length}")
+        elif not isinstance(self.code_length, int) or self.code_length < 2:
+            raise ValueError("Argument `code_length` must be an integer >= 2 "
+                             f"for {self.encoding!r}. Received: "
+                             f"code_length={self.code_length!r}")
+        if (self.normalize_rows is None) != (
+                self.encoding not in ROW_NORM_ENCODINGS):
+            raise ValueError(
+                "Argument `normalize_rows` must be True or False for "
+                f"{ROW_NORM_ENCODINGS} and None for other encodings. "
+                f"Received: normalize_rows={self.normalize_rows!r} for "
+                f"encoding={self.encoding!r}")
+        object.__setattr__(self, "lr_drop_epochs",
+                           tuple(int(e) for e in self.lr_drop_epochs))
+
+    def to_dict(self):
+        d = dataclasses.asdict(self)
+        d["lr_drop_epochs"] = list(self.lr_drop_epochs)
+        return d
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls(**{**d, "lr_drop_epochs": tuple(d.get("lr_drop_epochs",
+                                                         ()))})
+
+    @property
+    def key(self):
+        """16 hex digits of the SHA-1 of the settings (sorted JSON)."""
+        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        return hashlib.sha1(blob).hexdigest()[:16]
+
+    @property
+    def label(self):
+        """Encoding label: 'spectral_raw' / 'spectral_norm' where rows matter."""
+        if self.normalize_rows is None:
+            return self.encoding
+        return f"{self.encoding}_{'norm' if self.normalize_rows else 'raw'}"
+
+    def pretrain_settings(self):
+        """The settings the pretrained network depends on (its cache key)."""
+        variant = "same" if self.protocol == "scratch" else self.variant
+        return {
+            "dataset": self.dataset, "image_size": self.image_size,
+            "train_per_class": self.train_per_class,
+            "test_per_class": self.test_per_class, "dedupe": self.dedupe,
+            # The transfer pretraining set does not depend on which
+            # retraining classes are kept.
+            "classes": self.classes if variant == "same" else None,
+            "val_per_class": self.val_per_class, "data_seed": self.data_seed,
+            "variant": variant, "hidden": self.hidden,
+            "pretrain_epochs": self.pretrain_epochs,
+            "pretrain_batch_size": self.pretrain_batch_size,
+            "pretrain_learning_rate": self.pretrain_learning_rate,
+            "pretrain_patience": self.pretrain_patience,
+            "pretrain_seed": self.pretrain_seed,
+        }
+
+
+def _check_choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"Argument `{name}` must be one of {choices}. "
+                         f"Received: {name}={value!r}")
+
+
+def prepare_output(output, resume=False, overwrite=False):
+    """Checks (and creates) the output folder.
+
+    A non-empty folder is refused unless `resume` (reuse runs whose settings
+    match) or `overwrite` (retrain and replace every run; the pretraining
+    cache is removed) is given.
+    """
+    if resume and overwrite:
+        raise ValueError("Pass at most one of `resume` and `overwrite`.")
+    if os.path.isdir(output) and os.listdir(output):
+        if not (resume or overwrite):
+            raise ValueError(
+                f"The output folder {output!r} is not empty. Pass --resume "
+                "to reuse its runs (only those whose settings all match) or "
+                "--overwrite to train again and replace them.")
+        if overwrite:
+            pretrain = os.path.join(output, "pretrain")
+            if os.path.isdir(pretrain):
+                shutil.rmtree(pretrain)
+    elif os.path.exists(output) and not os.path.isdir(output):
+        raise ValueError(f"Argument `output` must be a folder. Received: "
+                         f"output={output!r} (a file)")
+    os.makedirs(os.path.join(output, "runs"), exist_ok=True)
+    return output
+
+
+class Runner:
+    """Trains `RunSpec`s, caching data, tasks, features and results.
+
+    Args:
+        output: the output folder (runs/ and pretrain/ go inside; nothing is
+            written elsewhere).
+        resume: reuse stored runs whose settings all match.
+        verbose: Keras progress (0 none, 1 bars, 2 one line per epoch).
+        jit_compile: XLA for the training steps (see the module docstring).
+    """
+
+    def __init__(self, output, resume=False, verbose=0, jit_compile=False):
+        self.output = output
+        self.resume = resume
+        self.verbose = verbose
+        self.jit_compile = jit_compile
+        self._tasks = {}
+        self._pretrained = {}
+        self._features = {}
+        os.makedirs(os.path.join(output, "runs"), exist_ok=True)
+
+    def path(self, spec):
+        return os.path.join(self.output, "runs", f"{spec.key}.json")
+
+    def stored(self, spec):
+        """The stored record of `spec` if resuming and its settings match."""
+        path = self.path(spec)
+        if not (self.resume and os.path.exists(path)):
+            return None
+        with open(path) as f:
+            record = json.load(f)
+        if record.get("spec") != spec.to_dict():
+            raise ValueError(
+                f"{path} holds another run's settings under the same key; "
+                "remove it or use --overwrite.")
+        return record
+
+    def run(self, spec):
+        """The record of `spec`: reused (resume, same settings) or trained."""
+        record = self.stored(spec)
+        if record is not None:
+            return record
+        start = time.perf_counter()
+        record = {"spec": spec.to_dict(), "key": spec.key,
+                  "label": spec.label, "environment": common.environment(),
+                  "command": common.COMMAND}
+        try:
+            record.update(self._train(spec))
+            record["status"] = "ok"
+        except CodeError as error:
+            record["status"], record["error"] = error.status, str(error)
+            common.log(f"    -> not trained: {error}")
+        record["wall_time"] = time.perf_counter() - start
+        from keras_ecoc.experiments import report
+
+        path = self.path(spec)
+        report.write_json(path + ".tmp", record)
+        os.replace(path + ".tmp", path)
+        return record
+
+    # -- the pieces -------------------------------------------------------
+
+    def task(self, spec):
+        key = (spec.dataset, spec.image_size, spec.train_per_class,
+               spec.test_per_class, spec.dedupe, spec.protocol, spec.variant,
+               spec.classes, spec.val_per_class, spec.data_seed)
+        if key not in self._tasks:
+            data = common.load_data(common.DataOptions(
+                dataset=spec.dataset, train_per_class=spec.train_per_class,
+                test_per_class=spec.test_per_class,
+                image_size=spec.image_size, dedupe=spec.dedupe,
+                subset_seed=spec.data_seed))
+            variant = "same" if spec.protocol == "scratch" else spec.variant
+            self._tasks[key] = protocols.split_task(
+                data, spec.protocol, variant, spec.classes,
+                spec.val_per_class, spec.data_seed)
+        return self._tasks[key]
+
+    def pretrained(self, spec):
+        settings = spec.pretrain_settings()
+        key = json.dumps(settings, sort_keys=True)
+        if key not in self._pretrained:
+            if settings["variant"] == "same" and spec.protocol == "scratch":
+                task = self.task(dataclasses.replace(
+                    spec, protocol="retrain", variant="same"))
+            else:
+                task = self.task(spec)
+            self._pretrained[key] = protocols.Pretrained(
+                settings, os.path.join(self.output, "pretrain")
+            ).load_or_train(task, verbose=self.verbose)
+        return self._pretrained[key]
+
+    def features(self, spec):
+        """Frozen fc6 features of train/val/test and fc7 of train (retrain)."""
+        task = self.task(spec)
+        pre = self.pretrained(spec)
+        key = (pre.key, id(task))
+        if key not in self._features:
+            self._features[key] = {
+                "train": pre.layer_outputs("features", task.train[0]),
+                "val": pre.layer_outputs("features", task.val[0]),
+                "test": pre.layer_outputs("features", task.test[0]),
+                "fc7_train": pre.layer_outputs("fc7", task.train[0]),
+                "task": task,
+            }
+        return self._features[key]
+
+    def similarity(self, spec):
+        """Class similarity of data-based codes: pretrained fc7 features of
+        the retraining classes' TRAINING images (validation excluded)."""
+        task = self.task(spec)
+        if spec.protocol == "retrain":
+            fc7 = self.features(spec)["fc7_train"]
+        else:
+            fc7 = self.pretrained(spec).layer_outputs("fc7", task.train[0])
+        return protocols.class_similarity_from_features(
+            fc7, task.train[1], task.num_classes)
+
+    def codes(self, spec, num_classes):
+        """(n, k) float32 codes, or None for the one-hot encodings."""
+        if spec.encoding.startswith("one_hot"):
+            return None
+        from keras_ecoc import training
+
+        similarity = (self.similarity(spec)
+                      if spec.encoding in DATA_ENCODINGS else None)
+        k = spec.code_length
+        if spec.encoding in DATA_ENCODINGS and k > num_classes - 1:
+            raise CodeError("no_code", f"spectral codes need k <= n - 1 = "
+                            f"{num_classes - 1}; got k = {k}")
+        try:
+            codes = training.make_codes(
+                spec.encoding, num_classes, k, similarity=similarity,
+                seed=spec.seed,
+                normalize_rows=bool(spec.normalize_rows))
+        except ValueError as error:
+            raise CodeError("no_code", str(error)) from error
+        codes = np.asarray(codes, np.float32)
+        distinct = len(np.unique(codes, axis=0))
+        if distinct < len(codes):
+            raise CodeError("duplicate_codewords",
+                            f"{len(codes) - distinct} duplicate codewords "
+                            f"({distinct} distinct of {len(codes)})")
+        return codes
+
+    def _train(self, spec):
+        import keras
+
+        from keras_ecoc import training
+
+        task = self.task(spec)
+        n = task.num_classes
+        codes = self.codes(spec, n)
+        keras.utils.set_random_seed(spec.seed)
+        info = {"num_classes": n, "outputs": n if codes is None
+                else int(codes.shape[1])}
+        if spec.protocol == "retrain":
+            feats = self.features(spec)
+            train = (feats["train"], task.train[1])
+            val = (feats["val"], task.val[1])
+            test = (feats["test"], task.test[1])
+            model = training.build_head(
+                train[0].shape[1], n, codes=codes, hidden=spec.hidden,
+                seed=spec.seed, scale=spec.scale,
+                learnable_scale=spec.learnable_scale)
+            learning_rate = spec.learning_rate * spec.head_lr_multiplier
+            info["pretrain"] = self.pretrained(spec).record
+        else:
+            train, val, test = task.train, task.val, task.test
+            model = training.build_model(
+                train[0].shape[1:], n, codes=codes, scale=spec.scale,
+                learnable_scale=spec.learnable_scale)
+            learning_rate = spec.learning_rate
+        if spec.encoding == "one_hot_imprinted":
+            training.imprint_output_layer(model, train[0], train[1], n)
+        steps_per_epoch = len(train[1]) // spec.batch_size
+        optimizer = training.make_optimizer(
+            spec.optimizer, learning_rate, spec.momentum,
+            drop_steps=[e * steps_per_epoch for e in spec.lr_drop_epochs])
+        interval = training.eval_interval(len(train[1]), spec.batch_size,
+                                          spec.evals_per_epoch)
+        compile_kwargs = dict(jit_compile=self.jit_compile,
+                              steps_per_execution=interval)
+        if codes is None:
+            model.compile(
+                optimizer=optimizer,
+                loss=keras.losses.SparseCategoricalCrossentropy(
+                    from_logits=True), **compile_kwargs)
+        else:
+            model.compile(optimizer=optimizer, metrics=[], **compile_kwargs)
+        result = training.train_tracked(
+            model, train, val, test, spec.batch_size, spec.epochs, spec.seed,
+            evals_per_epoch=spec.evals_per_epoch, verbose=self.verbose)
+        info.update(result)
+        info["effective_learning_rate"] = learning_rate
+        info["eval_interval"] = interval
+        info["train_images"] = int(len(train[1]))
+        info["val_images"] = int(len(val[1]))
+        info["test_images"] = int(len(test[1]))
+        if codes is not None:
+            info["final_scale"] = float(keras.ops.convert_to_numpy(
+                model.decoder.scale))
+            info["code_stats"] = common.code_stats(codes)
+        return info
+
+
+class CodeError(Exception):
+    """No usable code for a run (recorded, not trained)."""
+
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status = status
