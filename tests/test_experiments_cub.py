@@ -193,7 +193,15 @@ def test_run_attributes_reports_null_and_p_values(tmp_path):
     assert {os.path.basename(f) for f in out["files"]} == {
         "attributes.png", "attributes.md", "attributes.json"}
     with open(tmp_path / "attributes.json") as f:
-        assert json.load(f)["settings"]["draws"] == 20
+        stored = json.load(f)
+    assert stored["settings"]["draws"] == 20
+    assert all(len(r["values"]) == 20 for r in stored["null"]
+               if r.get("status") != "no_code")
+    with pytest.raises(FileExistsError, match="overwrite"):
+        attr.run_attributes(similarity, attributes, str(tmp_path),
+                            code_lengths=(5,), draws=3)
+    attr.run_attributes(similarity, attributes, str(tmp_path),
+                        code_lengths=(5,), draws=3, overwrite=True)
 
 
 # --- end to end --------------------------------------------------------------

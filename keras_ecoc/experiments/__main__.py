@@ -152,6 +152,8 @@ def build_parser():
                    "(default 1000)")
     p.add_argument("--top", type=int, default=3,
                    help="attributes listed per bit")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace attributes.json/.md/.png in --output")
     p = sub.add_parser("pictures", parents=[common],
                        help="t-SNE and confusion matrices per encoding")
     p.add_argument("--max-points", type=int, default=None,
@@ -501,7 +503,7 @@ def run_experiment(experiment, o, output_dir):
             code_lengths=_pick(o, "code_lengths", attributes.CODE_LENGTHS),
             encodings=_pick(o, "encodings", attributes.DATA_ENCODINGS),
             draws=_pick(o, "random_draws", attributes.NULL_DRAWS),
-            top=o["top"],
+            top=o["top"], overwrite=o.get("overwrite", False),
             source={"similarity": "cosine similarity of the class means of "
                     "the pretrained fc7 activations of the training images "
                     "(validation split excluded)",

@@ -167,7 +167,7 @@ def run_attributes(similarity, attributes, output_dir=None,
                    attribute_names=None, code_lengths=CODE_LENGTHS,
                    encodings=DATA_ENCODINGS, null_encodings=NULL_ENCODINGS,
                    draws=NULL_DRAWS, dense_trials=NULL_DENSE_TRIALS, top=3,
-                   source=None, name="attributes"):
+                   source=None, overwrite=False, name="attributes"):
     """Attribute correlation of data-based codes against a random-code null.
 
     Args:
@@ -183,6 +183,8 @@ def run_attributes(similarity, attributes, output_dir=None,
             `null_distribution`).
         top: attributes listed per bit.
         source: JSON-able description of where `similarity` comes from.
+        overwrite: replace existing `<name>.json/.md/.png` files in
+            `output_dir` (otherwise they are an error).
 
     Returns:
         dict with "codes" (per data-based encoding and k: statistic, its
@@ -194,6 +196,7 @@ def run_attributes(similarity, attributes, output_dir=None,
     from keras_ecoc import training
 
     start = time.perf_counter()
+    _check_outputs(output_dir, name, overwrite)
     sim = np.asarray(similarity, np.float64)
     attributes = np.asarray(attributes, np.float64)
     n = len(attributes)
@@ -230,6 +233,7 @@ def run_attributes(similarity, attributes, output_dir=None,
                 "percentiles": {str(q): float(np.percentile(values, q))
                                 for q in (5, 50, 95, 99)},
                 "max": float(values.max()),
+                "values": values.tolist(),
                 "wall_time": time.perf_counter() - t})
             common.log(f"  null {encoding} k={k}: {draws} draws, mean "
                        f"{values.mean():.3f} ± {values.std():.3f} "
@@ -282,6 +286,20 @@ def run_attributes(similarity, attributes, output_dir=None,
     results["markdown"] = attributes_markdown(results)
     results["files"] = _write(results, nulls, output_dir, name)
     return results
+
+
+def _check_outputs(output_dir, name, overwrite):
+    """Refuses to replace earlier results unless `overwrite`."""
+    import os
+
+    if output_dir is None or overwrite:
+        return
+    existing = [f"{name}.{ext}" for ext in ("json", "md", "png")
+                if os.path.exists(os.path.join(output_dir, f"{name}.{ext}"))]
+    if existing:
+        raise FileExistsError(
+            f"{output_dir} already holds {', '.join(existing)}; pass "
+            "overwrite=True (`--overwrite`) to replace them.")
 
 
 def attributes_markdown(results, show_bits=6):
@@ -359,10 +377,15 @@ def _write(results, nulls, output_dir, name):
         ax.set_xlabel("mean over bits of best |r|")
     for ax in axes[len(ks):]:
         ax.set_visible(False)
-    axes[0].legend(fontsize=7)
+    handles = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    fig.legend(list(handles.values()), list(handles), loc="lower center",
+               ncol=len(handles), fontsize=8)
     fig.suptitle(f"Bit-attribute correlation, {s['num_classes']} classes, "
                  f"{s['num_attributes']} attributes, {s['draws']} null draws")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.05, 1, 0.95))
     png = os.path.join(output_dir, f"{name}.png")
     fig.savefig(png, dpi=110)
     md = report.write_text(os.path.join(output_dir, f"{name}.md"),
