@@ -64,6 +64,15 @@ def test_make_code_data_based_codes_ignore_the_seed():
     assert cub_bits.make_code("one_hot", 6, 6, None, 0) is None
 
 
+def test_build_head_sets_the_initial_decoding_scale():
+    codes = cub_bits.truncated_one_hot(5, 4)
+    model = cub_bits.build_head(7, 5, codes, fc_width=3, scale=7.0)
+    assert float(np.asarray(model.decoder.scale)) == pytest.approx(7.0)
+    assert model.code_length == 4 and model.num_classes == 5
+    one_hot = cub_bits.build_head(7, 5, None, fc_width=3)
+    assert one_hot.output_shape == (None, 5)
+
+
 # --- statistics ------------------------------------------------------------
 
 

@@ -469,7 +469,9 @@ def run_experiment(experiment, o, output_dir):
             val_per_class=_pick(o, "val_per_class",
                                 cub_bits.VALIDATION_PER_CLASS),
             margin=o["margin"], resume=o["resume"], overwrite=o["overwrite"],
-            verbose=min(o["verbose"], 2))
+            scale=o["scale"], verbose=min(o["verbose"], 2),
+            name="cub_bits" if o["scale"] is None
+            else f"cub_bits_scale{o['scale']:g}")
     if experiment == "batch-size":
         previous = None
         if o.get("resume"):

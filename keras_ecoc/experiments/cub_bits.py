@@ -406,13 +406,15 @@ LEARNING_RATES = (0.003, 0.01, 0.03, 0.1)
 MOMENTUM = 0.9
 
 
-def build_head(feature_dim, num_classes, codes=None, fc_width=FC_WIDTH):
+def build_head(feature_dim, num_classes, codes=None, fc_width=FC_WIDTH,
+               scale=None):
     """fc7 (ReLU) + fc8 on (batch, feature_dim) features, freshly initialised.
 
     Returns:
         An uncompiled one-hot `keras.Model` (fc8 = Dense(n) logits) when
         `codes` is None, else an `ECOCClassifier` whose projection is fc8
-        (Dense(k)) and which decodes with `codes` (package-default scale).
+        (Dense(k)) and which decodes with `codes`; `scale` is its initial
+        (learnable) decoding scale, None for the package default.
     """
     import keras
 
@@ -424,12 +426,14 @@ def build_head(feature_dim, num_classes, codes=None, fc_width=FC_WIDTH):
         logits = keras.layers.Dense(num_classes, name="fc8")(x)
         return keras.Model(inputs, logits, name="one_hot_head")
     body = keras.Model(inputs, x, name="fc7_body")
-    return ECOCClassifier(body, codes, pooling=None, name="ecoc_head")
+    kwargs = {} if scale is None else {"scale": float(scale)}
+    return ECOCClassifier(body, codes, pooling=None, name="ecoc_head",
+                          **kwargs)
 
 
 def train_head(features, codes, learning_rate, seed, epochs=HEAD_EPOCHS,
                batch_size=HEAD_BATCH_SIZE, momentum=MOMENTUM,
-               evaluate_test=True):
+               evaluate_test=True, scale=None):
     """Trains fc7 + fc8 on frozen features with SGD + momentum.
 
     The learning rate is divided by 10 after half the epochs (the paper's
@@ -446,6 +450,8 @@ def train_head(features, codes, learning_rate, seed, epochs=HEAD_EPOCHS,
         epochs, batch_size, momentum: the schedule.
         evaluate_test: measure test accuracy (False while choosing the
             learning rate).
+        scale: initial learnable decoding scale of ECOC heads (None: the
+            package default).
 
     Returns:
         dict: val_accuracies (epochs,), final_val_accuracy, test_accuracy
@@ -476,7 +482,7 @@ def train_head(features, codes, learning_rate, seed, epochs=HEAD_EPOCHS,
         # Only the truncated one-hot code (one all-zero codeword) has unequal
         # codeword norms here, and that is its definition.
         warnings.filterwarnings("ignore", message=".*unequal norms")
-        model = build_head(features.train.shape[1], n, codes)
+        model = build_head(features.train.shape[1], n, codes, scale=scale)
         if codes is None:
             model.compile(
                 optimizer=optimizer,
@@ -611,8 +617,11 @@ def mean_ci(values, level=0.95):
 # The experiment.
 
 
-def _run_name(encoding, k, learning_rate, seed):
-    return f"{encoding}-k{k}-lr{learning_rate:g}-s{seed}.json"
+def _run_name(encoding, k, learning_rate, seed, scale=None):
+    stem = f"{encoding}-k{k}-lr{learning_rate:g}-s{seed}"
+    if scale is not None and encoding != "one_hot":
+        stem += f"-scale{scale:g}"
+    return stem + ".json"
 
 
 class RunStore:
@@ -654,7 +663,7 @@ def run_cub_bits(data, output_dir, pretrain, code_lengths=CODE_LENGTHS,
                  learning_rates=LEARNING_RATES, epochs=HEAD_EPOCHS,
                  batch_size=HEAD_BATCH_SIZE, val_per_class=VALIDATION_PER_CLASS,
                  margin=EQUIVALENCE_MARGIN, resume=False, overwrite=False,
-                 verbose=0, name="cub_bits"):
+                 scale=None, verbose=0, name="cub_bits"):
     """Test accuracy against code length, fc7 + fc8 retrained on frozen features.
 
     Args:
@@ -675,6 +684,9 @@ def run_cub_bits(data, output_dir, pretrain, code_lengths=CODE_LENGTHS,
             split.
         margin: equivalence margin in accuracy points.
         resume, overwrite: reuse / replace existing per-run files.
+        scale: initial learnable decoding scale of the ECOC heads (None:
+            the package default, 1.0).
+        name: stem of the summary files.
 
     Returns:
         dict with "summary" (per encoding and k: chosen learning rate, test
@@ -713,6 +725,9 @@ def run_cub_bits(data, output_dir, pretrain, code_lengths=CODE_LENGTHS,
                 "batch_size": int(batch_size), "momentum": MOMENTUM,
                 "val_per_class": int(val_per_class),
                 "schedule": "lr / 10 after half the epochs"}
+    if scale is not None:
+        # Only when set, so runs stored before the option existed resume.
+        settings["scale"] = float(scale)
     progress = common.RunProgress(
         len(plan) * (len(learning_rates) + len(seeds) - 1), name)
     summary, records = [], []
@@ -752,10 +767,12 @@ def run_cub_bits(data, output_dir, pretrain, code_lengths=CODE_LENGTHS,
             continue
 
         def run(lr, seed):
-            run_name = _run_name(encoding, k, lr, seed)
+            run_name = _run_name(encoding, k, lr, seed, scale)
             run_settings = {**settings, "encoding": encoding,
                             "code_length": k, "learning_rate": float(lr),
                             "seed": int(seed)}
+            if encoding == "one_hot":  # No decoding scale: shared runs.
+                run_settings.pop("scale", None)
             record = store.get(run_name, run_settings)
             progress.begin(f"{encoding} k={k} lr={lr:g} seed={seed}")
             if record is None:
@@ -764,7 +781,8 @@ def run_cub_bits(data, output_dir, pretrain, code_lengths=CODE_LENGTHS,
                 seed_codes = make_code(encoding, n, k, similarity, seed)
                 record = {"settings": run_settings,
                           **train_head(features, seed_codes, lr, seed,
-                                       epochs=epochs, batch_size=batch_size)}
+                                       epochs=epochs, batch_size=batch_size,
+                                       scale=scale)}
                 store.put(run_name, record)
             progress.end()
             common.log(f"    -> val {record['final_val_accuracy']:.4f}, "
@@ -792,6 +810,11 @@ def run_cub_bits(data, output_dir, pretrain, code_lengths=CODE_LENGTHS,
             "seeds": seeds, "test_accuracy": test,
             "val_accuracy": [per_seed[s]["final_val_accuracy"] for s in seeds],
             "test_accuracy_mean": mean, "test_accuracy_ci95": ci,
+            # Final training loss: how hard the head fits its 25 images a
+            # class (overfitting shows as ~0 loss with low test accuracy).
+            "final_train_loss": [per_seed[s]["train_losses"][-1]
+                                 for s in seeds],
+            "final_scale": [per_seed[s]["final_scale"] for s in seeds],
             "wall_time": float(sum(r["wall_time"] for r in records)),
         })
         _add_comparisons(summary, margin)
@@ -827,7 +850,7 @@ def cub_bits_markdown(results):
     for r in results["summary"]:
         if r.get("status") != "ok":
             rows.append([r["encoding"], r["code_length"], "", r["status"],
-                         "", ""])
+                         "", "", ""])
             continue
         ci = r["test_accuracy_ci95"]
         cell = f"{100 * r['test_accuracy_mean']:.1f}"
@@ -841,8 +864,11 @@ def cub_bits_markdown(results):
             verdict_cell = r["verdict"]
         else:
             diff, verdict_cell = "reference", ""
+        loss = r.get("final_train_loss")
+        loss = f"{np.mean(loss):.2f}" if loss else ""
         rows.append([r["encoding"], r["code_length"],
-                     f"{r['learning_rate']:g}", cell, diff, verdict_cell])
+                     f"{r['learning_rate']:g}", cell, diff, verdict_cell,
+                     loss])
     d = results["dataset"]
     p = results["pretrain"]
     text = (
@@ -853,13 +879,15 @@ def cub_bits_markdown(results):
         f"%). {d['retrain_train_images']} training / "
         f"{d['validation_images']} validation / {d['test_images']} test "
         f"images; SGD momentum {s['momentum']}, {s['epochs']} epochs, batch "
-        f"{s['batch_size']}, lr / 10 after half; lr from "
+        f"{s['batch_size']}, lr / 10 after half; ECOC decoding scale "
+        f"{s.get('scale', 1.0):g} initially, learnable; lr from "
         f"{s['learning_rates']} on validation; {len(s['seeds'])} paired "
         f"seeds {s['seeds']}. Mean [95% t-CI]; difference to one-hot in "
         f"points (paired), TOST margin ±{s['margin']:g}.\n\n")
     return text + report_table(
         ["encoding", "k", "lr", "test acc. % [95% CI]",
-         "paired diff. to one-hot (pt)", "verdict"], rows)
+         "paired diff. to one-hot (pt)", "verdict", "final train loss"],
+        rows)
 
 
 def report_table(headers, rows):
