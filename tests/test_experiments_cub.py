@@ -181,6 +181,19 @@ def test_null_distribution_is_reproducible_and_rejects_bad_input():
         attr.null_distribution("gaussian", 8, 4, attributes, draws=0)
 
 
+def test_permutation_null_shuffles_classes_only():
+    rng = np.random.default_rng(5)
+    attributes = rng.uniform(0, 1, (9, 6))
+    codes = attributes[:, :2] + 0.01 * rng.standard_normal((9, 2))
+    null = attr.permutation_null(codes, attributes, draws=50, seed=1)
+    order = np.random.default_rng(1).permutation(9)
+    assert null[0] == pytest.approx(
+        attr.mean_best_abs_r(codes[order], attributes), abs=1e-12)
+    # Codes copied from the attributes beat (almost) every shuffle.
+    value = attr.mean_best_abs_r(codes, attributes)
+    assert value > 0.99 and attr.empirical_p_value(value, null) < 0.1
+
+
 def test_run_attributes_reports_null_and_p_values(tmp_path):
     rng = np.random.default_rng(4)
     x = rng.standard_normal((8, 3))
@@ -197,7 +210,7 @@ def test_run_attributes_reports_null_and_p_values(tmp_path):
     assert [(r["encoding"], r["code_length"]) for r in no_code] == [
         ("dense_random", 2)]
     for r in out["codes"]:
-        assert 0 < r["p_vs_gaussian"] <= 1
+        assert 0 < r["p_vs_gaussian"] <= 1 and 0 < r["p_vs_permuted"] <= 1
         assert 0 <= r["mean_best_abs_r"] <= 1
     assert {os.path.basename(f) for f in out["files"]} == {
         "attributes.png", "attributes.md", "attributes.json"}

@@ -147,6 +147,22 @@ def null_distribution(encoding, num_classes, code_length, attributes,
     return batched_mean_best_abs_r(stack, attributes)
 
 
+def permutation_null(codes, attributes, draws=NULL_DRAWS, seed=0):
+    """`mean_best_abs_r` of `codes` with its rows (classes) shuffled.
+
+    The strictest null for a data-based code: it keeps the code's own
+    columns (their smoothness, thresholding, number of bits) and breaks only
+    the match between a class's codeword and that class's attributes.
+
+    Returns:
+        float64 (draws,).
+    """
+    codes = np.asarray(codes, np.float64)
+    rng = np.random.default_rng(seed)
+    order = np.stack([rng.permutation(len(codes)) for _ in range(draws)])
+    return batched_mean_best_abs_r(codes[order], attributes)
+
+
 def empirical_p_value(value, null):
     """(1 + #{null >= value}) / (1 + D): the share of draws at least as high."""
     null = np.asarray(null)
@@ -255,6 +271,14 @@ def run_attributes(similarity, attributes, output_dir=None,
                       "distinct_rows": int(len(np.unique(codes, axis=0))),
                       "top_attributes": top_attributes(r, attribute_names,
                                                        top)}
+            permuted = permutation_null(codes, attributes, draws)
+            record["permuted_null"] = {
+                "mean": float(permuted.mean()),
+                "std": float(permuted.std()),
+                "percentile_95": float(np.percentile(permuted, 95))}
+            record["p_vs_permuted"] = empirical_p_value(value, permuted)
+            record["percentile_vs_permuted"] = float(
+                100.0 * np.mean(permuted < value))
             for null_encoding in null_encodings:
                 null = nulls.get((null_encoding, k))
                 if null is None:
@@ -316,13 +340,21 @@ def attributes_markdown(results, show_bits=6):
             row += [f"{nr['mean']:.3f} ± {nr['std']:.3f} (95th "
                     f"{nr['percentiles']['95']:.3f})",
                     f"{r[f'percentile_vs_{e}']:.1f} / {r[f'p_vs_{e}']:.4f}"]
+        pn = r["permuted_null"]
+        row += [f"{pn['mean']:.3f} ± {pn['std']:.3f} (95th "
+                f"{pn['percentile_95']:.3f})",
+                f"{r['percentile_vs_permuted']:.1f} / "
+                f"{r['p_vs_permuted']:.4f}"]
         rows.append(row)
     headers = ["encoding", "k", "mean best abs(r)"]
     for e in s["null_encodings"]:
         headers += [f"{e} null mean ± std", f"percentile / p vs {e}"]
+    headers += ["permuted-rows null mean ± std", "percentile / p vs permuted"]
     text = (f"Mean over bits of the best |r| over the {s['num_attributes']} "
             f"attributes, across the {s['num_classes']} classes; null: "
-            f"{s['draws']} random codes per encoding and k. p = (1 + #draws "
+            f"{s['draws']} random codes per encoding and k, and {s['draws']} "
+            "row (class) permutations of each data-based code. p = (1 + "
+            "#draws "
             ">= value) / (1 + draws).\n\n")
     text += _table(headers, rows)
     k = min(s["code_lengths"])
