@@ -15,7 +15,6 @@ import pytest
 from keras_ecoc.experiments import __main__ as cli
 from keras_ecoc.experiments import attribute_correlation
 from keras_ecoc.experiments import tsne
-from keras_ecoc.experiments.scale import parse_scale_config
 from keras_ecoc.experiments.tsne import neighbour_agreement
 
 # 6 Omniglot classes (embedded set), 3 training and 2 test images a class.
@@ -75,14 +74,6 @@ def test_tsne_separates_clusters():
     centroids = np.stack([y[labels == c].mean(0) for c in range(4)])
     nearest = np.argmin(((y[:, None] - centroids[None]) ** 2).sum(-1), 1)
     assert np.mean(nearest == labels) > 0.97
-
-
-def test_parse_scale_config():
-    assert parse_scale_config("fixed:1") == (1.0, False)
-    assert parse_scale_config("learnable:8") == (8.0, True)
-    for bad in ("fixed", "learn:2", "fixed:-1"):
-        with pytest.raises(ValueError):
-            parse_scale_config(bad)
 
 
 def test_ablation_command(tmp_path):
@@ -211,20 +202,6 @@ def test_pictures_command(tmp_path):
         assert 0.0 <= record["knn5_agreement_tsne"] <= 1.0
 
 
-def test_scale_command(tmp_path):
-    cli.main(["scale", *TINY, "--encodings", "gaussian", "--code-length", "4",
-              "--scale-configs", "fixed:1", "learnable:8",
-              "--output", str(tmp_path)])
-    data, _ = _load(tmp_path, "scale")
-    _check_png(tmp_path / "scale.png")
-    configs = {(r["encoding"], r["scale_config"]): r for r in data["summary"]}
-    assert set(configs) == {("one_hot", "n/a"), ("gaussian", "fixed:1"),
-                            ("gaussian", "learnable:8")}
-    assert configs[("gaussian", "fixed:1")]["final_scale_mean"] == (
-        pytest.approx(1.0))
-    assert configs[("one_hot", "n/a")]["final_scale_mean"] is None
-
-
 def test_all_runs_every_experiment(tmp_path, monkeypatch):
     # `all` wiring only (each experiment has its own test above): a stub
     # records the calls and the options they get.
@@ -239,8 +216,234 @@ def test_all_runs_every_experiment(tmp_path, monkeypatch):
     results = cli.main(["all", "--smoke", "--output", str(tmp_path)])
     # The embedded Omniglot set has no class attributes: skipped.
     assert [c[0] for c in calls] == ["ablation", "cub-bits", "batch-size",
-                                     "pictures", "scale"]
+                                     "pictures"]
     assert set(results) == {c[0] for c in calls}
     assert all(c[1:] == (1, 12) for c in calls)  # --smoke settings
     readme = (tmp_path / "README.md").read_text()
-    assert "## batch-size" in readme and "table of scale" in readme
+    assert "## batch-size" in readme and "table of pictures" in readme
+
+
+# ---------------------------------------------------------------------------
+# The shared runner, the retrain protocol and the statistics (grid command).
+
+from keras_ecoc.experiments import protocols  # noqa: E402
+from keras_ecoc.experiments import runner as runner_lib  # noqa: E402
+from keras_ecoc.experiments import stats  # noqa: E402
+
+
+def _tiny_npz(tmp_path, num_classes=6, per_class=10, size=8):
+    """A generic .npz (images/labels/is_train), classes named 'group/name'."""
+    rng = np.random.default_rng(1)
+    labels = np.repeat(np.arange(num_classes), per_class).astype("int32")
+    # Class-dependent blobs, so the networks have something to learn.
+    centres = rng.uniform(0, 1, (num_classes, size, size, 1))
+    images = (centres[labels] + 0.3 * rng.normal(
+        size=(len(labels), size, size, 1))).clip(0, 1).astype("float32")
+    is_train = np.tile(np.arange(per_class) < per_class - 3, num_classes)
+    names = np.array([f"g{c % 2}/c{c}" for c in range(num_classes)])
+    path = tmp_path / "tiny.npz"
+    np.savez(path, images=images, labels=labels, is_train=is_train,
+             class_names=names)
+    return str(path)
+
+
+GRID_TINY = ["--epochs", "2", "--seeds", "0", "1", "--pretrain-epochs", "2",
+             "--batch-sizes", "4", "--hidden", "16", "--code-lengths", "3",
+             "--val-per-class", "2", "--verbose", "0"]
+
+
+@pytest.mark.slow
+def test_grid_command_on_any_npz(tmp_path):
+    path = _tiny_npz(tmp_path, num_classes=8)
+    out = tmp_path / "out"
+    results = cli.main(["grid", "--dataset", path, "--output", str(out),
+                        "--encodings", "one_hot", "one_hot_imprinted",
+                        "spectral", "--normalize-rows", "on", "off",
+                        "--learning-rates", "0.01", "0.1",
+                        *GRID_TINY])["grid"]
+    runs = sorted(os.listdir(out / "runs"))
+    # 4 labels x (2 selection rates + 2 seeds).
+    assert len(runs) == 16
+    with open(out / "runs" / runs[0]) as f:
+        record = json.load(f)
+    for field in ("spec", "environment", "steps", "val_accuracy",
+                  "best_step", "test_accuracy", "final_test_accuracy",
+                  "wall_time", "sparsity"):
+        assert field in record
+    assert record["steps"][0] == 0
+    assert record["spec"]["dataset"] == path
+    # Transfer by group: g1/* classes are retrained, g0/* pretrain.
+    assert results["dataset"]["num_classes"] == 4
+    group = results["groups"][0]
+    assert set(group["comparison"]["labels"]) == {
+        "one_hot", "one_hot_imprinted", "spectral_norm", "spectral_raw"}
+    diff = group["comparison"]["labels"]["spectral_raw"]["difference"]
+    assert diff["test_accuracy"]["n"] == 2
+    _check_png(out / "grid_curves.png")
+    assert "Δ vs one-hot" in (out / "grid.md").read_text()
+    # Nothing written outside the output folder.
+    assert sorted(os.listdir(tmp_path)) == ["out", "tiny.npz"]
+
+
+def test_grid_refuses_non_empty_output_and_resumes_matching_runs(tmp_path):
+    path = _tiny_npz(tmp_path)
+    out = tmp_path / "out"
+    args = ["grid", "--dataset", path, "--output", str(out), "--encodings",
+            "one_hot", "--learning-rate", "0.01", *GRID_TINY]
+    cli.main(args)
+    with pytest.raises(ValueError, match="not empty"):
+        cli.main(args)
+    runs = sorted(os.listdir(out / "runs"))
+    stamps = {r: os.path.getmtime(out / "runs" / r) for r in runs}
+    cli.main(args + ["--resume"])
+    assert {r: os.path.getmtime(out / "runs" / r) for r in runs} == stamps
+    # A stored run whose settings differ from its key's is not reused.
+    with open(out / "runs" / runs[0]) as f:
+        record = json.load(f)
+    record["spec"]["momentum"] = 0.5
+    with open(out / "runs" / runs[0], "w") as f:
+        json.dump(record, f)
+    with pytest.raises(ValueError, match="another run's settings"):
+        cli.main(args + ["--resume"])
+
+
+@pytest.mark.parametrize("flag,value", [("--classes", "0"),
+                                        ("--train-per-class", "-1")])
+def test_grid_rejects_zero_or_negative_counts(tmp_path, flag, value):
+    with pytest.raises(ValueError, match=flag[2:].replace("-", "_")):
+        cli.main(["grid", "--output", str(tmp_path / "o"), flag, value])
+    assert not os.path.exists(tmp_path / "o")
+
+
+def test_missing_matplotlib_is_named_before_training(tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None
+                        if name == "matplotlib" else real(name, *a))
+    with pytest.raises(ModuleNotFoundError, match=r"keras-ecoc\[experiments\]"):
+        cli.main(["grid", "--output", str(tmp_path / "o")])
+    assert not os.path.exists(tmp_path / "o")
+
+
+def test_validation_split_is_stratified_and_disjoint():
+    labels = np.repeat(np.arange(5), 7)
+    train, val = protocols.validation_split(labels, 3, seed=4)
+    assert len(np.intersect1d(train, val)) == 0
+    assert len(train) + len(val) == len(labels)
+    assert np.all(np.bincount(labels[val]) == 3)
+    again = protocols.validation_split(labels, 3, seed=4)[1]
+    assert np.array_equal(val, again)
+    with pytest.raises(ValueError, match="val_per_class"):
+        protocols.validation_split(labels, 7, seed=0)
+
+
+def test_transfer_split_alternates_alphabets():
+    names = ["B/c1", "A/c1", "C/c1", "A/c2", "B/c2", "D/c1"]
+    pre, re = protocols.transfer_split(names)
+    # Sorted alphabets A, B, C, D: A and C pretrain, B and D retrain.
+    assert list(pre) == [1, 2, 3] and list(re) == [0, 4, 5]
+    pre, re = protocols.transfer_split(["x", "y", "z"])
+    assert list(pre) == [0, 2] and list(re) == [1]
+
+
+def test_paired_difference_matches_t_interval_by_hand():
+    from scipy import stats as sps
+
+    a = {0: 0.5, 1: 0.7, 2: 0.6, 3: 0.9}
+    b = {0: 0.4, 1: 0.5, 2: 0.65, 3: 0.6, 9: 0.1}
+    d = np.array([0.1, 0.2, -0.05, 0.3])
+    half = sps.t.ppf(0.975, 3) * d.std(ddof=1) / np.sqrt(4)
+    out = stats.paired_difference(a, b)
+    assert out["n"] == 4
+    np.testing.assert_allclose([out["low"], out["high"]],
+                               [d.mean() - half, d.mean() + half])
+    assert out["verdict"] == "within noise"
+    out = stats.paired_difference({0: 1.0, 1: 1.1, 2: 1.2},
+                                  {0: 0.0, 1: 0.0, 2: 0.0})
+    assert out["verdict"] == "higher"
+
+
+def test_steps_to_target_is_censored_at_the_budget():
+    record = {"steps": [0, 10, 20], "val_accuracy": [0.0, 0.4, 0.6],
+              "total_steps": 20, "test_accuracy": 0.5,
+              "final_test_accuracy": 0.5, "best_val_accuracy": 0.6,
+              "final_val_accuracy": 0.6}
+    m = stats.run_metrics(record, 0.5)
+    assert m["steps_to_target"] == 20 and m["reached"]
+    m = stats.run_metrics(record, 0.9)
+    assert m["steps_to_target"] == 20 and not m["reached"]
+    assert stats.run_metrics(record, 0.3)["steps_to_target"] == 10
+    # Trapezoids: (0.2 * 10 + 0.5 * 10) / 20.
+    assert m["auc"] == pytest.approx(0.35)
+
+
+def test_same_seed_gives_every_encoding_the_same_fc7():
+    from keras_ecoc import training
+
+    codes = np.sign(np.random.default_rng(0).normal(size=(6, 4)))
+    a = training.build_head(8, 6, codes=None, hidden=5, seed=3)
+    b = training.build_head(8, 6, codes=codes.astype("float32"), hidden=5,
+                            seed=3)
+    c = training.build_head(8, 6, codes=None, hidden=5, seed=4)
+    ka = a.get_layer("fc7").get_weights()[0]
+    kb = b.backbone.get_layer("fc7").get_weights()[0]
+    kc = c.get_layer("fc7").get_weights()[0]
+    np.testing.assert_array_equal(ka, kb)
+    assert not np.allclose(ka, kc)
+
+
+def test_output_gradient_rows_match_numpy_softmax_gradient(rng):
+    import keras
+
+    from keras_ecoc import training
+
+    model = training.build_head(5, 4, hidden=3, seed=0)
+    model.compile(optimizer="sgd", loss=keras.losses.
+                  SparseCategoricalCrossentropy(from_logits=True))
+    x = rng.normal(size=(6, 5)).astype("float32")
+    y = np.array([0, 1, 1, 3, 3, 3])
+    trunk = model.get_layer("fc7")
+    w7, b7 = [np.asarray(v, np.float64) for v in trunk.get_weights()]
+    w8, b8 = [np.asarray(v, np.float64)
+              for v in model.get_layer("fc8").get_weights()]
+    h = np.maximum(x @ w7 + b7, 0)
+    logits = h @ w8 + b8
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    p[np.arange(6), y] -= 1
+    expected = np.linalg.norm(h.T @ p / 6, axis=0)
+    np.testing.assert_allclose(training.output_gradient_rows(model, x, y),
+                               expected, rtol=1e-4, atol=1e-7)
+    assert training.active_fraction([1.0, 1e-4, 0.5], 1e-3) == pytest.approx(
+        2 / 3)
+
+
+def test_imprinted_output_layer_holds_normalised_centred_class_means(rng):
+    from keras_ecoc import training
+
+    model = training.build_head(5, 3, hidden=4, seed=0)
+    x = rng.normal(size=(9, 5)).astype("float32")
+    y = np.repeat(np.arange(3), 3)
+    training.imprint_output_layer(model, x, y, 3)
+    w7, b7 = model.get_layer("fc7").get_weights()
+    h = np.maximum(np.asarray(x, np.float64) @ w7 + b7, 0)
+    means = np.stack([h[y == c].mean(0) for c in range(3)]) - h.mean(0)
+    weights = means / np.linalg.norm(means, axis=1, keepdims=True)
+    kernel, bias = model.get_layer("fc8").get_weights()
+    np.testing.assert_allclose(kernel, weights.T, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(bias, -weights @ h.mean(0), rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_run_spec_rejects_bad_settings():
+    with pytest.raises(ValueError, match="code_length"):
+        runner_lib.RunSpec(encoding="gaussian", normalize_rows=True)
+    with pytest.raises(ValueError, match="normalize_rows"):
+        runner_lib.RunSpec(encoding="spectral", code_length=4)
+    with pytest.raises(ValueError, match="head_lr_multiplier"):
+        runner_lib.RunSpec(protocol="scratch", variant="same",
+                           head_lr_multiplier=10.0)
+    a = runner_lib.RunSpec(seed=1)
+    assert a.key != runner_lib.RunSpec(seed=2).key
+    assert runner_lib.RunSpec.from_dict(a.to_dict()) == a

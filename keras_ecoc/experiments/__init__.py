@@ -10,8 +10,10 @@ the ``keras-ecoc-experiments`` console script), with experiments
 - ``attributes``: correlation of code bits with CUB attributes (Table 2),
   against a random-code null distribution,
 - ``pictures``: t-SNE of penultimate features and confusion matrices,
-- ``scale``: what the decoding scale (inverse temperature) does,
-- ``all``: every experiment above.
+- ``grid``: the shared runner's grid (protocol, encoding, k, batch,
+  optimizer, learning rate, seed) with paired statistics; it also covers
+  the decoding-scale comparison (``--scale S [--fixed-scale]``),
+- ``all``: every experiment above but ``grid``.
 
 Each experiment is also a function returning a JSON-able dict and writing
 JSON, Markdown and PNG files into an output folder.
@@ -24,12 +26,19 @@ from keras_ecoc.experiments.batch_size import run_batch_size
 from keras_ecoc.experiments.common import DataOptions
 from keras_ecoc.experiments.common import load_data
 from keras_ecoc.experiments.cub_bits import run_cub_bits
+from keras_ecoc.experiments.grid import Grid
+from keras_ecoc.experiments.grid import run_grid
 from keras_ecoc.experiments.pictures import run_pictures
-from keras_ecoc.experiments.scale import run_scale
+from keras_ecoc.experiments.runner import RunSpec
+from keras_ecoc.experiments.runner import Runner
 from keras_ecoc.experiments.tsne import tsne
 
 __all__ = [
     "DataOptions",
+    "Grid",
+    "RunSpec",
+    "Runner",
+    "run_grid",
     "attribute_correlation",
     "load_data",
     "run_ablation",
@@ -37,6 +46,5 @@ __all__ = [
     "run_batch_size",
     "run_cub_bits",
     "run_pictures",
-    "run_scale",
     "tsne",
 ]

@@ -27,8 +27,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-EXPERIMENTS = ("ablation", "cub-bits", "batch-size", "attributes", "pictures",
-               "scale")
+EXPERIMENTS = ("ablation", "cub-bits", "batch-size", "attributes", "pictures")
 
 # Default source of the pretrained backbone of cub-bits and attributes.
 PRETRAIN_SOURCE = os.path.join("..", "shared", "data", "cifar10_jpeg_bytes.npz")
@@ -70,7 +69,7 @@ def _common_parser():
     g.add_argument("--code-lengths", type=int, nargs="+", default=None,
                    help="code lengths k (ablation, bits, attributes)")
     g.add_argument("--code-length", type=int, default=None,
-                   help="k of batch-size, scale and pictures (default 32, "
+                   help="k of batch-size and pictures (default 32, "
                    "capped at n - 1)")
     g.add_argument("--encodings", nargs="+", default=None,
                    help="encoding names (keras_ecoc.training.ENCODINGS)")
@@ -160,11 +159,6 @@ def build_parser():
                    help="test images in the t-SNE (default 1000)")
     p.add_argument("--confusion-classes", type=int, default=10)
     p.add_argument("--tsne-iterations", type=int, default=None)
-    p = sub.add_parser("scale", parents=[common],
-                       help="fixed vs learnable decoding scale")
-    p.add_argument("--scale-configs", nargs="+", default=None,
-                   help="'fixed:S' / 'learnable:S' (default: fixed:1 "
-                   "fixed:8 learnable:8)")
     _add_grid_parser(sub)
     p = sub.add_parser("all", parents=[common, _pretrain_parser()],
                        help="every experiment")
@@ -179,7 +173,6 @@ def build_parser():
     p.add_argument("--max-points", type=int, default=None)
     p.add_argument("--confusion-classes", type=int, default=10)
     p.add_argument("--tsne-iterations", type=int, default=None)
-    p.add_argument("--scale-configs", nargs="+", default=None)
     return parser
 
 
@@ -435,7 +428,6 @@ def run_experiment(experiment, o, output_dir):
     from keras_ecoc.experiments import common
     from keras_ecoc.experiments import cub_bits
     from keras_ecoc.experiments import pictures
-    from keras_ecoc.experiments import scale
 
     data = common.load_data(_data_options(o))
     common.log(f"== {experiment} on {data.name}: {data.num_classes} classes, "
@@ -457,6 +449,10 @@ def run_experiment(experiment, o, output_dir):
             eval_per_epoch=_pick(o, "eval_per_epoch", 1),
             **scale_kwargs, **shared)
     if experiment == "cub-bits":
+        if o["fixed_scale"]:
+            raise ValueError(
+                "cub-bits learns the ECOC decoding scale; `--scale S` sets "
+                "its initial value. Received: --fixed-scale")
         return cub_bits.run_cub_bits(
             data, output_dir, _pretrain_settings(o),
             code_lengths=_pick(o, "code_lengths", cub_bits.CODE_LENGTHS),
@@ -520,13 +516,6 @@ def run_experiment(experiment, o, output_dir):
             confusion_classes=o["confusion_classes"],
             tsne_iterations=_pick(o, "tsne_iterations", 500), **scale_kwargs,
             **shared)
-    if experiment == "scale":
-        return scale.run_scale(
-            data, configs=_pick(o, "scale_configs", scale.SCALE_CONFIGS),
-            encodings=_pick(o, "encodings", ("gaussian", "spectral")),
-            code_length=k, seeds=seeds, epochs=_pick(o, "epochs", 4),
-            batch_size=_pick(o, "batch_size", 32),
-            eval_per_epoch=_pick(o, "eval_per_epoch", 2), **shared)
     raise ValueError(f"Unknown experiment {experiment!r}")
 
 
@@ -542,6 +531,9 @@ def main(argv=None):
     o = _resolve(args)
     from keras_ecoc.experiments import common
     from keras_ecoc.experiments import report
+
+    # Before any training: the figures need matplotlib, t-SNE scikit-learn.
+    common.require_extras(["matplotlib", "sklearn"])
 
     start = time.perf_counter()
     command = " ".join(["python -m keras_ecoc.experiments"]

@@ -271,10 +271,10 @@ def code_stats(codes):
     if codes is None:
         return {"min_distance": float(np.sqrt(2.0)), "mean_distance":
                 float(np.sqrt(2.0))}
+    from scipy.spatial.distance import pdist
+
     c = np.asarray(codes, np.float64)
-    sq = np.sum(c * c, 1)
-    d = np.sqrt(np.maximum(sq[:, None] + sq[None] - 2 * c @ c.T, 0))
-    off = d[~np.eye(len(c), dtype=bool)]
+    off = pdist(c)
     return {"min_distance": float(off.min()), "mean_distance": float(off.mean()),
             "distinct_rows": int(len(np.unique(np.round(c, 6), axis=0)))}
 

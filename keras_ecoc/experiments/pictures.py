@@ -2,7 +2,7 @@
 
 Trains one network per encoding (same schedule), embeds the penultimate
 (256-d "features") activations of up to `max_points` test images with the
-NumPy t-SNE of `keras_ecoc.experiments.tsne`, and draws the confusion matrix
+scikit-learn t-SNE of `keras_ecoc.experiments.tsne`, and draws the confusion matrix
 restricted to a few classes.
 """
 
