@@ -563,10 +563,7 @@ def paired_equivalence(differences, margin=EQUIVALENCE_MARGIN, alpha=0.05):
     sem = std / np.sqrt(s)
 
     def interval(level):
-        if sem == 0:
-            return [mean, mean]
-        low, high = stats.t.interval(level, s - 1, loc=mean, scale=sem)
-        return [float(low), float(high)]
+        return mean_ci(d, level)[1]
 
     if sem == 0:
         # No spread: the t statistics are infinite; decide by the mean alone.
@@ -602,15 +599,10 @@ def verdict(test):
 
 def mean_ci(values, level=0.95):
     """Mean and t confidence interval of (S,) values; CI None if S < 2."""
-    from scipy import stats
+    from keras_ecoc.experiments import stats
 
-    v = np.asarray(values, np.float64)
-    mean = float(v.mean())
-    if len(v) < 2 or v.std() == 0:
-        return mean, ([mean, mean] if len(v) >= 2 else None)
-    low, high = stats.t.interval(level, len(v) - 1, loc=mean,
-                                 scale=v.std(ddof=1) / np.sqrt(len(v)))
-    return mean, [float(low), float(high)]
+    mean, low, high = stats.t_interval(values, level)
+    return mean, (None if low is None else [low, high])
 
 
 # ---------------------------------------------------------------------------
