@@ -584,16 +584,16 @@ def paired_equivalence(differences, margin=EQUIVALENCE_MARGIN, alpha=0.05):
             "p_difference": p_difference}
 
 
-def verdict(test):
-    """A short verdict of a `paired_equivalence` result."""
+def verdict(test, reference="one-hot"):
+    """A short verdict of a `paired_equivalence` result against `reference`."""
     m = test["margin"]
     if test["equivalent"]:
-        return f"matches one-hot (TOST, ±{m:g} pt)"
+        return f"matches {reference} (TOST, ±{m:g} pt)"
     low, high = test["ci95"]
     if high < 0:
-        return "below one-hot"
+        return f"below {reference}"
     if low > 0:
-        return "above one-hot"
+        return f"above {reference}"
     return "inconclusive"
 
 
@@ -823,8 +823,16 @@ def run_cub_bits(data, output_dir, pretrain, code_lengths=CODE_LENGTHS,
 
 
 def _add_comparisons(summary, margin):
-    """Paired (per-seed) differences to one-hot, in points, with TOST."""
+    """Paired (per-seed) differences to one-hot, in points, with TOST.
+
+    When the plan holds the one-hot codewords decoded by the ECOC head
+    (truncated one-hot with k = n), every code is also compared with it
+    ("equivalence_ecoc_identity"): same decoder, only the code differs.
+    """
     one_hot = next(r for r in summary if r["encoding"] == "one_hot")
+    identity = next((r for r in summary if r["encoding"] ==
+                     "truncated_one_hot" and r.get("status") == "ok"
+                     and r["code_length"] == one_hot["code_length"]), None)
     for row in summary:
         if row.get("status") != "ok" or row is one_hot:
             continue
@@ -833,6 +841,10 @@ def _add_comparisons(summary, margin):
         row["difference_points"] = d.tolist()
         row["equivalence"] = paired_equivalence(d, margin)
         row["verdict"] = verdict(row["equivalence"])
+        if identity is not None and row is not identity:
+            d = 100.0 * (np.asarray(row["test_accuracy"])
+                         - np.asarray(identity["test_accuracy"]))
+            row["equivalence_ecoc_identity"] = paired_equivalence(d, margin)
 
 
 def cub_bits_markdown(results):
@@ -842,7 +854,7 @@ def cub_bits_markdown(results):
     for r in results["summary"]:
         if r.get("status") != "ok":
             rows.append([r["encoding"], r["code_length"], "", r["status"],
-                         "", "", ""])
+                         "", "", "", ""])
             continue
         ci = r["test_accuracy_ci95"]
         cell = f"{100 * r['test_accuracy_mean']:.1f}"
@@ -858,9 +870,12 @@ def cub_bits_markdown(results):
             diff, verdict_cell = "reference", ""
         loss = r.get("final_train_loss")
         loss = f"{np.mean(loss):.2f}" if loss else ""
+        e = r.get("equivalence_ecoc_identity")
+        identity = (f"{e['mean']:+.1f} [{e['ci95'][0]:+.1f}, "
+                    f"{e['ci95'][1]:+.1f}]; {verdict(e, 'it')}") if e else ""
         rows.append([r["encoding"], r["code_length"],
                      f"{r['learning_rate']:g}", cell, diff, verdict_cell,
-                     loss])
+                     loss, identity])
     d = results["dataset"]
     p = results["pretrain"]
     text = (
@@ -878,7 +893,8 @@ def cub_bits_markdown(results):
         f"points (paired), TOST margin ±{s['margin']:g}.\n\n")
     return text + report_table(
         ["encoding", "k", "lr", "test acc. % [95% CI]",
-         "paired diff. to one-hot (pt)", "verdict", "final train loss"],
+         "paired diff. to one-hot (pt)", "verdict", "final train loss",
+         "diff. to one-hot codewords through the ECOC head (pt, 95% CI)"],
         rows)
 
 
