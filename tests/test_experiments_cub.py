@@ -237,21 +237,25 @@ def test_cub_bits_command_end_to_end_with_resume(tmp_path):
             "--pretrain-epochs", "1", "--pretrain-image-size", "16",
             "--val-per-class", "1", "--seeds", "0", "1", "--epochs", "2",
             "--batch-size", "8", "--learning-rates", "0.01", "0.1",
-            "--code-lengths", "3", "5", "--encodings", "one_hot",
+            "--code-lengths", "3", "5", "6", "--encodings", "one_hot",
             "truncated_one_hot", "spectral", "--verbose", "0",
             "--output", str(out)]
     results = cli.main(argv)["cub-bits"]
     rows = {(r["encoding"], r["code_length"]): r for r in results["summary"]}
-    # n = 6: truncated one-hot only at k = 5 = n - 1.
+    # n = 6: truncated one-hot only at k >= n - 1; spectral only k <= n - 1.
     assert set(rows) == {("one_hot", 6), ("truncated_one_hot", 5),
-                         ("spectral", 3), ("spectral", 5)}
+                         ("truncated_one_hot", 6), ("spectral", 3),
+                         ("spectral", 5)}
     for row in rows.values():
         assert row["status"] == "ok" and row["learning_rate"] in (0.01, 0.1)
         assert len(row["test_accuracy"]) == 2
     assert "equivalence" in rows[("spectral", 3)]
+    # Same decoder, one-hot codewords (k = n): the code-only comparison.
+    assert "equivalence_ecoc_identity" in rows[("spectral", 3)]
+    assert "equivalence_ecoc_identity" not in rows[("truncated_one_hot", 6)]
     runs = sorted(os.listdir(out / "runs"))
     # Per (encoding, k): 2 learning rates at seed 0, then seed 1.
-    assert len(runs) == 4 * 3
+    assert len(runs) == 5 * 3
     assert (out / "cub_bits.png").exists() and (out / "cub_bits.json").exists()
     backbones = [d for d in os.listdir(out) if d.startswith("backbone-")]
     assert len(backbones) == 1
