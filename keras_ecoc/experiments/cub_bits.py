@@ -921,8 +921,12 @@ def _write(results, output_dir, name):
                         key=lambda r: r["code_length"])
         ks = [r["code_length"] for r in series]
         mean = [100 * r["test_accuracy_mean"] for r in series]
+        # Truncated one-hot exists only at k = n - 1 and n: points, no line.
         marker = "*" if encoding == "truncated_one_hot" else "o"
-        line, = left.plot(ks, mean, marker=marker, label=encoding)
+        style = "none" if encoding == "truncated_one_hot" else "-"
+        line, = left.plot(ks, mean, marker=marker, linestyle=style,
+                          markersize=9 if marker == "*" else 6,
+                          label=encoding)
         if all(r["test_accuracy_ci95"] for r in series):
             left.fill_between(ks, [100 * r["test_accuracy_ci95"][0]
                                    for r in series],
@@ -935,7 +939,7 @@ def _write(results, output_dir, name):
                            yerr=[[v["mean"] - v["ci95"][0] for v in e],
                                  [v["ci95"][1] - v["mean"] for v in e]],
                            marker=marker, capsize=3, label=encoding,
-                           color=line.get_color())
+                           linestyle=style, color=line.get_color())
     if one_hot is not None:
         n = one_hot["code_length"]
         left.axhline(100 * one_hot["test_accuracy_mean"], color="black",
