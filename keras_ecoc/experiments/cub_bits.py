@@ -927,7 +927,7 @@ def _write(results, output_dir, name):
         line, = left.plot(ks, mean, marker=marker, linestyle=style,
                           markersize=9 if marker == "*" else 6,
                           label=encoding)
-        if all(r["test_accuracy_ci95"] for r in series):
+        if style == "-" and all(r["test_accuracy_ci95"] for r in series):
             left.fill_between(ks, [100 * r["test_accuracy_ci95"][0]
                                    for r in series],
                               [100 * r["test_accuracy_ci95"][1]
