@@ -1,4 +1,4 @@
-"""CUB add-bits (pretrained backbone, TOST) and the attribute null, on tiny data."""
+"""CUB add-bits (pretrained backbone, TOST) and attribute nulls, tiny data."""
 
 import json
 import os

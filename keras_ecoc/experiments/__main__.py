@@ -30,7 +30,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 EXPERIMENTS = ("ablation", "cub-bits", "batch-size", "attributes", "pictures")
 
 # Default source of the pretrained backbone of cub-bits and attributes.
-PRETRAIN_SOURCE = os.path.join("..", "shared", "data", "cifar10_jpeg_bytes.npz")
+PRETRAIN_SOURCE = os.path.join("..", "shared", "data",
+                               "cifar10_jpeg_bytes.npz")
 
 # --smoke: a few steps of everything, for CI.
 SMOKE = {"epochs": 1, "classes": 12, "train_per_class": 3,

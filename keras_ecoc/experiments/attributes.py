@@ -51,8 +51,8 @@ def attribute_correlation(codes, attributes):
     a = np.asarray(attributes, np.float64)
     if c.ndim != 2 or a.ndim != 2 or len(c) != len(a):
         raise ValueError(
-            "Arguments `codes` (n, k) and `attributes` (n, A) must be 2-D with "
-            f"the same number of rows. Received: {c.shape} and {a.shape}")
+            "Arguments `codes` (n, k) and `attributes` (n, A) must be 2-D "
+            f"with the same number of rows. Received: {c.shape} and {a.shape}")
     return _corrcoef_block(c, a)
 
 
@@ -164,7 +164,7 @@ def permutation_null(codes, attributes, draws=NULL_DRAWS, seed=0):
 
 
 def empirical_p_value(value, null):
-    """(1 + #{null >= value}) / (1 + D): the share of draws at least as high."""
+    """(1 + #{null >= value}) / (1 + D): share of draws at least as high."""
     null = np.asarray(null)
     return float((1 + np.sum(null >= value)) / (1 + len(null)))
 

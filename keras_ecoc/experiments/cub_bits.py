@@ -653,10 +653,11 @@ class RunStore:
 def run_cub_bits(data, output_dir, pretrain, code_lengths=CODE_LENGTHS,
                  encodings=ENCODINGS, seeds=(0, 1, 2, 3, 4),
                  learning_rates=LEARNING_RATES, epochs=HEAD_EPOCHS,
-                 batch_size=HEAD_BATCH_SIZE, val_per_class=VALIDATION_PER_CLASS,
+                 batch_size=HEAD_BATCH_SIZE,
+                 val_per_class=VALIDATION_PER_CLASS,
                  margin=EQUIVALENCE_MARGIN, resume=False, overwrite=False,
                  scale=None, verbose=0, name="cub_bits"):
-    """Test accuracy against code length, fc7 + fc8 retrained on frozen features.
+    """Test accuracy against k, fc7 + fc8 retrained on frozen features.
 
     Args:
         data: an `ImageDataset` (CUB-50) or a data spec for
