@@ -59,7 +59,8 @@ def test_demo_runs_end_to_end_on_a_subset(capsys):
     results = demo.run(["--epochs", "1", "--train-per-class", "3",
                          "--test-per-class", "2", "--verbose", "0"])
     out = capsys.readouterr().out
-    assert [r.encoding for r in results] == ["one_hot", "gaussian", "spectral"]
+    assert [r.encoding for r in results] == ["one_hot", "one_hot_imprinted",
+                                             "gaussian", "spectral"]
     assert "| encoding | bits |" in out and "steps to" in out
 
 

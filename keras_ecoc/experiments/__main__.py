@@ -2,6 +2,13 @@
 
 Examples:
 
+    # The convergence grid of docs/results.md (E1, SGD arm):
+    python -m keras_ecoc.experiments grid --protocol retrain \
+        --variant transfer --encodings one_hot one_hot_imprinted gaussian \
+        spectral --code-lengths 0.16n --batch-sizes 16 128 \
+        --epochs 16:15 128:60 --optimizer sgd \
+        --learning-rates 0.001 0.003 0.01 0.03 0.1 --output results/omniglot
+    python -m keras_ecoc.experiments grid --smoke --output /tmp/smoke
     python -m keras_ecoc.experiments ablation --dataset embedded \
         --code-lengths 16 64 --seeds 0 1 --epochs 5 --output results/
     python -m keras_ecoc.experiments cub-bits \

@@ -250,7 +250,9 @@ def _group_key(spec):
 def summarize(records, grid, several, num_classes):
     """Comparisons with one-hot, curves with 95% bands, sparsity per group."""
     ok = [r for r in records if r["status"] == "ok"]
-    failed = [{"label": r["label"], "seed": r["spec"]["seed"],
+    failed = [{"label": cell_label(runner_lib.RunSpec.from_dict(r["spec"]),
+                                   several),
+               "seed": r["spec"]["seed"],
                "status": r["status"], "error": r.get("error")}
               for r in records if r["status"] != "ok"]
     groups = {}
@@ -372,16 +374,21 @@ def write_figures(results, output, name):
     by_label = {}
     for g in results["groups"]:
         for s in g["sparsity"]:
+            # The largest threshold (0.1 x the largest row) separates the
+            # encodings best: at 1e-3 almost every row counts as active.
             by_label.setdefault((g["optimizer"], s["label"]), []).append(
-                (g["batch_size"], s["mean_active_fraction"][0]))
+                (g["batch_size"], s["mean_active_fraction"][-1],
+                 s["thresholds"][-1]))
     if len({g["batch_size"] for g in results["groups"]}) > 1:
         series = []
         for (optimizer, label), points in sorted(by_label.items()):
             points.sort()
             series.append((f"{label} ({optimizer})", [p[0] for p in points],
                            [p[1] for p in points], None))
+        threshold = next(iter(by_label.values()))[0][2]
         files.append(plots.lines(
             f"{output}/{name}_sparsity.png", series,
-            f"{name}: output rows with gradient > 1e-3 x max",
-            "batch size", ylabel="mean fraction of active rows", logx=True))
+            f"{name}: output rows with gradient norm > {threshold:g} x "
+            "the largest row's", "batch size",
+            ylabel="mean fraction of active rows", logx=True))
     return files
