@@ -229,6 +229,21 @@ def test_run_attributes_reports_null_and_p_values(tmp_path):
 # --- end to end --------------------------------------------------------------
 
 
+@pytest.mark.parametrize("kwargs, match", [
+    ({"seeds": [0]}, "seeds"),
+    ({"encodings": ["one_hot", "hadamard"]}, "encodings"),
+    ({"code_lengths": [1, 4]}, "code_lengths"),
+    ({"learning_rates": [0.01, -1.0]}, "learning_rates"),
+])
+def test_run_cub_bits_rejects_bad_arguments_before_training(
+        tmp_path, kwargs, match):
+    pretrain = cub_bits.PretrainSettings(source="missing.npz")
+    with pytest.raises(ValueError, match=match):
+        cub_bits.run_cub_bits("missing.npz", str(tmp_path), pretrain,
+                              **kwargs)
+    assert not os.listdir(tmp_path)  # nothing written
+
+
 @pytest.mark.slow
 def test_cub_bits_command_end_to_end_with_resume(tmp_path):
     source, cub = _fake_source(tmp_path), _fake_cub(tmp_path)

@@ -698,6 +698,17 @@ def run_cub_bits(data, output_dir, pretrain, code_lengths=CODE_LENGTHS,
         raise ValueError(
             f"Argument `encodings` must be among {ENCODINGS}. Received "
             f"unknown encodings {unknown}")
+    if not code_lengths or any(not isinstance(k, (int, np.integer)) or k < 2
+                               for k in code_lengths):
+        raise ValueError(
+            "Argument `code_lengths` must list integers >= 2. Received: "
+            f"code_lengths={code_lengths!r}")
+    if not learning_rates or any(
+            not isinstance(lr, (int, float)) or not lr > 0
+            for lr in learning_rates):
+        raise ValueError(
+            "Argument `learning_rates` must list positive floats. Received: "
+            f"learning_rates={learning_rates!r}")
     features, pretrain_info, data = pretrained_features(
         data, pretrain, output_dir, val_per_class, verbose=verbose)
     similarity = features.similarity()
