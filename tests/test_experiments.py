@@ -252,7 +252,6 @@ GRID_TINY = ["--epochs", "2", "--seeds", "0", "1", "--pretrain-epochs", "2",
              "--val-per-class", "2", "--verbose", "0"]
 
 
-@pytest.mark.slow
 def test_grid_command_on_any_npz(tmp_path):
     path = _tiny_npz(tmp_path, num_classes=8)
     out = tmp_path / "out"
@@ -447,3 +446,20 @@ def test_run_spec_rejects_bad_settings():
     a = runner_lib.RunSpec(seed=1)
     assert a.key != runner_lib.RunSpec(seed=2).key
     assert runner_lib.RunSpec.from_dict(a.to_dict()) == a
+
+
+def test_grid_scratch_protocol_trains_the_whole_network(tmp_path):
+    path = _tiny_npz(tmp_path)
+    out = tmp_path / "out"
+    results = cli.main(["grid", "--dataset", path, "--output", str(out),
+                        "--protocol", "scratch", "--encodings", "one_hot",
+                        "spectral", "--learning-rate", "0.01",
+                        *GRID_TINY])["grid"]
+    # Scratch trains on every class (no transfer split).
+    assert results["dataset"]["num_classes"] == 6
+    labels = results["groups"][0]["comparison"]["labels"]
+    assert set(labels) == {"one_hot", "spectral_norm"}
+    with open(out / "runs" / f"{results['runs'][0]}.json") as f:
+        record = json.load(f)
+    assert record["spec"]["protocol"] == "scratch"
+    assert "pretrain" not in record

@@ -31,7 +31,8 @@ XLA, 1.4-2.2 s without), so the runner compiles WITHOUT XLA and with
 `steps_per_execution` = the validation interval, and scores the validation
 split by calling the model directly (`predict` re-traces and costs ~10x
 more on a few hundred rows). The JAX backend ran the fit loop at 0.3-0.75
-ms per step (XLA) and also works.
+ms per step (XLA); the smoke grid runs on the TensorFlow, JAX and PyTorch
+backends.
 """
 
 import dataclasses

@@ -19,8 +19,6 @@ and every few steps):
   from the first step.
 """
 
-import math
-
 import numpy as np
 
 
@@ -161,7 +159,3 @@ def format_mean_ci(d, scale=100.0, digits=1):
         return f"{scale * d['mean']:.{digits}f}"
     half = scale * (d["high"] - d["low"]) / 2
     return f"{scale * d['mean']:.{digits}f} ± {half:.{digits}f}"
-
-
-def is_finite(x):
-    return x is not None and math.isfinite(x)
