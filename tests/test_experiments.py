@@ -42,20 +42,6 @@ def _check_accuracy(value):
     assert value is not None and 0.0 <= value <= 1.0
 
 
-def _fake_cub(tmp_path, num_classes=8, attributes=20):
-    """A CUB-layout .npz (images_center/images_bbox, is_train, attributes)."""
-    rng = np.random.default_rng(0)
-    labels = np.repeat(np.arange(num_classes), 6).astype("int16")
-    is_train = np.tile([1, 1, 1, 1, 0, 0], num_classes).astype("uint8")
-    images = rng.integers(0, 256, (len(labels), 16, 16, 3), dtype=np.uint8)
-    path = tmp_path / "fake_cub.npz"
-    np.savez(path, images_center=images, images_bbox=images, labels=labels,
-             is_train=is_train, image_id=np.arange(len(labels), dtype="int32"),
-             class_attributes_continuous=rng.uniform(
-                 0, 100, (num_classes, attributes)).astype("float32"))
-    return str(path)
-
-
 def test_attribute_correlation_matches_numpy():
     rng = np.random.default_rng(1)
     codes = rng.standard_normal((15, 6))
@@ -173,18 +159,6 @@ def test_impossible_codes_are_recorded_not_trained(monkeypatch):
     assert report.accuracy_cell(row) == "no admissible code"
 
 
-def test_bits_command(tmp_path):
-    cli.main(["bits", *TINY, "--code-lengths", "3", "5",
-              "--encodings", "dense_random", "--output", str(tmp_path)])
-    data, _ = _load(tmp_path, "bits")
-    _check_png(tmp_path / "bits.png")
-    pairs = {(r["encoding"], r["code_length"]) for r in data["summary"]}
-    assert pairs == {("one_hot", 6), ("dense_random", 3), ("dense_random", 5)}
-    for row in data["summary"]:
-        _check_accuracy(row["final_accuracy_mean"])
-        assert row["final_accuracy_std"] == 0.0  # one seed
-
-
 def test_batch_size_command(tmp_path):
     cli.main(["batch-size", *TINY, "--batch-sizes", "4", "9",
               "--encodings", "one_hot", "gaussian", "--code-length", "4",
@@ -205,30 +179,6 @@ def test_batch_size_command(tmp_path):
             0.5 * max(r["best_accuracy_mean"] for r in data["summary"]
                       if r["batch_size"] == run["batch_size"]))
     assert len(data["curves"]) == 4
-
-
-def test_attributes_command(tmp_path):
-    path = _fake_cub(tmp_path)
-    out = tmp_path / "out"
-    cli.main(["attributes", "--dataset", path, "--seeds", "0", "--epochs", "1",
-              "--similarity-epochs", "1", "--verbose", "0",
-              "--code-lengths", "3", "--random-draws", "2",
-              "--encodings", "dense_random", "spectral",
-              "--output", str(out)])
-    data, markdown = _load(out, "attributes")
-    _check_png(out / "attributes.png")
-    assert {r["encoding"] for r in data["summary"]} == {"dense_random",
-                                                       "spectral"}
-    assert len([c for c in data["codes"] if c["encoding"] == "dense_random"]) == 2
-    assert data["settings"]["num_attributes"] == 20
-    for record in data["codes"]:
-        assert len(record["top_attributes"]) == 3  # one list per bit
-        for bit in record["top_attributes"]:
-            values = [abs(t["r"]) for t in bit]
-            assert all(0.0 <= v <= 1.0 for v in values)
-            assert values == sorted(values, reverse=True)
-        assert 0.0 <= record["mean_top_abs"] <= record["mean_max_abs"] <= 1.0
-    assert "Top 3 attributes" in markdown
 
 
 def test_attributes_need_class_attributes(tmp_path):
@@ -265,7 +215,7 @@ def test_all_runs_every_experiment(tmp_path, monkeypatch):
     monkeypatch.setattr(cli, "run_experiment", fake)
     results = cli.main(["all", "--smoke", "--output", str(tmp_path)])
     # The embedded Omniglot set has no class attributes: skipped.
-    assert [c[0] for c in calls] == ["ablation", "bits", "batch-size",
+    assert [c[0] for c in calls] == ["ablation", "cub-bits", "batch-size",
                                      "pictures"]
     assert set(results) == {c[0] for c in calls}
     assert all(c[1:] == (1, 12) for c in calls)  # --smoke settings

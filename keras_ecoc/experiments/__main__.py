@@ -11,7 +11,9 @@ Examples:
     python -m keras_ecoc.experiments grid --smoke --output /tmp/smoke
     python -m keras_ecoc.experiments ablation --dataset embedded \
         --code-lengths 16 64 --seeds 0 1 --epochs 5 --output results/
-    python -m keras_ecoc.experiments bits --dataset ../shared/data/cub50_64px.npz
+    python -m keras_ecoc.experiments cub-bits \
+        --dataset ../shared/data/cub50_64px.npz \
+        --pretrain-source ../shared/data/cifar10_jpeg_bytes.npz
     python -m keras_ecoc.experiments batch-size --batch-sizes 16 32 128
     python -m keras_ecoc.experiments attributes \
         --dataset ../shared/data/cub50_64px.npz
@@ -32,13 +34,19 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-EXPERIMENTS = ("ablation", "bits", "batch-size", "attributes", "pictures")
+EXPERIMENTS = ("ablation", "cub-bits", "batch-size", "attributes", "pictures")
+
+# Default source of the pretrained backbone of cub-bits and attributes.
+PRETRAIN_SOURCE = os.path.join("..", "shared", "data",
+                               "cifar10_jpeg_bytes.npz")
 
 # --smoke: a few steps of everything, for CI.
 SMOKE = {"epochs": 1, "classes": 12, "train_per_class": 3,
          "test_per_class": 2, "seeds": [0], "code_lengths": [4, 8],
          "similarity_epochs": 1, "batch_sizes": [8, 16], "random_draws": 3,
-         "tsne_iterations": 60, "max_points": 200, "code_length": 8}
+         "tsne_iterations": 60, "max_points": 200, "code_length": 8,
+         "pretrain_epochs": 1, "pretrain_per_class": 10,
+         "learning_rates": [0.01, 0.03], "val_per_class": 1}
 
 
 def _common_parser():
@@ -93,6 +101,25 @@ def _common_parser():
     return p
 
 
+def _pretrain_parser():
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("pretrained backbone (cub-bits, attributes)")
+    g.add_argument("--pretrain-source", default=PRETRAIN_SOURCE,
+                   help="data set the backbone is pretrained on, one-hot "
+                   f"(default {PRETRAIN_SOURCE}: CIFAR-10)")
+    g.add_argument("--pretrain-epochs", type=int, default=None,
+                   help="pretraining epochs (default 6)")
+    g.add_argument("--pretrain-image-size", type=int, default=None,
+                   help="image size of the pretraining and of the "
+                   "retraining data (default 32)")
+    g.add_argument("--pretrain-per-class", type=int, default=None,
+                   help="keep at most so many source images per class")
+    g.add_argument("--val-per-class", type=int, default=None,
+                   help="validation images per class carved from the "
+                   "training split (default 5)")
+    return p
+
+
 def build_parser():
     common = _common_parser()
     parser = argparse.ArgumentParser(
@@ -102,8 +129,19 @@ def build_parser():
     sub = parser.add_subparsers(dest="experiment", required=True)
     sub.add_parser("ablation", parents=[common],
                    help="code design ablation (Table 1)")
-    sub.add_parser("bits", parents=[common],
-                   help="accuracy against code length")
+    p = sub.add_parser("cub-bits", parents=[common, _pretrain_parser()],
+                       help="accuracy against code length, fc7+fc8 "
+                       "retrained on a pretrained backbone (paired seeds, "
+                       "TOST against one-hot)")
+    p.add_argument("--learning-rates", type=float, nargs="+", default=None,
+                   help="SGD learning-rate grid, chosen on validation "
+                   "(default 0.003 0.01 0.03 0.1)")
+    p.add_argument("--margin", type=float, default=1.0,
+                   help="equivalence margin in accuracy points (default 1)")
+    p.add_argument("--resume", action="store_true",
+                   help="reuse per-run files whose settings all match")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace existing per-run files")
     p = sub.add_parser("batch-size", parents=[common],
                        help="convergence against mini-batch size")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=None,
@@ -113,12 +151,16 @@ def build_parser():
     p.add_argument("--resume", default=None,
                    help="a batch_size.json of an earlier run with the same "
                    "settings: its runs are reused (e.g. to add seeds)")
-    p = sub.add_parser("attributes", parents=[common],
-                       help="code bits against CUB attributes (Table 2)")
+    p = sub.add_parser("attributes", parents=[common, _pretrain_parser()],
+                       help="code bits against CUB attributes (Table 2), "
+                       "with a random-code null distribution")
     p.add_argument("--random-draws", type=int, default=None,
-                   help="draws of each random code (default 10)")
+                   help="random codes per encoding and k in the null "
+                   "(default 1000)")
     p.add_argument("--top", type=int, default=3,
                    help="attributes listed per bit")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace attributes.json/.md/.png in --output")
     p = sub.add_parser("pictures", parents=[common],
                        help="t-SNE and confusion matrices per encoding")
     p.add_argument("--max-points", type=int, default=None,
@@ -126,7 +168,12 @@ def build_parser():
     p.add_argument("--confusion-classes", type=int, default=10)
     p.add_argument("--tsne-iterations", type=int, default=None)
     _add_grid_parser(sub)
-    p = sub.add_parser("all", parents=[common], help="every experiment")
+    p = sub.add_parser("all", parents=[common, _pretrain_parser()],
+                       help="every experiment")
+    p.add_argument("--learning-rates", type=float, nargs="+", default=None)
+    p.add_argument("--margin", type=float, default=1.0)
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--overwrite", action="store_true")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=None)
     p.add_argument("--fraction", type=float, default=0.9)
     p.add_argument("--random-draws", type=int, default=None)
@@ -365,6 +412,17 @@ def _data_options(o):
         cub_crop=o["cub_crop"], dedupe=not o["keep_duplicate_classes"])
 
 
+def _pretrain_settings(o):
+    from keras_ecoc.experiments import cub_bits
+
+    return cub_bits.PretrainSettings(
+        source=o["pretrain_source"],
+        image_size=_pick(o, "pretrain_image_size",
+                         cub_bits.PRETRAIN_IMAGE_SIZE),
+        epochs=_pick(o, "pretrain_epochs", cub_bits.PRETRAIN_EPOCHS),
+        train_per_class=o.get("pretrain_per_class"))
+
+
 def _pick(o, key, default):
     value = o.get(key)
     return default if value is None else value
@@ -375,8 +433,8 @@ def run_experiment(experiment, o, output_dir):
     from keras_ecoc.experiments import ablation
     from keras_ecoc.experiments import attributes
     from keras_ecoc.experiments import batch_size
-    from keras_ecoc.experiments import bits
     from keras_ecoc.experiments import common
+    from keras_ecoc.experiments import cub_bits
     from keras_ecoc.experiments import pictures
 
     data = common.load_data(_data_options(o))
@@ -398,13 +456,28 @@ def run_experiment(experiment, o, output_dir):
             batch_size=_pick(o, "batch_size", 32),
             eval_per_epoch=_pick(o, "eval_per_epoch", 1),
             **scale_kwargs, **shared)
-    if experiment == "bits":
-        return bits.run_bits(
-            data, code_lengths=o["code_lengths"],
-            encodings=_pick(o, "encodings", bits.BITS_ENCODINGS), seeds=seeds,
-            epochs=_pick(o, "epochs", 5), batch_size=_pick(o, "batch_size", 32),
-            eval_per_epoch=_pick(o, "eval_per_epoch", 1), **scale_kwargs,
-            **shared)
+    if experiment == "cub-bits":
+        if o["fixed_scale"]:
+            raise ValueError(
+                "cub-bits learns the ECOC decoding scale; `--scale S` sets "
+                "its initial value. Received: --fixed-scale")
+        return cub_bits.run_cub_bits(
+            data, output_dir, _pretrain_settings(o),
+            code_lengths=_pick(o, "code_lengths", cub_bits.CODE_LENGTHS),
+            encodings=_pick(o, "encodings", cub_bits.ENCODINGS),
+            # Paired statistics need two seeds, even under --smoke.
+            seeds=(_pick(o, "seeds", [0, 1, 2, 3, 4]) if not o["smoke"]
+                   or len(o["seeds"]) >= 2 else [0, 1]),
+            learning_rates=_pick(o, "learning_rates",
+                                 cub_bits.LEARNING_RATES),
+            epochs=_pick(o, "epochs", cub_bits.HEAD_EPOCHS),
+            batch_size=_pick(o, "batch_size", cub_bits.HEAD_BATCH_SIZE),
+            val_per_class=_pick(o, "val_per_class",
+                                cub_bits.VALIDATION_PER_CLASS),
+            margin=o["margin"], resume=o["resume"], overwrite=o["overwrite"],
+            scale=o["scale"], verbose=min(o["verbose"], 2),
+            name="cub_bits" if o["scale"] is None
+            else f"cub_bits_scale{o['scale']:g}")
     if experiment == "batch-size":
         previous = None
         if o.get("resume"):
@@ -421,12 +494,29 @@ def run_experiment(experiment, o, output_dir):
             eval_per_epoch=_pick(o, "eval_per_epoch", 5), **scale_kwargs,
             **shared)
     if experiment == "attributes":
-        shared["verbose"] = min(shared["verbose"], 1)
+        if data.class_attributes is None:
+            raise ValueError(
+                "The attributes experiment needs per-class attributes (the "
+                "CUB `.npz` files of ../shared/data, array "
+                f"`class_attributes_continuous`). Data set {data.name!r} has "
+                "none.")
+        pretrain = _pretrain_settings(o)
+        features, info, _ = cub_bits.pretrained_features(
+            data, pretrain, output_dir,
+            _pick(o, "val_per_class", cub_bits.VALIDATION_PER_CLASS),
+            verbose=min(o["verbose"], 2))
         return attributes.run_attributes(
-            data, code_lengths=_pick(o, "code_lengths", [12, 25]),
-            encodings=_pick(o, "encodings", attributes.ATTRIBUTE_ENCODINGS),
-            seeds=seeds, random_draws=_pick(o, "random_draws", 10),
-            top=o["top"], **shared)
+            features.similarity(), data.class_attributes, output_dir,
+            attribute_names=data.attribute_names,
+            code_lengths=_pick(o, "code_lengths", attributes.CODE_LENGTHS),
+            encodings=_pick(o, "encodings", attributes.DATA_ENCODINGS),
+            draws=_pick(o, "random_draws", attributes.NULL_DRAWS),
+            top=o["top"], overwrite=o.get("overwrite", False),
+            source={"similarity": "cosine similarity of the class means of "
+                    "the pretrained fc7 activations of the training images "
+                    "(validation split excluded)",
+                    "pretrain": {k: v for k, v in info.items()
+                                 if k != "environment"}})
     if experiment == "pictures":
         return pictures.run_pictures(
             data, encodings=_pick(o, "encodings", pictures.PICTURE_ENCODINGS),

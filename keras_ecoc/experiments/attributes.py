@@ -1,22 +1,39 @@
-"""Experiment 4: correlation of code bits with class attributes (Table 2).
+"""Correlation of code bits with CUB class attributes (the paper's Table 2).
 
 For CUB, each class has 312 attribute values (the percentage of its images
 showing "has_bill_shape::dagger", ...). A code column is a function of the
 class too, so the Pearson correlation across classes between column j of the
 code matrix (n,) and attribute a (n,) says how "semantic" a bit is. The paper
-finds data-based bits correlate more with attributes than random bits.
+finds that data-based bits correlate more with attributes than random bits.
+
+The statistic of a code is the mean over its bits of the best |r| over the
+attributes. With 50 classes and 312 attributes the best of 312 |r| is large
+even for random bits, so the data-based codes are compared with a NULL
+distribution: the same statistic for >= 1,000 random codes (Gaussian and
+dense random, the same k, the same row normalisation as in training), and
+reported as an empirical p-value (share of random draws at least as high).
+
+The data-based codes take their class similarity from the fc7 features of
+the backbone pretrained on CIFAR-10 (`cub_bits.pretrain_backbone`), on the
+CUB training images (validation split excluded), as in the add-bits
+experiment: one similarity, so one data-based code per (encoding, k).
 """
 
 import time
+import warnings
 
 import numpy as np
 
 from keras_ecoc.experiments import common
-from keras_ecoc.experiments import plots
-from keras_ecoc.experiments import report
 
-ATTRIBUTE_ENCODINGS = ("dense_random", "gaussian", "spectral",
-                       "spectral_median")
+DATA_ENCODINGS = ("spectral", "spectral_zero", "spectral_median")
+NULL_ENCODINGS = ("gaussian", "dense_random")
+CODE_LENGTHS = (4, 8, 12, 16, 25, 49)
+NULL_DRAWS = 1000
+NULL_DENSE_TRIALS = 100
+
+# Columns of one np.corrcoef call: (chunk + A) ** 2 floats, ~60 MB at 2,500.
+_CHUNK_COLUMNS = 2500
 
 
 def attribute_correlation(codes, attributes):
@@ -34,24 +51,122 @@ def attribute_correlation(codes, attributes):
     a = np.asarray(attributes, np.float64)
     if c.ndim != 2 or a.ndim != 2 or len(c) != len(a):
         raise ValueError(
-            "Arguments `codes` (n, k) and `attributes` (n, A) must be 2-D with "
-            f"the same number of rows. Received: {c.shape} and {a.shape}")
-    c = c - c.mean(0)
-    a = a - a.mean(0)
-    cn = np.sqrt(np.sum(c * c, 0))
-    an = np.sqrt(np.sum(a * a, 0))
-    denominator = np.outer(cn, an)
-    ok = denominator > 1e-12 * max(1.0, float(denominator.max(initial=0)))
-    r = np.where(ok, (c.T @ a) / np.where(ok, denominator, 1.0), 0.0)
-    return np.clip(r, -1.0, 1.0)
+            "Arguments `codes` (n, k) and `attributes` (n, A) must be 2-D "
+            f"with the same number of rows. Received: {c.shape} and {a.shape}")
+    return _corrcoef_block(c, a)
 
 
-def correlation_stats(r, top=5):
-    """Per-bit max |r| and mean of the top-`top` |r|, averaged over bits."""
-    absr = np.sort(np.abs(r), axis=1)[:, ::-1]
-    return {"mean_max_abs": float(absr[:, 0].mean()),
-            "mean_top_abs": float(absr[:, :top].mean()),
-            "max_abs_per_bit": absr[:, 0].tolist()}
+def _corrcoef_block(c, a):
+    """np.corrcoef between the columns of c (n, m) and a (n, A), NaN -> 0."""
+    m = c.shape[1]
+    constant_c = np.ptp(c, axis=0) == 0
+    constant_a = np.ptp(a, axis=0) == 0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = np.corrcoef(c, a, rowvar=False)[:m, m:]
+    r[constant_c] = 0.0
+    r[:, constant_a] = 0.0
+    return np.clip(np.nan_to_num(r, nan=0.0), -1.0, 1.0)
+
+
+def mean_best_abs_r(codes, attributes):
+    """The statistic of a code: mean over bits of max_a |r(bit, a)|."""
+    return float(np.abs(attribute_correlation(codes, attributes))
+                 .max(axis=1).mean())
+
+
+def batched_mean_best_abs_r(code_stack, attributes):
+    """`mean_best_abs_r` of many codes at once.
+
+    Args:
+        code_stack: (D, n, k) D code matrices.
+        attributes: (n, A).
+
+    Returns:
+        float64 (D,) statistics, equal to `mean_best_abs_r` of each code.
+    """
+    stack = np.asarray(code_stack, np.float64)
+    a = np.asarray(attributes, np.float64)
+    if stack.ndim != 3 or a.ndim != 2 or stack.shape[1] != len(a):
+        raise ValueError(
+            "Arguments `code_stack` (D, n, k) and `attributes` (n, A) must "
+            "share n. Received: "
+            f"{stack.shape} and {a.shape}")
+    d, n, k = stack.shape
+    columns = stack.transpose(1, 0, 2).reshape(n, d * k)  # draw-major
+    per_chunk = max(1, _CHUNK_COLUMNS // k) * k
+    best = np.concatenate([
+        np.abs(_corrcoef_block(columns[:, i:i + per_chunk], a)).max(axis=1)
+        for i in range(0, d * k, per_chunk)])
+    return best.reshape(d, k).mean(axis=1)
+
+
+def null_distribution(encoding, num_classes, code_length, attributes,
+                      draws=NULL_DRAWS, first_seed=0,
+                      dense_trials=NULL_DENSE_TRIALS):
+    """`mean_best_abs_r` of `draws` random codes of one encoding.
+
+    Gaussian codes are `keras_ecoc.training.make_codes("gaussian", n, k,
+    seed=first_seed + i)`, exactly as trained. Dense random codes are drawn
+    the same way (rows rescaled to norm sqrt(k)) but as the best of
+    `dense_trials` candidates instead of 1,000 (1,000 when none of
+    `dense_trials` is admissible, as for k = 8, n = 50): the selection only
+    favours a
+    larger minimum Hamming distance between rows, and 1,000 candidates per
+    draw would cost ~0.2 s x 1,000 draws per k here.
+
+    Returns:
+        float64 (draws,).
+    """
+    from keras_ecoc import codes as codes_lib
+    from keras_ecoc import training
+
+    if encoding not in NULL_ENCODINGS:
+        raise ValueError(
+            f"Argument `encoding` must be one of {NULL_ENCODINGS}. "
+            f"Received: encoding={encoding!r}")
+    if not isinstance(draws, (int, np.integer)) or draws < 1:
+        raise ValueError(
+            "Argument `draws` must be a positive integer. "
+            f"Received: draws={draws!r}")
+    if encoding == "dense_random":
+        def draw(seed):
+            try:
+                codes = codes_lib.dense_random(num_classes, code_length,
+                                               seed=seed, trials=dense_trials)
+            except ValueError:
+                # Short codes (2 ** k not >> n^2): few candidates have
+                # distinct rows; use the experiments' 1,000 candidates.
+                codes = codes_lib.dense_random(num_classes, code_length,
+                                               seed=seed)
+            return codes_lib.normalize_rows(codes)
+    else:
+        def draw(seed):
+            return training.make_codes(encoding, num_classes, code_length,
+                                       seed=seed)
+    stack = np.stack([draw(first_seed + i) for i in range(draws)])
+    return batched_mean_best_abs_r(stack, attributes)
+
+
+def permutation_null(codes, attributes, draws=NULL_DRAWS, seed=0):
+    """`mean_best_abs_r` of `codes` with its rows (classes) shuffled.
+
+    The strictest null for a data-based code: it keeps the code's own
+    columns (their smoothness, thresholding, number of bits) and breaks only
+    the match between a class's codeword and that class's attributes.
+
+    Returns:
+        float64 (draws,).
+    """
+    codes = np.asarray(codes, np.float64)
+    rng = np.random.default_rng(seed)
+    order = np.stack([rng.permutation(len(codes)) for _ in range(draws)])
+    return batched_mean_best_abs_r(codes[order], attributes)
+
+
+def empirical_p_value(value, null):
+    """(1 + #{null >= value}) / (1 + D): share of draws at least as high."""
+    null = np.asarray(null)
+    return float((1 + np.sum(null >= value)) / (1 + len(null)))
 
 
 def top_attributes(r, names, top=3):
@@ -64,130 +179,250 @@ def top_attributes(r, names, top=3):
     return out
 
 
-def run_attributes(data, code_lengths=(12, 25), encodings=ATTRIBUTE_ENCODINGS,
-                   seeds=(0, 1), random_draws=10, top=3, show_bits=6,
-                   output_dir=None, verbose=0,
-                   similarity_epochs=common.SIMILARITY_EPOCHS,
-                   name="attributes"):
-    """Correlation between code columns and class attributes.
+def run_attributes(similarity, attributes, output_dir=None,
+                   attribute_names=None, code_lengths=CODE_LENGTHS,
+                   encodings=DATA_ENCODINGS, null_encodings=NULL_ENCODINGS,
+                   draws=NULL_DRAWS, dense_trials=NULL_DENSE_TRIALS, top=3,
+                   source=None, overwrite=False, name="attributes"):
+    """Attribute correlation of data-based codes against a random-code null.
 
     Args:
-        data: an `ImageDataset` with `class_attributes` (n, A) (the CUB .npz
-            files), a `common.DataOptions` or a data set spec.
-        code_lengths: k values.
-        encodings: random encodings get `random_draws` draws (seeds
-            0..random_draws-1, no training needed); data-based encodings one
-            code per seed in `seeds` (each trains the one-hot similarity
-            network on the training split).
+        similarity: (n, n) class similarity behind the data-based codes.
+        attributes: (n, A) per-class attributes of the same n classes.
+        output_dir: folder of the JSON / Markdown / PNG files (None: none).
+        attribute_names: A names (for the per-bit listing).
+        code_lengths: k values (data-based codes need k <= n - 1).
+        encodings: data-based encodings (`common.DATA_ENCODINGS`).
+        null_encodings: random encodings of the null distribution.
+        draws: random codes per (null encoding, k), >= 1.
+        dense_trials: candidates per dense random draw of the null (see
+            `null_distribution`).
         top: attributes listed per bit.
-        show_bits: bits listed in the Markdown report.
-        verbose: Keras verbosity of the similarity network.
-        similarity_epochs: epochs of that network.
+        source: JSON-able description of where `similarity` comes from.
+        overwrite: replace existing `<name>.json/.md/.png` files in
+            `output_dir` (otherwise they are an error).
 
     Returns:
-        dict with "summary" (per encoding and k: mean over draws of the
-        per-bit max |r| and top-5 mean |r|, with std), "codes" (per draw:
-        stats and top attributes per bit), "settings", "dataset",
-        "environment", "markdown", "files", "wall_time".
+        dict with "codes" (per data-based encoding and k: statistic, its
+        percentile and empirical p-value under each null, top attributes
+        per bit), "null" (per null encoding and k: mean, std, 5/50/95/99th
+        percentiles of the statistic), "settings", "markdown", "files",
+        "wall_time".
     """
+    from keras_ecoc import training
+
     start = time.perf_counter()
-    data = data if hasattr(data, "x_train") else common.load_data(data)
-    if data.class_attributes is None:
+    _check_outputs(output_dir, name, overwrite)
+    sim = np.asarray(similarity, np.float64)
+    attributes = np.asarray(attributes, np.float64)
+    n = len(attributes)
+    if sim.shape != (n, n):
         raise ValueError(
-            "The attributes experiment needs per-class attributes (the CUB "
-            "`.npz` files of ../shared/data, array "
-            f"`class_attributes_continuous`). Data set {data.name!r} has none.")
-    attributes = np.asarray(data.class_attributes, np.float64)
-    names = data.attribute_names
-    n = data.num_classes
-    similarity = common.SimilarityCache(data, epochs=similarity_epochs,
-                                        verbose=verbose)
-    encodings = [e for e in encodings if e != "one_hot"]
+            "Arguments `similarity` (n, n) and `attributes` (n, A) must "
+            f"describe the same classes. Received: {sim.shape} and "
+            f"{attributes.shape}")
+    unknown = sorted(set(encodings) - set(common.DATA_ENCODINGS))
+    if unknown:
+        raise ValueError(
+            f"Argument `encodings` must be among {common.DATA_ENCODINGS}. "
+            f"Received unknown encodings {unknown}")
+    code_lengths = [int(k) for k in code_lengths
+                    if common.valid_length("spectral", n, int(k))]
+    nulls, null_rows = {}, []
+    for encoding in null_encodings:
+        for k in code_lengths:
+            t = time.perf_counter()
+            try:
+                values = null_distribution(encoding, n, k, attributes, draws,
+                                           dense_trials=dense_trials)
+            except ValueError as error:
+                # E.g. dense random codes with 2 ** k < n: no admissible code.
+                null_rows.append({"encoding": encoding, "code_length": k,
+                                  "draws": 0, "status": "no_code",
+                                  "error": str(error)})
+                common.log(f"  null {encoding} k={k}: no code ({error})")
+                continue
+            nulls[(encoding, k)] = values
+            null_rows.append({
+                "encoding": encoding, "code_length": k, "draws": int(draws),
+                "mean": float(values.mean()), "std": float(values.std()),
+                "percentiles": {str(q): float(np.percentile(values, q))
+                                for q in (5, 50, 95, 99)},
+                "max": float(values.max()),
+                "values": values.tolist(),
+                "wall_time": time.perf_counter() - t})
+            common.log(f"  null {encoding} k={k}: {draws} draws, mean "
+                       f"{values.mean():.3f} ± {values.std():.3f} "
+                       f"({time.perf_counter() - t:.1f} s)")
     records = []
     for encoding in encodings:
-        draws = (list(seeds) if encoding in common.DATA_ENCODINGS
-                 else list(range(random_draws)))
         for k in code_lengths:
-            if not common.valid_length(encoding, n, k):
-                continue
-            for seed in draws:
-                codes = common.encoding_codes(encoding, n, int(k), similarity,
-                                              seed)
-                r = attribute_correlation(codes, attributes)
-                stats = correlation_stats(r)
-                records.append({
-                    "encoding": encoding, "code_length": int(k),
-                    "seed": int(seed), **stats,
-                    "top_attributes": top_attributes(r, names, top),
-                })
-    summary = report.summarize(records, ("encoding", "code_length"),
-                               ("mean_max_abs", "mean_top_abs"))
+            with warnings.catch_warnings():
+                # Thresholded codes with few bits can repeat codewords; that
+                # is recorded (distinct_rows) and does not change r.
+                warnings.filterwarnings("ignore", message=".*identical "
+                                        "codewords")
+                codes = training.make_codes(encoding, n, k, similarity=sim)
+            r = attribute_correlation(codes, attributes)
+            value = float(np.abs(r).max(axis=1).mean())
+            record = {"encoding": encoding, "code_length": k,
+                      "mean_best_abs_r": value,
+                      "best_abs_r_per_bit": np.abs(r).max(axis=1).tolist(),
+                      "distinct_rows": int(len(np.unique(codes, axis=0))),
+                      "top_attributes": top_attributes(r, attribute_names,
+                                                       top)}
+            permuted = permutation_null(codes, attributes, draws)
+            record["permuted_null"] = {
+                "mean": float(permuted.mean()),
+                "std": float(permuted.std()),
+                "percentile_95": float(np.percentile(permuted, 95))}
+            record["p_vs_permuted"] = empirical_p_value(value, permuted)
+            record["percentile_vs_permuted"] = float(
+                100.0 * np.mean(permuted < value))
+            for null_encoding in null_encodings:
+                null = nulls.get((null_encoding, k))
+                if null is None:
+                    record[f"p_vs_{null_encoding}"] = None
+                    record[f"percentile_vs_{null_encoding}"] = None
+                    continue
+                record[f"p_vs_{null_encoding}"] = empirical_p_value(value,
+                                                                    null)
+                record[f"percentile_vs_{null_encoding}"] = float(
+                    100.0 * np.mean(null < value))
+            records.append(record)
     results = {
         "experiment": "attributes",
-        "dataset": common.describe_data(data),
-        "settings": {"code_lengths": list(code_lengths),
-                     "encodings": list(encodings), "seeds": list(seeds),
-                     "random_draws": random_draws, "top": top,
+        "settings": {"code_lengths": code_lengths,
+                     "encodings": list(encodings),
+                     "null_encodings": list(null_encodings),
+                     "draws": int(draws), "num_classes": int(n),
+                     "dense_trials": int(dense_trials),
                      "num_attributes": int(attributes.shape[1]),
-                     "similarity": similarity.describe()},
-        "environment": common.environment(),
-        "command": common.COMMAND,
-        "codes": records, "summary": summary,
+                     "statistic": "mean over bits of the max |Pearson r| "
+                     "over attributes (numpy.corrcoef across classes)",
+                     "row_normalization": "rows rescaled to norm sqrt(k) "
+                     "(keras_ecoc.training.make_codes), as trained",
+                     "source": source},
+        "environment": common.environment(), "command": common.COMMAND,
+        "codes": records, "null": null_rows,
     }
     results["wall_time"] = time.perf_counter() - start
-    results["markdown"] = attributes_markdown(results, show_bits)
-    results["files"] = _write(results, output_dir, name)
+    results["markdown"] = attributes_markdown(results)
+    results["files"] = _write(results, nulls, output_dir, name)
     return results
+
+
+def _check_outputs(output_dir, name, overwrite):
+    """Refuses to replace earlier results unless `overwrite`."""
+    import os
+
+    if output_dir is None or overwrite:
+        return
+    existing = [f"{name}.{ext}" for ext in ("json", "md", "png")
+                if os.path.exists(os.path.join(output_dir, f"{name}.{ext}"))]
+    if existing:
+        raise FileExistsError(
+            f"{output_dir} already holds {', '.join(existing)}; pass "
+            "overwrite=True (`--overwrite`) to replace them.")
 
 
 def attributes_markdown(results, show_bits=6):
     s = results["settings"]
+    null = {(r["encoding"], r["code_length"]): r for r in results["null"]}
     rows = []
-    for r in results["summary"]:
-        rows.append([r["encoding"], r["code_length"], len(r["seeds"]),
-                     report.stat_cell(r, "mean_max_abs"),
-                     report.stat_cell(r, "mean_top_abs")])
-    text = (f"Pearson correlation across the {results['dataset']['num_classes']} "
-            f"classes between each code column and each of the "
-            f"{s['num_attributes']} attributes, averaged over bits; mean ± std "
-            "over code draws.\n\n")
-    text += report.markdown_table(
-        ["encoding", "k", "draws", "max abs(r) per bit",
-         "top-5 mean abs(r) per bit"],
-        rows)
+    for r in results["codes"]:
+        row = [r["encoding"], r["code_length"], f"{r['mean_best_abs_r']:.3f}"]
+        for e in s["null_encodings"]:
+            nr = null[(e, r["code_length"])]
+            if r[f"p_vs_{e}"] is None:
+                row += ["no admissible code", ""]
+                continue
+            row += [f"{nr['mean']:.3f} ± {nr['std']:.3f} (95th "
+                    f"{nr['percentiles']['95']:.3f})",
+                    f"{r[f'percentile_vs_{e}']:.1f} / {r[f'p_vs_{e}']:.4f}"]
+        pn = r["permuted_null"]
+        row += [f"{pn['mean']:.3f} ± {pn['std']:.3f} (95th "
+                f"{pn['percentile_95']:.3f})",
+                f"{r['percentile_vs_permuted']:.1f} / "
+                f"{r['p_vs_permuted']:.4f}"]
+        rows.append(row)
+    headers = ["encoding", "k", "mean best abs(r)"]
+    for e in s["null_encodings"]:
+        headers += [f"{e} null mean ± std", f"percentile / p vs {e}"]
+    headers += ["permuted-rows null mean ± std", "percentile / p vs permuted"]
+    text = (f"Mean over bits of the best |r| over the {s['num_attributes']} "
+            f"attributes, across the {s['num_classes']} classes; null: "
+            f"{s['draws']} random codes per encoding and k, and {s['draws']} "
+            "row (class) permutations of each data-based code. p = (1 + "
+            "#draws "
+            ">= value) / (1 + draws).\n\n")
+    text += _table(headers, rows)
     k = min(s["code_lengths"])
-    for encoding in s["encodings"]:
-        record = next((c for c in results["codes"] if c["encoding"] == encoding
-                       and c["code_length"] == k), None)
-        if record is None:
+    for r in results["codes"]:
+        if r["code_length"] != k:
             continue
-        text += (f"\n\nTop {s['top']} attributes of the first {show_bits} bits, "
-                 f"{encoding}, k = {k}, seed {record['seed']}:\n\n")
-        rows = [[j, "; ".join(f"{t['attribute']} ({t['r']:+.2f})"
+        text += (f"\n\nTop attributes of the first {show_bits} bits, "
+                 f"{r['encoding']}, k = {k}:\n\n")
+        bits = [[j, "; ".join(f"{t['attribute']} ({t['r']:+.2f})"
                               for t in bit)]
-                for j, bit in enumerate(record["top_attributes"][:show_bits])]
-        text += report.markdown_table(["bit", "attributes (r)"], rows)
+                for j, bit in enumerate(r["top_attributes"][:show_bits])]
+        text += _table(["bit", "attributes (r)"], bits)
     return text
 
 
-def _write(results, output_dir, name):
+def _table(headers, rows):
+    from keras_ecoc.experiments import report
+
+    return report.markdown_table(headers, rows)
+
+
+def _write(results, nulls, output_dir, name):
+    """JSON, Markdown and one histogram panel per k (matplotlib Figure)."""
     if output_dir is None:
         return []
-    series = []
-    for r in results["summary"]:
-        record = next(c for c in results["codes"]
-                      if c["encoding"] == r["encoding"]
-                      and c["code_length"] == r["code_length"])
-        values = sorted(record["max_abs_per_bit"], reverse=True)
-        series.append((f"{r['encoding']} k={r['code_length']}",
-                       np.arange(1, len(values) + 1), values, None))
-    files = [plots.lines(
-        common.output_path(output_dir, f"{name}.png"), series,
-        f"Max |attribute correlation| per bit on {common.data_label(results)}",
-        "bit (sorted by max |r|)", ylabel="max |r| over attributes")]
-    files.append(report.write_text(common.output_path(output_dir, f"{name}.md"),
-                                   results["markdown"]))
-    files.append(common.output_path(output_dir, f"{name}.json"))
-    report.write_json(files[-1], {k: v for k, v in results.items()
-                                  if k != "files"})
-    return files
+    import os
+
+    from matplotlib.figure import Figure
+
+    from keras_ecoc.experiments import report
+
+    os.makedirs(output_dir, exist_ok=True)
+    s = results["settings"]
+    ks = s["code_lengths"]
+    cols = min(3, len(ks))
+    rows = int(np.ceil(len(ks) / cols))
+    fig = Figure(figsize=(4.2 * cols, 3.2 * rows))
+    axes = np.atleast_1d(fig.subplots(rows, cols)).ravel()
+    colors = {"spectral": "tab:red", "spectral_zero": "tab:purple",
+              "spectral_median": "tab:green"}
+    for ax, k in zip(axes, ks):
+        for e in s["null_encodings"]:
+            if (e, k) in nulls:
+                ax.hist(nulls[(e, k)], bins=40, alpha=0.45,
+                        label=f"{e} null")
+        for r in results["codes"]:
+            if r["code_length"] == k:
+                ax.axvline(r["mean_best_abs_r"],
+                           color=colors.get(r["encoding"], "black"),
+                           label=r["encoding"])
+        ax.set_title(f"k = {k}")
+        ax.set_xlabel("mean over bits of best |r|")
+    for ax in axes[len(ks):]:
+        ax.set_visible(False)
+    handles = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    fig.legend(list(handles.values()), list(handles), loc="lower center",
+               ncol=len(handles), fontsize=8)
+    fig.suptitle(f"Bit-attribute correlation, {s['num_classes']} classes, "
+                 f"{s['num_attributes']} attributes, {s['draws']} null draws")
+    fig.tight_layout(rect=(0, 0.05, 1, 0.95))
+    png = os.path.join(output_dir, f"{name}.png")
+    fig.savefig(png, dpi=110)
+    md = report.write_text(os.path.join(output_dir, f"{name}.md"),
+                           results["markdown"])
+    path = os.path.join(output_dir, f"{name}.json")
+    report.write_json(path, {k: v for k, v in results.items()
+                             if k != "files"})
+    return [png, md, path]
