@@ -121,13 +121,13 @@ def make_step(tf, method: str, B: int, k: int, n: int):
     fused = method in ("fused", "fused_xla")
     if fused and not eops.fused_available():
         raise RuntimeError(eops.fused_status())
-    loss_fn = eops.ecoc_cross_entropy if fused else (
-        lambda zz, cc, yy, ss: decoding.cross_entropy(yy, zz, cc, ss))
+    # Both take (labels, z, codes, scale), labels first.
+    loss_fn = eops.ecoc_cross_entropy if fused else decoding.cross_entropy
 
     def step():
         with tf.GradientTape() as tape:
             tape.watch(z)
-            loss = tf.reduce_sum(loss_fn(z, codes, labels, scale))
+            loss = tf.reduce_sum(loss_fn(labels, z, codes, scale))
         return loss, tape.gradient(loss, z)
 
     if method == "fused":

@@ -124,15 +124,17 @@ def test_real_cifar10_jpeg_npz_loads():
 
 
 def _tiny_demo_npz(rng, path):
-    """5 classes of 4 random 28x28 images (3 train, 1 test each)."""
-    x = rng.random((5 * 4, 28, 28)).astype("float32")
-    np.savez(path, x=x, y=np.repeat(np.arange(5), 4), is_train=np.arange(20) % 4 != 0)
+    """8 classes of 6 random 28x28 images (5 train, 1 test each): the demo
+    pretrains on half of them and retrains on the other half, holding out 3
+    training images per class for validation."""
+    x = rng.random((8 * 6, 28, 28)).astype("float32")
+    np.savez(path, x=x, y=np.repeat(np.arange(8), 6), is_train=np.arange(48) % 6 != 0)
     return str(path)
 
 
 def test_demo_runs_end_to_end_on_a_subset(rng, tmp_path, capsys):
     results = demo.run(["--dataset", _tiny_demo_npz(rng, tmp_path / "tiny.npz"),
-                        "--epochs", "1", "--code-length", "3", "--batch-size", "8",
+                        "--epochs", "1", "--code-fraction", "0.5", "--batch-size", "4",
                         "--verbose", "0"])
     out = capsys.readouterr().out
     assert [r.encoding for r in results] == ["one_hot", "one_hot_imprinted",
@@ -160,7 +162,7 @@ def test_demo_console_entry_point_exits_zero(rng, tmp_path):
         pytest.skip("keras-ecoc is not installed: no console-script metadata")
     argv = ["keras-ecoc-demo", "--dataset", _tiny_demo_npz(rng, tmp_path / "tiny.npz"),
             "--epochs", "1",
-            "--code-length", "3", "--batch-size", "8", "--verbose", "0"]
+            "--code-fraction", "0.5", "--batch-size", "4", "--verbose", "0"]
     code = (f"import sys; from importlib.metadata import entry_points; "
             f"(ep,) = entry_points(group='console_scripts', name={entry.name!r}); "
             f"sys.argv = {argv!r}; sys.exit(ep.load()())")

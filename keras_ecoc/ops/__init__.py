@@ -132,10 +132,11 @@ def _check_codes(codes):
 
 def _check_labels(labels, num_classes, backend):
     """Labels as exact integers (NumPy when given as host data); raises for
-    float tensors and, where values are known, for labels outside [0, n)."""
+    float tensors that cannot hold every class index exactly and, where values
+    are known, for labels outside [0, n)."""
     host = _checks.host_labels(labels)
     if host is None:
-        _checks.check_label_tensor_dtype(labels)
+        labels = _checks.integer_label_tensor(labels, num_classes)
         _checks.check_label_values(labels, num_classes, backend)
         return labels
     if num_classes is not None:

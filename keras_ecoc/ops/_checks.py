@@ -140,15 +140,40 @@ def host_labels(labels):
     return arr
 
 
-def check_label_tensor_dtype(labels) -> None:
-    """Rejects a float / bool backend tensor (never cast silently)."""
-    dtype = str(getattr(labels, "dtype", ""))
-    if "int" not in dtype:
+# Largest integer up to which every integer is exact in each float dtype: a
+# float label tensor is accepted only when every class index < n is exact.
+EXACT_INTEGER_LIMIT = {"float16": 2**11, "bfloat16": 2**8, "float32": 2**24, "float64": 2**53}
+
+
+def integer_label_tensor(labels, num_classes):
+    """A backend label tensor as integers; float tensors only where exact.
+
+    Keras hands a plain-function loss `y_true` in float32 (its loss wrapper
+    casts targets to the loss dtype), so float label tensors are common. They
+    are cast to int32 when the float dtype represents every index below
+    `num_classes` exactly (float32: n <= 2^24, float16: n <= 2048, bfloat16:
+    n <= 256); otherwise the labels may already have been rounded into other
+    classes, and that is an error. Bool and other dtypes are rejected.
+    """
+    import keras  # noqa: PLC0415
+
+    dtype = keras.backend.standardize_dtype(getattr(labels, "dtype", "object"))
+    if "int" in dtype and dtype != "bool":
+        return labels
+    limit = EXACT_INTEGER_LIMIT.get(dtype)
+    if limit is None:
         raise ValueError(
-            "Argument `labels` must be an integer tensor of class indices (a float "
-            "tensor could have been rounded, e.g. float16 is exact only up to 2048). "
+            "Argument `labels` must be a tensor of integer class indices. "
             f"Received: labels with dtype {dtype}"
         )
+    if num_classes is None or num_classes > limit:
+        raise ValueError(
+            f"Argument `labels` must be an integer tensor here: {dtype} holds integers "
+            f"exactly only up to {limit}, but there are {num_classes} classes, so the "
+            "labels may already have been rounded into other classes. Pass int32/int64 "
+            f"labels. Received: labels with dtype {dtype}"
+        )
+    return keras.ops.cast(keras.ops.round(labels), "int32")
 
 
 def check_label_values(labels, num_classes: int, backend: str) -> None:
