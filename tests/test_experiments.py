@@ -76,47 +76,6 @@ def test_tsne_separates_clusters():
     assert np.mean(nearest == labels) > 0.97
 
 
-def test_ablation_command(tmp_path):
-    encodings = ["one_hot", "spectral"]
-    cli.main(["ablation", *TINY, "--code-lengths", "4", "9",
-              "--encodings", *encodings, "--output", str(tmp_path)])
-    data, markdown = _load(tmp_path, "ablation")
-    _check_png(tmp_path / "ablation.png")
-    assert {r["encoding"] for r in data["summary"]} == set(encodings)
-    for encoding in encodings:
-        assert encoding in markdown
-    # k = 9 > n - 1 = 5 is impossible for spectral codes: skipped, not run.
-    assert data["skipped"] == [{"encoding": "spectral", "code_length": 9,
-                                "reason": "k must be <= 5"}]
-    assert [(r["encoding"], r["code_length"]) for r in data["runs"]] == [
-        ("one_hot", 6), ("spectral", 4)]
-    for run in data["runs"]:
-        _check_accuracy(run["final_accuracy"])
-        assert len(run["epoch_accuracies"]) == 1
-    assert data["dataset"]["num_classes"] == 6
-    assert data["dataset"]["train_images"] == 18
-    assert data["settings"]["similarity"]["epochs"] == 1
-
-
-def test_duplicate_codewords_are_recorded_not_trained(monkeypatch):
-    from keras_ecoc.experiments import common
-
-    duplicated = np.array([[1, 1], [1, -1], [1, 1], [-1, -1]], np.float32)
-    monkeypatch.setattr(common, "encoding_codes",
-                        lambda *args, **kwargs: duplicated)
-    data = common.load_data(common.DataOptions(
-        classes=4, train_per_class=2, test_per_class=1))
-    record = common.train_run(data, "spectral_median", 2, 0, None,
-                              batch_size=4, epochs=1, verbose=0)
-    assert record["status"] == "duplicate_codewords"
-    assert record["distinct_rows"] == 3 and record["final_accuracy"] is None
-    from keras_ecoc.experiments import report
-
-    row = report.summarize([record], ("encoding",))[0]
-    assert row["failed"] == 1
-    assert report.accuracy_cell(row) == "duplicate codewords"
-
-
 def test_duplicate_classes_are_dropped():
     from keras_ecoc.datasets import ImageDataset
     from keras_ecoc.experiments import common
@@ -139,46 +98,6 @@ def test_duplicate_classes_are_dropped():
     omniglot = common.load_data(common.DataOptions())
     assert omniglot.num_classes == 242
     assert len(set(omniglot.class_names)) == 242
-
-
-def test_impossible_codes_are_recorded_not_trained(monkeypatch):
-    from keras_ecoc.experiments import common
-    from keras_ecoc.experiments import report
-
-    def no_code(*args, **kwargs):
-        raise ValueError("Could not draw dense random codes")
-
-    monkeypatch.setattr(common, "encoding_codes", no_code)
-    data = common.load_data(common.DataOptions(
-        classes=4, train_per_class=2, test_per_class=1))
-    record = common.train_run(data, "dense_random", 2, 0, None,
-                              batch_size=4, epochs=1, verbose=0)
-    assert record["status"] == "no_code"
-    assert "Could not draw" in record["error"]
-    row = report.summarize([record], ("encoding",))[0]
-    assert report.accuracy_cell(row) == "no admissible code"
-
-
-def test_batch_size_command(tmp_path):
-    cli.main(["batch-size", *TINY, "--batch-sizes", "4", "9",
-              "--encodings", "one_hot", "gaussian", "--code-length", "4",
-              "--eval-per-epoch", "2", "--fraction", "0.5",
-              "--output", str(tmp_path)])
-    data, _ = _load(tmp_path, "batch_size")
-    _check_png(tmp_path / "batch_size.png")
-    assert {(r["batch_size"], r["encoding"]) for r in data["summary"]} == {
-        (4, "one_hot"), (4, "gaussian"), (9, "one_hot"), (9, "gaussian")}
-    for run in data["runs"]:
-        # 18 images: 5 steps at batch 4, 2 at batch 9.
-        assert run["steps"][-1] == {4: 5, 9: 2}[run["batch_size"]]
-        for value in run["accuracies"]:
-            _check_accuracy(value)
-        if run["steps_to_target"] is not None:
-            assert run["steps_to_target"] in run["steps"]
-        assert run["target"] == pytest.approx(
-            0.5 * max(r["best_accuracy_mean"] for r in data["summary"]
-                      if r["batch_size"] == run["batch_size"]))
-    assert len(data["curves"]) == 4
 
 
 def test_attributes_need_class_attributes(tmp_path):
@@ -215,12 +134,19 @@ def test_all_runs_every_experiment(tmp_path, monkeypatch):
     monkeypatch.setattr(cli, "run_experiment", fake)
     results = cli.main(["all", "--smoke", "--output", str(tmp_path)])
     # The embedded Omniglot set has no class attributes: skipped.
-    assert [c[0] for c in calls] == ["ablation", "cub-bits", "batch-size",
-                                     "pictures"]
+    assert [c[0] for c in calls] == ["cub-bits", "pictures"]
     assert set(results) == {c[0] for c in calls}
     assert all(c[1:] == (1, 12) for c in calls)  # --smoke settings
     readme = (tmp_path / "README.md").read_text()
-    assert "## batch-size" in readme and "table of pictures" in readme
+    assert "## cub-bits" in readme and "table of pictures" in readme
+
+
+@pytest.mark.parametrize("experiment", ["ablation", "batch-size"])
+def test_replaced_sub_commands_are_gone(experiment, capsys):
+    # The `grid` command (the shared runner) replaced them.
+    with pytest.raises(SystemExit):
+        cli.main([experiment, "--smoke"])
+    assert "invalid choice" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------
@@ -463,3 +389,36 @@ def test_grid_scratch_protocol_trains_the_whole_network(tmp_path):
         record = json.load(f)
     assert record["spec"]["protocol"] == "scratch"
     assert "pretrain" not in record
+
+
+def _code_error_record(tmp_path, monkeypatch, make_codes):
+    from keras_ecoc import training
+
+    monkeypatch.setattr(training, "make_codes", make_codes)
+    path = _tiny_npz(tmp_path, num_classes=4)
+    spec = runner_lib.RunSpec(
+        dataset=path, protocol="scratch", variant="same",
+        encoding="dense_random", code_length=2, val_per_class=2,
+        pretrain_epochs=1, hidden=8, batch_size=4, epochs=1)
+    return runner_lib.Runner(str(tmp_path / "out")).run(spec)
+
+
+def test_duplicate_codewords_are_recorded_not_trained(tmp_path, monkeypatch):
+    duplicated = np.array([[1, 1], [1, -1], [1, 1], [-1, -1]], np.float32)
+    record = _code_error_record(tmp_path, monkeypatch,
+                                lambda *args, **kwargs: duplicated)
+    assert record["status"] == "duplicate_codewords"
+    assert "3 distinct of 4" in record["error"]
+    assert "test_accuracy" not in record
+    with open(tmp_path / "out" / "runs" / f"{record['key']}.json") as f:
+        assert json.load(f)["status"] == "duplicate_codewords"
+
+
+def test_impossible_codes_are_recorded_not_trained(tmp_path, monkeypatch):
+    def no_code(*args, **kwargs):
+        raise ValueError("Could not draw dense random codes")
+
+    record = _code_error_record(tmp_path, monkeypatch, no_code)
+    assert record["status"] == "no_code"
+    assert "Could not draw" in record["error"]
+    assert "test_accuracy" not in record

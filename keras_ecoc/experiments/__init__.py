@@ -3,26 +3,24 @@
 Command line: ``python -m keras_ecoc.experiments <experiment> [options]`` (or
 the ``keras-ecoc-experiments`` console script), with experiments
 
-- ``ablation``: code design ablation (Table 1),
 - ``cub-bits``: accuracy against code length ("add bits" figure), fc7 + fc8
   retrained on a backbone pretrained on disjoint classes (CIFAR-10),
-- ``batch-size``: convergence against mini-batch size,
 - ``attributes``: correlation of code bits with CUB attributes (Table 2),
   against a random-code null distribution,
 - ``pictures``: t-SNE of penultimate features and confusion matrices,
 - ``grid``: the shared runner's grid (protocol, encoding, k, batch,
-  optimizer, learning rate, seed) with paired statistics; it also covers
-  the decoding-scale comparison (``--scale S [--fixed-scale]``),
+  optimizer, learning rate, seed) with paired statistics; it covers the
+  code design ablation (Table 1: encodings x code lengths), convergence
+  against mini-batch size and the decoding-scale comparison
+  (``--scale S [--fixed-scale]``),
 - ``all``: every experiment above but ``grid``.
 
 Each experiment is also a function returning a JSON-able dict and writing
 JSON, Markdown and PNG files into an output folder.
 """
 
-from keras_ecoc.experiments.ablation import run_ablation
 from keras_ecoc.experiments.attributes import attribute_correlation
 from keras_ecoc.experiments.attributes import run_attributes
-from keras_ecoc.experiments.batch_size import run_batch_size
 from keras_ecoc.experiments.common import DataOptions
 from keras_ecoc.experiments.common import load_data
 from keras_ecoc.experiments.cub_bits import run_cub_bits
@@ -41,9 +39,7 @@ __all__ = [
     "run_grid",
     "attribute_correlation",
     "load_data",
-    "run_ablation",
     "run_attributes",
-    "run_batch_size",
     "run_cub_bits",
     "run_pictures",
     "tsne",

@@ -9,12 +9,9 @@ Examples:
         --epochs 16:15 128:60 --optimizer sgd \
         --learning-rates 0.001 0.003 0.01 0.03 0.1 --output results/omniglot
     python -m keras_ecoc.experiments grid --smoke --output /tmp/smoke
-    python -m keras_ecoc.experiments ablation --dataset embedded \
-        --code-lengths 16 64 --seeds 0 1 --epochs 5 --output results/
     python -m keras_ecoc.experiments cub-bits \
         --dataset ../shared/data/cub50_64px.npz \
         --pretrain-source ../shared/data/cifar10_jpeg_bytes.npz
-    python -m keras_ecoc.experiments batch-size --batch-sizes 16 32 128
     python -m keras_ecoc.experiments attributes \
         --dataset ../shared/data/cub50_64px.npz
     python -m keras_ecoc.experiments pictures --dataset cifar100
@@ -34,7 +31,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-EXPERIMENTS = ("ablation", "cub-bits", "batch-size", "attributes", "pictures")
+EXPERIMENTS = ("cub-bits", "attributes", "pictures")
 
 # Default source of the pretrained backbone of cub-bits and attributes.
 PRETRAIN_SOURCE = os.path.join("..", "shared", "data",
@@ -43,7 +40,7 @@ PRETRAIN_SOURCE = os.path.join("..", "shared", "data",
 # --smoke: a few steps of everything, for CI.
 SMOKE = {"epochs": 1, "classes": 12, "train_per_class": 3,
          "test_per_class": 2, "seeds": [0], "code_lengths": [4, 8],
-         "similarity_epochs": 1, "batch_sizes": [8, 16], "random_draws": 3,
+         "similarity_epochs": 1, "random_draws": 3,
          "tsne_iterations": 60, "max_points": 200, "code_length": 8,
          "pretrain_epochs": 1, "pretrain_per_class": 10,
          "learning_rates": [0.01, 0.03], "val_per_class": 1}
@@ -75,10 +72,9 @@ def _common_parser():
     g.add_argument("--epochs", type=int, default=None)
     g.add_argument("--batch-size", type=int, default=None)
     g.add_argument("--code-lengths", type=int, nargs="+", default=None,
-                   help="code lengths k (ablation, bits, attributes)")
+                   help="code lengths k (cub-bits, attributes)")
     g.add_argument("--code-length", type=int, default=None,
-                   help="k of batch-size and pictures (default 32, "
-                   "capped at n - 1)")
+                   help="k of pictures (default 32, capped at n - 1)")
     g.add_argument("--encodings", nargs="+", default=None,
                    help="encoding names (keras_ecoc.training.ENCODINGS)")
     g.add_argument("--scale", type=float, default=None,
@@ -88,8 +84,6 @@ def _common_parser():
     g.add_argument("--similarity-epochs", type=int, default=None,
                    help="epochs of the one-hot network behind data-based "
                    "codes (training split only)")
-    g.add_argument("--eval-per-epoch", type=int, default=None,
-                   help="test evaluations per epoch")
     g = p.add_argument_group("output")
     g.add_argument("--output", default="ecoc-experiments",
                    help="output folder (default: ./ecoc-experiments)")
@@ -127,8 +121,6 @@ def build_parser():
         description="Reproduce the experiments of 'Beyond One-hot Encoding' "
         "(one-hot vs ECOC output codes) on a data set.")
     sub = parser.add_subparsers(dest="experiment", required=True)
-    sub.add_parser("ablation", parents=[common],
-                   help="code design ablation (Table 1)")
     p = sub.add_parser("cub-bits", parents=[common, _pretrain_parser()],
                        help="accuracy against code length, fc7+fc8 "
                        "retrained on a pretrained backbone (paired seeds, "
@@ -142,15 +134,6 @@ def build_parser():
                    help="reuse per-run files whose settings all match")
     p.add_argument("--overwrite", action="store_true",
                    help="replace existing per-run files")
-    p = sub.add_parser("batch-size", parents=[common],
-                       help="convergence against mini-batch size")
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=None,
-                   help="default: 16 32 128")
-    p.add_argument("--fraction", type=float, default=0.9,
-                   help="steps to reach this fraction of the best accuracy")
-    p.add_argument("--resume", default=None,
-                   help="a batch_size.json of an earlier run with the same "
-                   "settings: its runs are reused (e.g. to add seeds)")
     p = sub.add_parser("attributes", parents=[common, _pretrain_parser()],
                        help="code bits against CUB attributes (Table 2), "
                        "with a random-code null distribution")
@@ -174,8 +157,6 @@ def build_parser():
     p.add_argument("--margin", type=float, default=1.0)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--overwrite", action="store_true")
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=None)
-    p.add_argument("--fraction", type=float, default=0.9)
     p.add_argument("--random-draws", type=int, default=None)
     p.add_argument("--top", type=int, default=3)
     p.add_argument("--max-points", type=int, default=None)
@@ -430,9 +411,7 @@ def _pick(o, key, default):
 
 def run_experiment(experiment, o, output_dir):
     """Runs one experiment from resolved options; returns its results."""
-    from keras_ecoc.experiments import ablation
     from keras_ecoc.experiments import attributes
-    from keras_ecoc.experiments import batch_size
     from keras_ecoc.experiments import common
     from keras_ecoc.experiments import cub_bits
     from keras_ecoc.experiments import pictures
@@ -448,14 +427,6 @@ def run_experiment(experiment, o, output_dir):
     scale_kwargs = dict(scale=o["scale"],
                         learnable_scale=False if o["fixed_scale"] else None)
     k = _pick(o, "code_length", 32)
-    if experiment == "ablation":
-        return ablation.run_ablation(
-            data, code_lengths=_pick(o, "code_lengths", [16, 64]),
-            encodings=_pick(o, "encodings", ablation.ABLATION_ENCODINGS),
-            seeds=seeds, epochs=_pick(o, "epochs", 5),
-            batch_size=_pick(o, "batch_size", 32),
-            eval_per_epoch=_pick(o, "eval_per_epoch", 1),
-            **scale_kwargs, **shared)
     if experiment == "cub-bits":
         if o["fixed_scale"]:
             raise ValueError(
@@ -478,21 +449,6 @@ def run_experiment(experiment, o, output_dir):
             scale=o["scale"], verbose=min(o["verbose"], 2),
             name="cub_bits" if o["scale"] is None
             else f"cub_bits_scale{o['scale']:g}")
-    if experiment == "batch-size":
-        previous = None
-        if o.get("resume"):
-            import json
-
-            with open(o["resume"]) as f:
-                previous = json.load(f)["runs"]
-        return batch_size.run_batch_size(
-            data, previous_runs=previous,
-            batch_sizes=_pick(o, "batch_sizes", batch_size.BATCH_SIZES),
-            encodings=_pick(o, "encodings", batch_size.BATCH_ENCODINGS),
-            code_length=k, seeds=seeds, epochs=_pick(o, "epochs", 4),
-            fraction=o["fraction"],
-            eval_per_epoch=_pick(o, "eval_per_epoch", 5), **scale_kwargs,
-            **shared)
     if experiment == "attributes":
         if data.class_attributes is None:
             raise ValueError(

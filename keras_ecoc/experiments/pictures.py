@@ -87,7 +87,16 @@ def run_pictures(data, encodings=PICTURE_ENCODINGS, code_length=32, seed=0,
         confusion_classes: the confusion matrix shows the first so many
             classes (rows: true class, normalised by its test count).
         tsne_iterations, perplexity: t-SNE settings (PCA to 50 dims first).
-        Others: as `ablation.run_ablation`.
+        seed: seeds the code draw, the weights and the shuffling.
+        epochs, batch_size: training schedule of every encoding.
+        output_dir: folder of the JSON, Markdown and PNG files (None: no
+            files).
+        verbose: Keras progress (0 none, 1 bars, 2 one line per epoch).
+        similarity_epochs: epochs of the one-hot network behind the
+            data-based codes (training split only).
+        scale, learnable_scale: ECOC decoding scale (None: the package's
+            default).
+        name: file stem of the outputs.
 
     Returns:
         dict with "encodings" (per encoding: test accuracy, k-NN label

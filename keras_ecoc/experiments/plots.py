@@ -34,34 +34,6 @@ def _save(fig, path):
     return path
 
 
-def grouped_bars(path, categories, groups, title, ylabel="test accuracy",
-                 references=None):
-    """Grouped bars with std error bars.
-
-    Args:
-        categories: C labels along x (e.g. encodings).
-        groups: list of (label, means (C,), stds (C,)); None means no bar.
-        references: optional list of (label, y) horizontal dashed lines.
-    """
-    fig, ax = _subplots((max(5, 0.6 * len(categories) + 2), 4))
-    x = np.arange(len(categories))
-    width = 0.8 / max(1, len(groups))
-    for g, (label, means, stds) in enumerate(groups):
-        m = np.array([np.nan if v is None else v for v in means], float)
-        s = np.array([0.0 if v is None else v for v in stds], float)
-        ax.bar(x + (g - (len(groups) - 1) / 2) * width, m, width, yerr=s,
-               capsize=2, label=label)
-    for label, y in references or []:
-        ax.axhline(y, color="tab:red", ls="--", label=label)
-    ax.set_xticks(x)
-    ax.set_xticklabels(categories, rotation=45, ha="right", fontsize=7)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7)
-    ax.grid(axis="y", alpha=0.3)
-    return _save(fig, path)
-
-
 def lines(path, series, title, xlabel, ylabel="test accuracy", logx=False,
           hlines=None):
     """Curves with std bands.
