@@ -418,11 +418,4 @@ def _write(results, nulls, output_dir, name):
     fig.suptitle(f"Bit-attribute correlation, {s['num_classes']} classes, "
                  f"{s['num_attributes']} attributes, {s['draws']} null draws")
     fig.tight_layout(rect=(0, 0.05, 1, 0.95))
-    png = os.path.join(output_dir, f"{name}.png")
-    fig.savefig(png, dpi=110)
-    md = report.write_text(os.path.join(output_dir, f"{name}.md"),
-                           results["markdown"])
-    path = os.path.join(output_dir, f"{name}.json")
-    report.write_json(path, {k: v for k, v in results.items()
-                             if k != "files"})
-    return [png, md, path]
+    return report.write_summary(fig, results, output_dir, name)

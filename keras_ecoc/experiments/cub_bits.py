@@ -975,11 +975,4 @@ def _write(results, output_dir, name):
     left.legend(fontsize=7)
     right.legend(fontsize=7)
     fig.tight_layout()
-    png = os.path.join(output_dir, f"{name}.png")
-    fig.savefig(png, dpi=110)
-    md = report.write_text(os.path.join(output_dir, f"{name}.md"),
-                           results["markdown"])
-    path = os.path.join(output_dir, f"{name}.json")
-    report.write_json(path, {k: v for k, v in results.items()
-                             if k != "files"})
-    return [png, md, path]
+    return report.write_summary(fig, results, output_dir, name)

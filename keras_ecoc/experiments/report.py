@@ -44,6 +44,27 @@ def write_text(path, text):
     return path
 
 
+def write_summary(fig, results, output_dir, name):
+    """Writes an experiment's figure, Markdown and summary JSON.
+
+    Args:
+        fig: a `matplotlib.figure.Figure`, saved as `<name>.png`.
+        results: dict with a "markdown" entry (written to `<name>.md`); all of
+            it but its "files" entry goes to `<name>.json`.
+        output_dir: the folder the user named (nothing is written elsewhere).
+        name: the files' common stem.
+
+    Returns:
+        [png path, md path, json path].
+    """
+    png = os.path.join(output_dir, f"{name}.png")
+    fig.savefig(png, dpi=110)
+    md = write_text(os.path.join(output_dir, f"{name}.md"), results["markdown"])
+    path = os.path.join(output_dir, f"{name}.json")
+    write_json(path, {k: v for k, v in results.items() if k != "files"})
+    return [png, md, path]
+
+
 def markdown_table(headers, rows):
     """A GitHub Markdown table from a header list and rows of cells."""
     lines = ["| " + " | ".join(str(h) for h in headers) + " |",
