@@ -537,8 +537,9 @@ class _Tracker(keras.callbacks.Callback):
     """
 
     def __init__(self, x_val, y_val, x_train, y_train, order, batch_size,
-                 thresholds):
+                 thresholds, interval=1):
         super().__init__()
+        self.interval = interval
         self.x_val, self.y_val = x_val, y_val
         self.x_train, self.y_train = x_train, y_train
         self.order, self.batch_size = order, batch_size
@@ -573,7 +574,10 @@ class _Tracker(keras.callbacks.Callback):
         self._measure()
 
     def on_train_batch_end(self, batch, logs=None):
-        self._measure()
+        # Every call under steps_per_execution = interval; every step where
+        # the backend runs one step per call (PyTorch).
+        if self._step() % self.interval == 0:
+            self._measure()
 
     def on_train_end(self, logs=None):
         self._measure()
@@ -595,9 +599,9 @@ def train_tracked(model, train, val, test, batch_size, epochs, seed,
     final ones. At every validation point the output-gradient sparsity is
     measured on the batch of the next step (`output_gradient_rows`).
 
-    The model must be compiled with `steps_per_execution` equal to the
-    evaluation interval (`eval_interval`), so the callbacks fire exactly at
-    the evaluation steps.
+    Compile the model with `steps_per_execution(eval_interval(...))`: one
+    traced call per evaluation interval (one call per step on PyTorch, where
+    the tracker then skips the steps between validation points).
 
     Args:
         model: a compiled one-hot model or `ECOCClassifier`.
@@ -624,7 +628,8 @@ def train_tracked(model, train, val, test, batch_size, epochs, seed,
     order = np.concatenate([rng.permutation(n)[:steps_per_epoch * batch_size]
                             for _ in range(epochs)])
     tracker = _Tracker(val[0], np.asarray(val[1]), x_train, y_train, order,
-                       batch_size, tuple(thresholds))
+                       batch_size, tuple(thresholds),
+                       interval=eval_interval(n, batch_size, evals_per_epoch))
     start = time.perf_counter()
     model.fit(x_train[order], y_train[order], batch_size=batch_size,
               epochs=1, shuffle=False, verbose=verbose, callbacks=[tracker])
@@ -658,3 +663,13 @@ def eval_interval(num_train, batch_size, evals_per_epoch):
     """Steps between validation points (and the `steps_per_execution`)."""
     steps_per_epoch = max(1, num_train // batch_size)
     return max(1, int(np.ceil(steps_per_epoch / max(1, evals_per_epoch))))
+
+
+def steps_per_execution(steps):
+    """`steps` optimizer steps per traced call, or 1 where Keras allows no more.
+
+    Keras' PyTorch trainer refuses `steps_per_execution` > 1; there every step
+    is its own call (slower per step, same numbers: the callbacks that score
+    validation points check the step count themselves).
+    """
+    return 1 if keras.backend.backend() == "torch" else int(steps)

@@ -31,6 +31,7 @@ import warnings
 import numpy as np
 
 from keras_ecoc.experiments import common
+from keras_ecoc.training import steps_per_execution
 
 # Pretraining defaults. 32 px because one epoch of CIFAR-10 costs ~47 s at
 # 32 px and ~400 s at 64 px on this 2-core CPU (measured, batch 64, uncontended
@@ -477,7 +478,8 @@ def train_head(features, codes, learning_rate, seed, epochs=HEAD_EPOCHS,
     # One traced call runs a whole epoch: the head is tiny, so per-step
     # dispatch, not arithmetic, dominates the cost on a CPU. No XLA: its
     # compilation (6-9 s measured) costs more than the whole 30-epoch run.
-    compiled = dict(jit_compile=False, steps_per_execution=steps_per_epoch)
+    compiled = dict(jit_compile=False,
+                    steps_per_execution=steps_per_execution(steps_per_epoch))
     with warnings.catch_warnings():
         # Only the truncated one-hot code (one all-zero codeword) has unequal
         # codeword norms here, and that is its definition.

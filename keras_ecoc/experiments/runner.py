@@ -435,8 +435,9 @@ class Runner:
             drop_steps=[e * steps_per_epoch for e in spec.lr_drop_epochs])
         interval = training.eval_interval(len(train[1]), spec.batch_size,
                                           spec.evals_per_epoch)
-        compile_kwargs = dict(jit_compile=self.jit_compile,
-                              steps_per_execution=interval)
+        compile_kwargs = dict(
+            jit_compile=self.jit_compile,
+            steps_per_execution=training.steps_per_execution(interval))
         if codes is None:
             model.compile(
                 optimizer=optimizer,
