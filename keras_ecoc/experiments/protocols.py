@@ -265,8 +265,13 @@ class Pretrained:
 
         extractor = keras.Model(self.model.input,
                                 self.model.get_layer(name).output)
-        return np.asarray(extractor.predict(x, batch_size=512, verbose=0),
-                          np.float32)
+        # Direct calls in chunks, not `predict`: a fresh `predict` function
+        # per extractor and split made TensorFlow warn about retracing.
+        chunks = [keras.ops.convert_to_numpy(extractor(x[i:i + 512], training=False))
+                  for i in range(0, len(x), 512)]
+        if not chunks:
+            return np.zeros((0, extractor.output.shape[-1]), np.float32)
+        return np.concatenate(chunks).astype(np.float32, copy=False)
 
 
 def class_similarity_from_features(features, labels, num_classes):
