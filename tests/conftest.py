@@ -26,6 +26,21 @@ def rng(request):
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
 
 
+@pytest.fixture(scope="session")
+def kernels_build():
+    """kernels/build.py loaded by path (it is a script, not a package module)."""
+    import importlib.util  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "kernels", "build.py")
+    spec = importlib.util.spec_from_file_location("_ecoc_kernels_build_for_tests", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def shared_data(name):
     """Path of a file in ../shared/data, or skip when it is absent."""
     path = os.path.join(SHARED_DATA, name)
