@@ -44,9 +44,20 @@ def _reference_probabilities(z, codes, scale):
     return p / p.sum(-1, keepdims=True)
 
 
-@pytest.mark.parametrize("num_classes, code_length", [(3000, 100), (100_000, 8)])
+@pytest.fixture
+def dtype_policy(request):
+    """Sets the global dtype policy for one test and restores it after."""
+    before = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(request.param)
+    yield request.param
+    keras.config.set_dtype_policy(before)
+
+
+@pytest.mark.parametrize("num_classes, code_length, dtype_policy", [
+    (3000, 100, "float32"), (100_000, 8, "float32"), (100_000, 8, "mixed_float16"),
+], indirect=["dtype_policy"])
 def test_compiled_classifier_with_many_classes_saves_and_loads(
-    rng, tmp_path, num_classes, code_length
+    rng, tmp_path, num_classes, code_length, dtype_policy
 ):
     x = rng.normal(size=(24, 10)).astype("float32")
     y = rng.integers(0, num_classes, size=24)
