@@ -454,12 +454,17 @@ def test_jax_jit_never_allocates_the_batch_by_classes_logits():
     assert stream_temp <= 4 * n * k * 4 + 8 * b * tile * 4
 
 
-def test_torch_compile_matches_eager():
+def _torch_module():
     if BACKEND != "torch":
-        pytest.skip("checks the PyTorch implementation under torch.compile")
-    import torch
-
+        pytest.skip("checks the PyTorch implementation")
     from keras_ecoc.ops import _streaming_torch
+
+    return _streaming_torch
+
+
+def test_torch_loss_is_one_graph_node_under_torch_compile_fullgraph():
+    mod = _torch_module()
+    import torch
 
     rng = np.random.default_rng(11)
     z, codes, labels, scale = random_problem(rng, 8, 200, 6)
@@ -467,15 +472,78 @@ def test_torch_compile_matches_eager():
     valid = torch.ones(8, dtype=torch.bool)
 
     def step(z, c, s):
-        return _streaming_torch.cross_entropy(z, c, y, valid, s, 64)
+        return mod.cross_entropy(z, c, y, valid, s, 64)
 
     weights = np.ones(8, np.float32)
-    # The streaming function is a deliberate graph break (see _streaming_torch).
-    compiled = torch.compile(step, backend="aot_eager")
-    eager_out = loss_and_grads(step, z, codes, scale, weights)
+    # fullgraph=True raises on a graph break: the tile loops are custom ops.
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
     compiled_out = loss_and_grads(compiled, z, codes, scale, weights)
-    for a, b, name in zip(compiled_out, eager_out, ("loss", "dz", "dcodes", "dscale")):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=name)
+    reference = ref_loss_and_grads(z, codes, labels, scale, weights)
+    np.testing.assert_allclose(compiled_out[0], reference[0], rtol=1e-5, atol=1e-5)
+    for got, want, name in zip(compiled_out[1:], reference[1:], ("dz", "dcodes", "dscale")):
+        assert_close_grad(got, want, name)
+
+
+def test_torch_tile_loop_runs_compiled_by_default():
+    mod = _torch_module()
+    rng = np.random.default_rng(13)
+    z, codes, labels, scale = random_problem(rng, 6, 100, 4)
+    y, valid = to_backend(labels), all_valid(6)
+    loss_and_grads(lambda z, c, s: mod.cross_entropy(z, c, y, valid, s, 16), z, codes, scale,
+                   np.ones(6, np.float32))
+    assert mod.compile_status().startswith("compiled scan"), mod.compile_status()
+    assert set(mod._COMPILED.fns) == {mod._forward_tiles, mod._codes_grad_tiles}
+
+
+@pytest.mark.parametrize("b,n,k,tile", [(7, 53, 5, 8), (3, 40, 2, 40)])
+def test_torch_uncompiled_tile_loop_matches_reference(monkeypatch, b, n, k, tile):
+    mod = _torch_module()
+    monkeypatch.setenv(mod.ENV_COMPILE, "0")
+    assert mod.compile_status().startswith("Python loop: disabled")
+    rng = np.random.default_rng(b + n + k + tile)
+    z, codes, labels, scale = random_problem(rng, b, n, k)
+    weights = rng.uniform(0.5, 2.0, size=b).astype(np.float32)
+    y, valid = to_backend(labels), all_valid(b)
+    got = loss_and_grads(lambda z, c, s: mod.cross_entropy(z, c, y, valid, s, tile), z, codes,
+                         scale, weights)
+    want = ref_loss_and_grads(z, codes, labels, scale, weights)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
+    for a, b_, name in zip(got[1:], want[1:], ("dz", "dcodes", "dscale")):
+        assert_close_grad(a, b_, name)
+
+
+def test_torch_compile_failure_warns_once_and_falls_back_to_the_loop(monkeypatch):
+    mod = _torch_module()
+    import torch
+
+    def broken_compile(fn, **kwargs):
+        def run(*args):
+            raise RuntimeError("no C++ compiler (simulated)")
+        return run
+
+    monkeypatch.setattr(mod, "_COMPILED", mod._Compiled())
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    rng = np.random.default_rng(14)
+    z, codes, labels, scale = random_problem(rng, 5, 70, 3)
+    weights = np.ones(5, np.float32)
+    y, valid = to_backend(labels), all_valid(5)
+
+    def fn(z, c, s):
+        return mod.cross_entropy(z, c, y, valid, s, 16)
+
+    with pytest.warns(RuntimeWarning, match="torch.compile of the streaming ECOC loss failed"):
+        got = loss_and_grads(fn, z, codes, scale, weights)
+    assert "no C++ compiler (simulated)" in mod.compile_status()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once: the second call is silent
+        again = loss_and_grads(fn, z, codes, scale, weights)
+    want = ref_loss_and_grads(z, codes, labels, scale, weights)
+    for out in (got, again):
+        np.testing.assert_allclose(out[0], want[0], rtol=1e-5, atol=1e-5)
+        for a, b_, name in zip(out[1:], want[1:], ("dz", "dcodes", "dscale")):
+            assert_close_grad(a, b_, name)
 
 
 def test_keras_fit_with_trainable_codes_and_scale_on_the_streaming_path(non_fused):

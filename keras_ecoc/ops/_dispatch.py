@@ -23,22 +23,19 @@ ENV_PATH = "KERAS_ECOC_LOSS_PATH"
 
 # Largest n for which the dense path is used on each backend (non-fused).
 # Measured by benchmarks/bench_streaming.py (docs/benchmarks.md): at n = 1,000
-# dense and streaming are within noise of each other on JAX; from n = 10,000 on
-# streaming uses several times to >100x less memory and (on JAX) is faster. On
-# PyTorch streaming is slower than the dense loss (eager tile loop) but keeps
-# memory O(B C + n); KERAS_ECOC_LOSS_PATH=dense picks speed instead. The
-# TensorFlow value (the fallback without the op library) was not measured.
+# dense and streaming are within noise of each other; from n = 10,000 on
+# streaming uses >10x less memory at similar or better speed. The TensorFlow
+# value (the fallback without the op library) was not measured.
 DENSE_MAX_CLASSES = {"jax": 1024, "torch": 1024, "tensorflow": 1024}
 
 # Classes per tile, chosen by measurement (the tile-size table of
-# benchmarks/bench_streaming.py in docs/benchmarks.md):
-# * JAX / TensorFlow (XLA fuses the tile's elementwise work): C = 2^18 / (B + k)
-#   clipped to [128, 1024] (1024 was the fastest at B = 16 and 256); the tile
-#   holds a B x C block of logits and a C x k slice of the codes.
-# * PyTorch (eager: every op per tile costs a dispatch and a thread fork):
-#   C = 2^20 / B clipped to [128, 16384], i.e. B x C <= 4 MiB of logits; larger
-#   tiles were up to 7x faster at B = 256 than C = 256.
-TILE_BUDGET = {"jax": (2**18, 1024), "tensorflow": (2**18, 1024), "torch": (2**20, 16384)}
+# benchmarks/bench_streaming.py in docs/benchmarks.md): C = 2^18 / (B + k)
+# clipped to [128, 1024] on every backend; the tile holds a B x C block of
+# logits and a C x k slice of the codes (at most about 1 MiB each). JAX and
+# TensorFlow run the tile loop inside XLA; PyTorch runs it as a compiled
+# `scan` (keras_ecoc/ops/_streaming_torch.py), so small tiles cost no per-op
+# dispatch there either.
+TILE_BUDGET = {"jax": (2**18, 1024), "tensorflow": (2**18, 1024), "torch": (2**18, 1024)}
 MIN_TILE = 128
 
 
@@ -58,7 +55,7 @@ def tile_size(batch_size, num_classes, code_length=None, backend=None) -> int:
     budget, max_tile = TILE_BUDGET.get(backend, TILE_BUDGET["jax"])
     b = batch_size if isinstance(batch_size, int) and batch_size > 0 else 256
     k = code_length if isinstance(code_length, int) and code_length > 0 else 0
-    per_class = b + k if backend != "torch" else b
+    per_class = b + k
     tile = max(MIN_TILE, min(max_tile, budget // per_class))
     tile -= tile % MIN_TILE
     if isinstance(num_classes, int) and num_classes > 0:
@@ -88,12 +85,22 @@ def choose(num_classes=None, code_length=None) -> tuple[str, str]:
         why = f"backend is {backend} (the fused op is TensorFlow-only)"
     forced = forced_path()
     if forced != "auto":
-        return forced, f"{why}; {forced} path forced by {ENV_PATH}"
+        note = _loop_note(backend) if forced == "streaming" else ""
+        return forced, f"{why}; {forced} path forced by {ENV_PATH}{note}"
     limit = DENSE_MAX_CLASSES[backend]
     if isinstance(num_classes, int) and num_classes <= limit:
         return "dense", f"{why}; n = {num_classes} <= {limit}: dense path (faster for small n)"
     return "streaming", (f"{why}; streaming {backend} implementation for n > {limit} "
-                         "(never holds the B x n logits)")
+                         f"(never holds the B x n logits){_loop_note(backend)}")
+
+
+def _loop_note(backend) -> str:
+    """How the PyTorch tile loop runs (compiled scan or Python loop); '' elsewhere."""
+    if backend != "torch":
+        return ""
+    from keras_ecoc.ops import _streaming_torch  # noqa: PLC0415 - imports torch
+
+    return f"; tile loop: {_streaming_torch.compile_status()}"
 
 
 def loss_path(num_classes=None) -> str:
