@@ -292,6 +292,20 @@ def test_dispatcher_uses_dense_for_small_n_and_streaming_for_large_n(non_fused):
     assert status.startswith("streaming:") and "never holds the B x n logits" in status
 
 
+@pytest.mark.parametrize("backend", ["jax", "torch", "tensorflow"])
+def test_tile_size_bounds_the_logits_block_on_cpu_and_gpu(backend):
+    for b in (1, 16, 256, 4096):
+        for k in (8, 128):
+            cpu = _dispatch.tile_size(b, 10**6, k, backend)
+            assert 128 <= cpu <= 1024 and cpu % 128 == 0
+            assert cpu * (b + k) <= 2**18 or cpu == 128
+            gpu = _dispatch.tile_size(b, 10**6, k, backend, on_gpu=True)
+            assert 1024 <= gpu <= 16384 and gpu % 128 == 0
+            assert gpu * (b + k) <= 2**20 or gpu == 1024
+            assert _dispatch.tile_size(b, 50, k, backend) == 50  # never beyond n
+            assert _dispatch.tile_size(b, 50, k, backend, on_gpu=True) == 50
+
+
 def test_fused_op_preferred_on_tensorflow_when_loaded():
     if BACKEND != "tensorflow" or not eops.fused_available():
         pytest.skip("needs the TensorFlow backend with the op library")

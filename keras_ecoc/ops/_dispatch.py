@@ -36,7 +36,23 @@ DENSE_MAX_CLASSES = {"jax": 1024, "torch": 1024, "tensorflow": 1024}
 # `scan` (keras_ecoc/ops/_streaming_torch.py), so small tiles cost no per-op
 # dispatch there either.
 TILE_BUDGET = {"jax": (2**18, 1024), "tensorflow": (2**18, 1024), "torch": (2**18, 1024)}
+# On a GPU every tile costs kernel launches (a few microseconds each) while its
+# GEMMs take less: larger tiles, C = 2^20 / (B + k) clipped to [1024, 16384]
+# (at most about 4 MiB of logits; see the GPU table of docs/benchmarks.md).
+GPU_TILE_BUDGET = (2**20, 16384)
+GPU_MIN_TILE = 1024
 MIN_TILE = 128
+
+
+def on_gpu(backend, tensor) -> bool:
+    """Whether the streaming loop for `tensor` runs on a GPU (picks the tile size)."""
+    if backend == "torch":
+        return getattr(getattr(tensor, "device", None), "type", "cpu") == "cuda"
+    if backend == "jax":
+        import jax  # noqa: PLC0415
+
+        return jax.default_backend() == "gpu"
+    return False
 
 
 def forced_path() -> str:
@@ -49,14 +65,14 @@ def forced_path() -> str:
     return value
 
 
-def tile_size(batch_size, num_classes, code_length=None, backend=None) -> int:
+def tile_size(batch_size, num_classes, code_length=None, backend=None, on_gpu=False) -> int:
     """Classes per tile for a batch of `batch_size` rows (None: unknown)."""
     backend = backend or _loader.backend()
-    budget, max_tile = TILE_BUDGET.get(backend, TILE_BUDGET["jax"])
+    budget, max_tile = GPU_TILE_BUDGET if on_gpu else TILE_BUDGET.get(backend, TILE_BUDGET["jax"])
     b = batch_size if isinstance(batch_size, int) and batch_size > 0 else 256
     k = code_length if isinstance(code_length, int) and code_length > 0 else 0
     per_class = b + k
-    tile = max(MIN_TILE, min(max_tile, budget // per_class))
+    tile = max(GPU_MIN_TILE if on_gpu else MIN_TILE, min(max_tile, budget // per_class))
     tile -= tile % MIN_TILE
     if isinstance(num_classes, int) and num_classes > 0:
         tile = min(tile, num_classes)
