@@ -18,7 +18,10 @@
 # left, so together they use the budget best.
 #
 # Budget: DEVICE_RUN_BUDGET seconds in all (default 420); the last phase ends
-# at most ~15 s after it. DEVICE_RUN_QUICK=1 runs the benchmark with --quick.
+# at most ~15 s after it. DEVICE_RUN_QUICK=1 runs the benchmark with --quick;
+# DEVICE_RUN_BENCH_ARGS adds benchmark arguments (its hidden --simulate-gpu
+# runs the GPU code path on CPU devices: how this script is tested without a
+# GPU). DEVICE_CHECK_T_* override the CUDA check's step limits set below.
 # Files under $OUT (at most 8, as the device tool returns them):
 #   summary.md                 each phase: status, seconds, note
 #   device_run.log             everything the info/wheels/import phases printed
@@ -83,6 +86,13 @@ phase() {
   return $rc
 }
 
+# no_gpu_row NAME SECONDS NOTE: replaces the last summary row (a phase that
+# found no GPU ran nothing; that is neither a pass nor a failure of the code).
+no_gpu_row() {
+  ROWS[${#ROWS[@]}-1]="| $1 | NO GPU | $2 | $3 |"
+  write_summary
+}
+
 # --- info -------------------------------------------------------------------
 info() {
   echo "date: $(date -u +%FT%TZ); host: $(uname -a)"
@@ -108,7 +118,9 @@ except Exception as e:
     print("jax: not usable:", type(e).__name__, e)
 EOF
 }
-PHASE_NOTE="" phase info 45 "$LOG" bash -c "$(declare -f info); PY='$PY'; info"
+export PY WHEELS SITE
+export -f info
+PHASE_NOTE="" phase info 45 "$LOG" bash -c info
 
 # --- wheels -------------------------------------------------------------------
 install_wheels() {
@@ -121,8 +133,8 @@ install_wheels() {
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$SITE" "${whl[@]}"
 }
-PHASE_NOTE="into $SITE" phase wheels 60 "$LOG" bash -c \
-  "$(declare -f install_wheels); PY='$PY' WHEELS='$WHEELS' SITE='$SITE'; install_wheels"
+export -f install_wheels
+PHASE_NOTE="into $SITE" phase wheels 60 "$LOG" bash -c install_wheels
 WHEELS_RC=$?
 export PYTHONPATH="$SITE:$REPO${PYTHONPATH:+:$PYTHONPATH}"
 [[ $WHEELS_RC == 0 ]] || echo "wheels failed (exit $WHEELS_RC): the import checks show what is missing" >>"$LOG"
@@ -145,16 +157,26 @@ export DEVICE_CHECK_T_BUILD="${DEVICE_CHECK_T_BUILD:-60}" DEVICE_CHECK_T_CHECK="
   DEVICE_CHECK_T_RACECHECK="${DEVICE_CHECK_T_RACECHECK:-25}" DEVICE_CHECK_T_BENCH="${DEVICE_CHECK_T_BENCH:-10}"
 # Keep at least 120 s of the budget for the benchmark.
 KLIMIT=$(( $(left) - 120 )); ((KLIMIT > 235)) && KLIMIT=235
+T0=$SECONDS
 PHASE_NOTE="steps and results in device_check.md" OUT="$OUT" \
   phase kernels "$KLIMIT" "$LOG" bash kernels/cuda/device_check.sh
+if [[ $? == 0 ]] && tail -n 3 "$LOG" | grep -q "device_check: no GPU"; then
+  no_gpu_row kernels $((SECONDS - T0)) "device_check.sh found no GPU (nvidia-smi) and ran nothing"
+fi
 
 # --- bench -------------------------------------------------------------------
+T0=$SECONDS
 BLIMIT=$(( $(left) - 5 )); ((BLIMIT > 400)) && BLIMIT=400
 QUICK=(); [[ "${DEVICE_RUN_QUICK:-0}" == 1 ]] && QUICK=(--quick)
+# Extra arguments for the benchmark, e.g. "--backends torch" (word-split).
+read -r -a BENCH_EXTRA <<<"${DEVICE_RUN_BENCH_ARGS:-}"
 PHASE_NOTE="tables in bench_streaming_gpu.md" \
   phase bench "$BLIMIT" "$OUT/bench_streaming_gpu.log" "$PY" benchmarks/bench_streaming.py \
-  --device gpu "${QUICK[@]}" --time-limit "$((BLIMIT > 30 ? BLIMIT - 15 : BLIMIT))" \
+  --device gpu "${QUICK[@]}" "${BENCH_EXTRA[@]}" --time-limit "$((BLIMIT > 30 ? BLIMIT - 15 : BLIMIT))" \
   --out "$OUT/bench_streaming_gpu.md"
+if [[ $? == 2 ]]; then
+  no_gpu_row bench $((SECONDS - T0)) "neither PyTorch nor JAX sees a GPU; see bench_streaming_gpu.log"
+fi
 
 write_summary
 cat "$SUMMARY"

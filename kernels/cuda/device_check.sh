@@ -123,7 +123,7 @@ declare -a ROWS
 FAILED=0
 run_step() {  # name limit command...
   local name="$1" limit="$2"; shift 2
-  echo "## step $name: $*" >>"$LOG"
+  echo "## step $name (limit ${limit} s): $*" >>"$LOG"
   local t0=$SECONDS rc from
   from=$(wc -l <"$LOG")
   timeout --kill-after=10 "$limit" "$@" >>"$LOG" 2>&1
