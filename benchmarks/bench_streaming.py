@@ -365,6 +365,8 @@ def fit_worker(args):
     layers = [keras.Input((64,)), keras.layers.Dense(256, activation="relu")]
     if kind == "ecoc":
         codes = (np.sign(rng.normal(size=(n, k))) / np.sqrt(k)).astype(np.float32)
+        if gpu:  # on the device once, not copied from the host at every step
+            codes = keras.ops.convert_to_tensor(codes)
 
         def loss(y_true, y_pred):
             labels = keras.ops.cast(keras.ops.reshape(y_true, (-1,)), "int32")
