@@ -172,14 +172,28 @@ def _dense_torch_loss(scale, ct, yt):
     return fb
 
 
-def _make_gpu_step(backend, method, b, k, n, tile, simulate):
-    import numpy as np
+def _gpu_tile_size(b, n, k, backend, simulate):
+    """The library's default tile for this shape on a GPU.
+
+    Passes on_gpu=True where `_dispatch.tile_size` takes it (the GPU tile
+    budget), so the table measures what a user's GPU run gets.
+    """
+    import inspect
 
     from keras_ecoc.ops import _dispatch
 
+    if "on_gpu" in inspect.signature(_dispatch.tile_size).parameters:
+        return _dispatch.tile_size(b, n, k, backend, on_gpu=not simulate)
+    return _dispatch.tile_size(b, n, k, backend)
+
+
+def _make_gpu_step(backend, method, b, k, n, tile, simulate):
+    import numpy as np
+
     z, codes, labels = problem(np, b, k, n)
-    tile = tile or _dispatch.tile_size(b, n, k, backend)
     info = {}
+    if not tile and method == "stream":
+        info["default_tile"] = tile = _gpu_tile_size(b, n, k, backend, simulate)
     if backend == "jax":
         import jax
         import jax.numpy as jnp
@@ -723,8 +737,12 @@ def render_gpu(state, args, elapsed):
                          f"{fmt(r['epoch_s'], 2)} | {fmt(r.get('dev_peak_mb'))} | "
                          f"{r['params']:,} | {r['path'].split(':')[0]} |")
     if tiles:
+        used = sorted({(r["backend"], r["B"], r["k"], r["n"], r["default_tile"]) for r in grid
+                       if r.get("default_tile")})
         lines += ["", "### Classes per tile (streaming on the GPU, forward + backward w.r.t. z, "
-                  "ms)", "",
+                  "ms)", "", "Default tiles used in the grid above (`_dispatch.tile_size`, GPU "
+                  "budget where it has one): " + ", ".join(
+                      f"{bk} B={b} k={k} n={n}: {t}" for bk, b, k, n, t in used) + ".", "",
                   "| backend | B | k | n | " + " | ".join(f"C={c}" for c in args.tile_sizes) + " |",
                   "|" + "---|" * (4 + len(args.tile_sizes))]
         tk = {(r["backend"], r["B"], r["tile"]): r["ms"] for r in tiles}
