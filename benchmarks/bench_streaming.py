@@ -31,7 +31,8 @@ for JAX XLA's temp buffer size plus the growth of the device's
 `peak_bytes_in_use` (reported only where this configuration raised the
 process's peak; otherwise an earlier, larger one masks it: "masked"). The grid
 adds n = 1,000,000. Order: grid, then `model.fit`, then tiles; `--time-limit`
-caps the whole run (what does not fit is listed as skipped). The GPU run
+caps the whole run (each subprocess gets a share of the time left; what
+does not fit is listed as skipped or stopped, with the cells it finished). The GPU run
 never touches docs/benchmarks.md: it writes its own Markdown section to
 `--out` (and every row as JSON beside it, `<out without .md>.json`), after
 each subprocess, so a killed run leaves what had finished.
@@ -836,13 +837,21 @@ def main_gpu(args):
             tasks.append(("tiles", f"{b} tiles", b, 200, 2 * len(args.tile_sizes),
                           [script, "--worker", f"{b}:stream", "--configs", cfgs, *common]))
     save()
+    # Under --time-limit each subprocess gets at most 1.5x its share of the time
+    # left (a grid worker weighs 3, a fit or tile worker 1), so one slow worker
+    # (say, a first torch.compile) cannot starve all that follow; time a
+    # worker does not use goes to the later ones.
+    weight = {"grid": 3, "fits": 1, "tiles": 1}
+    pending = sum(weight[t[0]] for t in tasks)
     for group, label, backend, limit, expected, cmd in tasks:
         left = None if deadline is None else deadline - time.time()
-        if left is not None and left < 10:
+        share = None if left is None else 1.5 * left * weight[group] / pending
+        pending -= weight[group]
+        if left is not None and min(left, share) < 10:
             state["skipped"].append(label)
             print(f"[{time.time() - t0:.0f} s] {label}: skipped (--time-limit)", flush=True)
             continue
-        timeout = limit if left is None else min(limit, left)
+        timeout = limit if left is None else min(limit, left, share)
         st = {}
         res = run(cmd, backend, timeout, env, st)
         state[group] += res
