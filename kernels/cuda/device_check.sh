@@ -21,6 +21,9 @@
 #
 # Usage (from anywhere):  bash kernels/cuda/device_check.sh [--dry-run]
 #   --dry-run   print the steps and commands, run nothing (exit 0)
+# Step time limits (seconds) from the environment: DEVICE_CHECK_T_BUILD (120),
+#   _T_CHECK (45), _T_GRID (150), _T_SMEM (15), _T_MEMCHECK (50),
+#   _T_RACECHECK (50), _T_BENCH (40).
 # Exit codes: 0 every step passed, or no GPU (says "no GPU" and runs
 # nothing); 1 a step failed; 3 bad command line.
 set -u -o pipefail
@@ -31,7 +34,7 @@ DRY_RUN=0
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY_RUN=1 ;;
-    -h|--help) sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "device_check: unknown argument '$arg' (usage: device_check.sh [--dry-run])" >&2; exit 3 ;;
   esac
 done
@@ -53,8 +56,21 @@ if [[ -z "$SANITIZER" ]]; then
     if [[ -n "$candidate" && -x "$candidate" ]]; then SANITIZER="$candidate"; break; fi
   done
 fi
-# Seconds per step; together 470 s, under 8 minutes.
+# Seconds per step; together 470 s, under 8 minutes. Each can be lowered (or
+# raised) from the environment, e.g. DEVICE_CHECK_T_GRID=60, to fit a shorter
+# device lease; a step that runs out of time is reported as failed.
 T_BUILD=120 T_CHECK=45 T_GRID=150 T_SMEM=15 T_MEMCHECK=50 T_RACECHECK=50 T_BENCH=40
+for step_var in T_BUILD T_CHECK T_GRID T_SMEM T_MEMCHECK T_RACECHECK T_BENCH; do
+  env_var="DEVICE_CHECK_$step_var"
+  if [[ -n "${!env_var:-}" ]]; then
+    if [[ ! "${!env_var}" =~ ^[1-9][0-9]*$ ]]; then
+      echo "device_check: $env_var must be a positive integer number of seconds." \
+           "Received: $env_var=${!env_var}" >&2
+      exit 3
+    fi
+    printf -v "$step_var" '%s' "${!env_var}"
+  fi
+done
 
 # The card's architecture, e.g. "90".
 ARCH=""
@@ -107,7 +123,7 @@ declare -a ROWS
 FAILED=0
 run_step() {  # name limit command...
   local name="$1" limit="$2"; shift 2
-  echo "## step $name: $*" >>"$LOG"
+  echo "## step $name (limit ${limit} s): $*" >>"$LOG"
   local t0=$SECONDS rc from
   from=$(wc -l <"$LOG")
   timeout --kill-after=10 "$limit" "$@" >>"$LOG" 2>&1
