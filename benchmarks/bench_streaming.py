@@ -341,6 +341,12 @@ def worker(args):
             _gpu_env_ok(backend, args.simulate_gpu)
         except RuntimeError as e:
             raise SystemExit(f"worker {backend}:{method}: {e}") from None
+    if backend == "torch":
+        import torch
+
+        # One process measures many shapes; dynamo's default of 8 graphs per
+        # function would send the later ones to the uncompiled loop.
+        torch._dynamo.config.recompile_limit = 64
     out = []
     for cfg in json.loads(args.configs):
         b, k, n = cfg[:3]
@@ -353,6 +359,10 @@ def worker(args):
             step, info = make_step(backend, method, b, k, n, tile)
             res = measure(step, args.budget, args.max_repeats)
         res.update(info, B=b, k=k, n=n, tile=tile, backend=backend, method=method)
+        if backend == "torch" and method == "stream":
+            from keras_ecoc.ops import _streaming_torch
+
+            res["loop"] = _streaming_torch.compile_status()  # compiled scan or Python loop
         out.append(res)
         print(json.dumps(res), flush=True)
     return out
