@@ -300,8 +300,9 @@ def test_tile_size_bounds_the_logits_block_on_cpu_and_gpu(backend):
             assert 128 <= cpu <= 1024 and cpu % 128 == 0
             assert cpu * (b + k) <= 2**18 or cpu == 128
             gpu = _dispatch.tile_size(b, 10**6, k, backend, on_gpu=True)
-            assert 1024 <= gpu <= 16384 and gpu % 128 == 0
-            assert gpu * (b + k) <= 2**20 or gpu == 1024
+            budget, high, low = _dispatch.GPU_TILE_BUDGET[backend]
+            assert low <= gpu <= high and gpu % 128 == 0 and gpu >= cpu
+            assert gpu * (b + k) <= budget or gpu == low
             assert _dispatch.tile_size(b, 50, k, backend) == 50  # never beyond n
             assert _dispatch.tile_size(b, 50, k, backend, on_gpu=True) == 50
 

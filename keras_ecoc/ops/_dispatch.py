@@ -36,11 +36,18 @@ DENSE_MAX_CLASSES = {"jax": 1024, "torch": 1024, "tensorflow": 1024}
 # `scan` (keras_ecoc/ops/_streaming_torch.py), so small tiles cost no per-op
 # dispatch there either.
 TILE_BUDGET = {"jax": (2**18, 1024), "tensorflow": (2**18, 1024), "torch": (2**18, 1024)}
-# On a GPU every tile costs kernel launches (a few microseconds each) while its
-# GEMMs take less: larger tiles, C = 2^20 / (B + k) clipped to [1024, 16384]
-# (at most about 4 MiB of logits; see the GPU table of docs/benchmarks.md).
-GPU_TILE_BUDGET = (2**20, 16384)
-GPU_MIN_TILE = 1024
+# On a GPU a tile costs launches (and on PyTorch Python dispatch) whatever its
+# size, so tiles are larger there; (budget, max tile, min tile) per backend:
+# * PyTorch: C = 2^24 / (B + k) clipped to [4096, 65536], at most about
+#   64 MiB of logits per tile (H200: 37 tiles of 2,688 classes took 10 ms
+#   where two tiles of 65,536 took 2 ms).
+# * JAX / TensorFlow: C = 2^20 / (B + k) clipped to [1024, 16384]. XLA
+#   copies each tile's C x k slice of the codes (a dynamic slice), so larger
+#   tiles cost memory there (40 MB of XLA temporaries at C = 65,536, n = 10^5,
+#   k = 128, against 4.6 MB at C = 7,168 on an H200).
+# (docs/benchmarks.md, "on a GPU").
+GPU_TILE_BUDGET = {"torch": (2**24, 65536, 4096), "jax": (2**20, 16384, 1024),
+                   "tensorflow": (2**20, 16384, 1024)}
 MIN_TILE = 128
 
 
@@ -68,11 +75,14 @@ def forced_path() -> str:
 def tile_size(batch_size, num_classes, code_length=None, backend=None, on_gpu=False) -> int:
     """Classes per tile for a batch of `batch_size` rows (None: unknown)."""
     backend = backend or _loader.backend()
-    budget, max_tile = GPU_TILE_BUDGET if on_gpu else TILE_BUDGET.get(backend, TILE_BUDGET["jax"])
+    if on_gpu:
+        budget, max_tile, min_tile = GPU_TILE_BUDGET.get(backend, GPU_TILE_BUDGET["jax"])
+    else:
+        (budget, max_tile), min_tile = TILE_BUDGET.get(backend, TILE_BUDGET["jax"]), MIN_TILE
     b = batch_size if isinstance(batch_size, int) and batch_size > 0 else 256
     k = code_length if isinstance(code_length, int) and code_length > 0 else 0
     per_class = b + k
-    tile = max(GPU_MIN_TILE if on_gpu else MIN_TILE, min(max_tile, budget // per_class))
+    tile = max(min_tile, min(max_tile, budget // per_class))
     tile -= tile % MIN_TILE
     if isinstance(num_classes, int) and num_classes > 0:
         tile = min(tile, num_classes)

@@ -383,11 +383,14 @@ __global__ void __launch_bounds__(kThreads, 1) RowStreamKernel(RowArgs a) {
             __syncthreads();
           }
           for (int j = lane; j < width; j += kWarpSize) {
+            // This tile's sum_c p_c M_c first, then one rescale-and-add into
+            // the running sum (as the CPU kernel does): one rounding of the
+            // running sum per tile, not per class. Folding each class into
+            // the running sum gave 1e-3 relative error at n = 10^6 on an
+            // H200 (device_check grid, k = 1).
             float acc[RPW];
 #pragma unroll
-            for (int t = 0; t < RPW; ++t) {
-              acc[t] = acc_s[(warp * RPW + t) * k + j0 + j] * alpha[t];
-            }
+            for (int t = 0; t < RPW; ++t) acc[t] = 0.0f;
             for (int c = 0; c < num_valid; ++c) {
               const float mv = tile_s[c * pitch + j];  // consecutive j: no conflicts
 #pragma unroll
@@ -397,7 +400,8 @@ __global__ void __launch_bounds__(kThreads, 1) RowStreamKernel(RowArgs a) {
             }
 #pragma unroll
             for (int t = 0; t < RPW; ++t) {
-              acc_s[(warp * RPW + t) * k + j0 + j] = acc[t];
+              float* run = acc_s + (warp * RPW + t) * k + j0 + j;
+              *run = fmaf(*run, alpha[t], acc[t]);
             }
           }
         }
