@@ -499,6 +499,27 @@ def test_torch_loss_is_one_graph_node_under_torch_compile_fullgraph():
         assert_close_grad(got, want, name)
 
 
+def test_torch_rank_and_nearest_are_one_graph_node_under_torch_compile_fullgraph():
+    mod = _torch_module()
+    import torch
+
+    rng = np.random.default_rng(15)
+    b, n, k, tile = 9, 130, 6, 32
+    z, codes, labels, _ = random_problem(rng, b, n, k)
+    logits, _ = ref_logits(z, codes)
+
+    valid = torch.ones(b, dtype=torch.bool)
+
+    def decode(z, c, y):
+        return mod.nearest_codeword(z, c, tile), mod.label_rank(z, c, y, valid, tile)
+
+    nearest, rank = torch.compile(decode, backend="aot_eager", fullgraph=True)(
+        torch.tensor(z), torch.tensor(codes), torch.tensor(labels))
+    np.testing.assert_array_equal(nearest.numpy(), np.argmax(logits, -1))
+    np.testing.assert_array_equal(
+        rank.numpy(), (logits > logits[np.arange(b), labels][:, None]).sum(-1))
+
+
 def test_torch_tile_loop_runs_compiled_by_default():
     mod = _torch_module()
     rng = np.random.default_rng(13)

@@ -276,37 +276,58 @@ def cross_entropy(z, codes, labels, valid, scale, tile):
     return _StreamingCrossEntropy.apply(z, codes, labels, valid, scale, int(tile))
 
 
-@torch.compiler.disable
-@torch.no_grad()
-def _decode(z, codes, tile, labels=None):
-    # Prediction-time only (no gradient, no memory target): a Python loop, kept
-    # out of an enclosing torch.compile so inductor does not unroll it.
-    codes = codes.detach().float()
-    n = codes.shape[0]
-    u, _, _ = _normalize(z.detach())
-    usq = torch.sum(u * u, dim=-1, keepdim=True)
-    b = u.shape[0]
-    best = torch.full((b,), float("-inf"), device=u.device)
-    arg = torch.zeros((b,), dtype=torch.int64, device=u.device)
-    bad = torch.zeros((b,), dtype=torch.bool, device=u.device)
-    count = torch.zeros((b,), dtype=torch.int64, device=u.device)
-    ref = None
-    if labels is not None:
-        m_y = codes[labels]
-        ref = -0.5 * (torch.sum(m_y * m_y, -1) - 2.0 * torch.sum(u * m_y, -1) + usq[:, 0])
-    for start in range(0, n, tile):
-        mt = codes[start:start + tile]
-        logits = -0.5 * (torch.linalg.vecdot(mt, mt)[None, :] - 2.0 * (u @ mt.T) + usq)
-        bad = bad | torch.any(~torch.isfinite(logits), dim=-1)  # no padding here
-        tmax, targ = torch.max(logits, dim=-1)
-        better = tmax > best  # strict: ties keep the smaller index
-        best = torch.where(better, tmax, best)
-        arg = torch.where(better, targ + start, arg)
-        if ref is not None:
-            idx = torch.arange(start, start + logits.shape[1], device=u.device)
-            above = (logits > ref[:, None]) & (idx[None, :] != labels[:, None])
-            count = count + torch.sum(above, dim=-1)
+@torch.library.custom_op("keras_ecoc::stream_decode", mutates_args=())
+def _stream_decode(z: torch.Tensor, codes: torch.Tensor, labels: torch.Tensor,
+                   with_labels: bool, tile: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(arg (B,) int64, bad (B,) bool, count (B,) int64) over all n codewords.
+
+    Prediction-time only (no gradient, no memory target): a Python loop over
+    tiles, inside a custom op so an enclosing torch.compile neither breaks the
+    graph nor unrolls the loop.
+    """
+    with torch.no_grad():
+        codes = codes.float()
+        n = codes.shape[0]
+        u, _, _ = _normalize(z)
+        usq = torch.sum(u * u, dim=-1, keepdim=True)
+        b = u.shape[0]
+        best = torch.full((b,), float("-inf"), device=u.device)
+        arg = torch.zeros((b,), dtype=torch.int64, device=u.device)
+        bad = torch.zeros((b,), dtype=torch.bool, device=u.device)
+        count = torch.zeros((b,), dtype=torch.int64, device=u.device)
+        ref = None
+        if with_labels:
+            m_y = codes[labels]
+            ref = -0.5 * (torch.sum(m_y * m_y, -1) - 2.0 * torch.sum(u * m_y, -1) + usq[:, 0])
+        for start in range(0, n, tile):
+            mt = codes[start:start + tile]
+            ct = torch.square(torch.linalg.vector_norm(mt, dim=-1))
+            logits = -0.5 * (ct[None, :] - 2.0 * (u @ mt.T) + usq)
+            bad = bad | torch.any(~torch.isfinite(logits), dim=-1)  # no padding here
+            tmax, targ = torch.max(logits, dim=-1)
+            better = tmax > best  # strict: ties keep the smaller index
+            best = torch.where(better, tmax, best)
+            arg = torch.where(better, targ + start, arg)
+            if ref is not None:
+                idx = torch.arange(start, start + logits.shape[1], device=u.device)
+                above = (logits > ref[:, None]) & (idx[None, :] != labels[:, None])
+                count = count + torch.sum(above, dim=-1)
     return arg, bad, count
+
+
+@_stream_decode.register_fake
+def _(z, codes, labels, with_labels, tile):
+    b = z.shape[0]
+    return (z.new_empty((b,), dtype=torch.int64), z.new_empty((b,), dtype=torch.bool),
+            z.new_empty((b,), dtype=torch.int64))
+
+
+def _decode(z, codes, tile, labels=None):
+    with_labels = labels is not None
+    if labels is None:
+        labels = torch.zeros((z.shape[0],), dtype=torch.int64, device=z.device)
+    return torch.ops.keras_ecoc.stream_decode(z.detach(), codes.detach(), labels.long(),
+                                              with_labels, int(tile))
 
 
 def nearest_codeword(z, codes, tile):
