@@ -14,8 +14,9 @@ How the tile loop runs (measured: docs/benchmarks.md):
   (one graph for every B, k, n and C), plus one call for the remainder tile.
   A Python loop pays a dispatch per op per tile; the compiled scan costs about
   as little per tile as one fused kernel, so small tiles (low memory) stay fast.
-  On a GPU the loops run uncompiled over large tiles: there the compiled scan
-  was no faster (each tile still costs its launches) and took 55 s to compile.
+  On a GPU the loops run uncompiled over large tiles: there each tile costs
+  its launches either way, the compiled scan was slower at n <= 10^5 and
+  1.2-1.7x faster only at n = 10^6, and its first call compiled for 55 s.
 * Each loop is a `torch.library.custom_op` (`keras_ecoc::stream_forward`,
   `keras_ecoc::stream_codes_grad`): when a user's model is compiled with
   `torch.compile`, the loss is one opaque node of that graph (no graph break,
@@ -137,8 +138,9 @@ class _Compiled:
         # Detached inputs: requires_grad would be one more guard (a recompile).
         args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
         if not self.enabled() or args[0].device.type != "cpu":
-            # On a GPU the compiled scan was no faster than the loop (H200:
-            # 11.9 vs 10.2 ms for 37 tiles) and its first compile took 55 s.
+            # On a GPU (H200) the compiled scan was slower than this loop at
+            # n <= 10^5 (11.9 vs 10.2 ms for 37 tiles), 1.2-1.7x faster at
+            # n = 10^6, and its first call compiled for 55 s.
             return fn(*args, False)
         compiled = self.fns.get(fn)
         if compiled is None:
