@@ -46,6 +46,13 @@ TILE_BUDGET = {"jax": (2**18, 1024), "tensorflow": (2**18, 1024), "torch": (2**1
 #   tiles cost memory there (40 MB of XLA temporaries at C = 65,536, n = 10^5,
 #   k = 128, against 4.6 MB at C = 7,168 on an H200).
 # (docs/benchmarks.md, "on a GPU").
+# XLA copies each tile's C x k slice of the codes, which at small n is a large
+# share of the dense path's own memory: on the CPU, JAX / TensorFlow tiles are
+# also capped at n / 32 (a multiple of 128). At B = 16, n = 10^4 that took
+# XLA's temporaries from 7x / 3x (k = 32 / 128) below the dense path's to
+# 28x / 11x, and the step from 1.3 / 5.3 ms to 0.9 / 4.2 ms (B = 256 at
+# n = 10^4: within 15 %, either way).
+SMALL_N_CAP = {"jax": 32, "tensorflow": 32}
 GPU_TILE_BUDGET = {"torch": (2**24, 65536, 4096), "jax": (2**20, 16384, 1024),
                    "tensorflow": (2**20, 16384, 1024)}
 MIN_TILE = 128
@@ -85,6 +92,8 @@ def tile_size(batch_size, num_classes, code_length=None, backend=None, on_gpu=Fa
     tile = max(min_tile, min(max_tile, budget // per_class))
     tile -= tile % MIN_TILE
     if isinstance(num_classes, int) and num_classes > 0:
+        if backend in SMALL_N_CAP and not on_gpu:
+            tile = min(tile, max(MIN_TILE, num_classes // SMALL_N_CAP[backend] // MIN_TILE * MIN_TILE))
         tile = min(tile, num_classes)
     return int(tile)
 
