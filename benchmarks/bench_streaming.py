@@ -526,6 +526,90 @@ def machine():
             f"PyTorch {torch.__version__}")
 
 
+# The grid table's columns after (B, k, n): (backend, method, field); the memory
+# field is "mem" here and the device's own measure in each table.
+GRID_COLUMNS = (("jax", "stream", "ms"), ("jax", "dense", "ms"),
+                ("jax", "stream", "xla_temp_mb"), ("jax", "dense", "xla_temp_mb"),
+                ("jax", "stream", "mem"), ("jax", "dense", "mem"),
+                ("torch", "stream", "ms"), ("torch", "eager", "ms"),
+                ("torch", "compiled", "ms"), ("torch", "stream", "mem"),
+                ("torch", "eager", "mem"), ("torch", "compiled", "mem"))
+TARGETS_HEADER = ("### Targets at n >= 10,000 (memory >= 10x below the dense path, time no worse "
+                  "than the compiled dense path; 'time Nx dense' > 1 means streaming is faster, "
+                  "within 10 % counts as met)")
+
+
+def _grid_header(mem):
+    """The grid table's header rows; `mem` names the memory columns ("RSS", "peak")."""
+    return ["| B | k | n | JAX stream ms | JAX dense (jit) ms | JAX stream XLA temp MB | "
+            f"JAX dense XLA temp MB | JAX stream {mem} MB | JAX dense {mem} MB | torch stream ms | "
+            f"torch dense eager ms | torch dense compiled ms | torch stream {mem} MB | "
+            f"torch dense eager {mem} MB | torch dense compiled {mem} MB | logits MB |",
+            "|" + "---|" * 16]
+
+
+def _grid_rows_and_targets(cells, get, mem_field, mem_label):
+    """Table rows and target lines for the (B, k, n) `cells`.
+
+    get(backend, method, b, k, n, field) -> a number, None (not measured) or a
+    string shown as is (e.g. "masked"); `mem_field` is the row field of the
+    memory columns, `mem_label` how the target lines name it.
+    """
+    rows, targets = [], []
+    for (b, k, n) in cells:
+        def at(bk, m, f):
+            return get(bk, m, b, k, n, mem_field if f == "mem" else f)
+        row = [str(b), str(k), str(n)]
+        for bk, m, f in GRID_COLUMNS:
+            v = at(bk, m, f)
+            row.append(v if isinstance(v, str) else fmt(v, 1 if f == "ms" else 2))
+        row.append(fmt(b * n * 4 / 2**20, 2))
+        rows.append("| " + " | ".join(row) + " |")
+        if n < 10_000:
+            continue
+        js, jd = at("jax", "stream", "ms"), at("jax", "dense", "ms")
+        jms, jmd = at("jax", "stream", "xla_temp_mb"), at("jax", "dense", "xla_temp_mb")
+        ts, tc = at("torch", "stream", "ms"), at("torch", "compiled", "ms")
+        trs, trd = at("torch", "stream", "mem"), at("torch", "compiled", "mem")
+        msg = f"- B={b}, k={k}, n={n}:"
+        if None not in (js, jd, jms, jmd):
+            mem = jmd / max(jms, 0.1)
+            ok = mem >= 10 and js <= jd * 1.1
+            msg += (f" JAX memory {mem:.0f}x below dense (XLA temp), time {jd / js:.2f}x "
+                    f"dense ({'met' if ok else 'NOT met'});")
+        if None not in (ts, tc) and all(isinstance(v, float) for v in (trs, trd)):
+            mem = trd / max(trs, 0.1)
+            ok = mem >= 10 and ts <= tc * 1.1
+            msg += (f" PyTorch memory {mem:.0f}x below compiled dense ({mem_label}), time "
+                    f"{tc / ts:.2f}x compiled dense ({'met' if ok else 'NOT met'})")
+        if not msg.endswith(":"):  # a cell with no JAX or PyTorch rows says nothing
+            targets.append(msg)
+    return rows, targets
+
+
+def _compile_note(grid):
+    """The line on torch.compile's first call of the dense loss ([] if not measured)."""
+    comp = [r for r in grid if r["method"] == "compiled"]
+    if not comp:
+        return []
+    return ["", f"torch.compile of the dense loss (first call, dynamic shapes): "
+            f"{max(r['first_s'] for r in comp):.0f} s at most over the grid "
+            f"({comp[0]['first_s']:.0f} s for the first shape)."]
+
+
+def _tile_table(tiles, args):
+    """The classes-per-tile table: header and one row per (backend, B) measured."""
+    lines = ["| backend | B | k | n | " + " | ".join(f"C={c}" for c in args.tile_sizes) + " |",
+             "|" + "---|" * (4 + len(args.tile_sizes))]
+    tk = {(r["backend"], r["B"], r["tile"]): r["ms"] for r in tiles}
+    for bk in ("jax", "torch"):
+        for b in (16, 256):
+            if any((bk, b, c) in tk for c in args.tile_sizes):
+                lines.append(f"| {bk} | {b} | {args.tile_k} | {args.tile_n} | " + " | ".join(
+                    fmt(tk.get((bk, b, c))) for c in args.tile_sizes) + " |")
+    return lines
+
+
 def render(grid, tiles, fits, elapsed, args):
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     key = {(r["backend"], r["method"], r["B"], r["k"], r["n"]): r for r in grid}
@@ -542,65 +626,19 @@ def render(grid, tiles, fits, elapsed, args):
              "buffer assignment for the jitted gradient (exact peak of temporaries). Dense "
              "PyTorch: B x n logits + `F.cross_entropy`, eager and `torch.compile(dynamic=True)`. "
              "Streaming PyTorch: the tile loop as a compiled `scan` inside a custom op "
-             "(keras_ecoc/ops/_streaming_torch.py). Logits MB = B·n·4 bytes.", "",
-             "| B | k | n | JAX stream ms | JAX dense (jit) ms | JAX stream XLA temp MB | "
-             "JAX dense XLA temp MB | JAX stream RSS MB | JAX dense RSS MB | torch stream ms | "
-             "torch dense eager ms | torch dense compiled ms | torch stream RSS MB | "
-             "torch dense eager RSS MB | torch dense compiled RSS MB | logits MB |",
-             "|" + "---|" * 16]
-    targets = []
-    for (b, k, n) in args.grid:
-        def get(bk, m, f):
-            r = key.get((bk, m, b, k, n))
-            return None if r is None else r.get(f)
-        row = [str(b), str(k), str(n)]
-        for bk, m, f in (("jax", "stream", "ms"), ("jax", "dense", "ms"),
-                         ("jax", "stream", "xla_temp_mb"), ("jax", "dense", "xla_temp_mb"),
-                         ("jax", "stream", "rss_mb"), ("jax", "dense", "rss_mb"),
-                         ("torch", "stream", "ms"), ("torch", "eager", "ms"),
-                         ("torch", "compiled", "ms"), ("torch", "stream", "rss_mb"),
-                         ("torch", "eager", "rss_mb"), ("torch", "compiled", "rss_mb")):
-            row.append(fmt(get(bk, m, f), 2 if "mb" in f else 1))
-        row.append(fmt(b * n * 4 / 2**20, 2))
-        lines.append("| " + " | ".join(row) + " |")
-        if n >= 10_000:
-            js, jd = get("jax", "stream", "ms"), get("jax", "dense", "ms")
-            jms, jmd = get("jax", "stream", "xla_temp_mb"), get("jax", "dense", "xla_temp_mb")
-            ts, tc = get("torch", "stream", "ms"), get("torch", "compiled", "ms")
-            trs, trd = get("torch", "stream", "rss_mb"), get("torch", "compiled", "rss_mb")
-            msg = f"- B={b}, k={k}, n={n}:"
-            if None not in (js, jd, jms, jmd):
-                mem = jmd / max(jms, 0.1)
-                ok = mem >= 10 and js <= jd * 1.1
-                msg += (f" JAX memory {mem:.0f}x below dense (XLA temp), time {jd / js:.2f}x "
-                        f"dense ({'met' if ok else 'NOT met'});")
-            if None not in (ts, tc, trs, trd):
-                mem = trd / max(trs, 0.1)
-                ok = mem >= 10 and ts <= tc * 1.1
-                msg += (f" PyTorch memory {mem:.0f}x below compiled dense (RSS), time "
-                        f"{tc / ts:.2f}x compiled dense ({'met' if ok else 'NOT met'})")
-            if not msg.endswith(":"):  # a cell with no JAX or PyTorch rows says nothing
-                targets.append(msg)
-    tf_rows = _tensorflow_table(key, args)
-    comp = [r for r in grid if r["method"] == "compiled"]
-    if comp:
-        lines += ["", f"torch.compile of the dense loss (first call, dynamic shapes): "
-                  f"{max(r['first_s'] for r in comp):.0f} s at most over the grid "
-                  f"({comp[0]['first_s']:.0f} s for the first shape)."]
-    lines += ["", "### Targets at n >= 10,000 (memory >= 10x below the dense path, time no worse "
-              "than the compiled dense path; 'time Nx dense' > 1 means streaming is faster, "
-              "within 10 % counts as met)", ""] + targets
-    lines += tf_rows
+             "(keras_ecoc/ops/_streaming_torch.py). Logits MB = B·n·4 bytes.", ""]
+    lines += _grid_header("RSS")
+
+    def get(bk, m, b, k, n, f):
+        r = key.get((bk, m, b, k, n))
+        return None if r is None else r.get(f)
+
+    rows, targets = _grid_rows_and_targets(args.grid, get, "rss_mb", "RSS")
+    lines += rows + _compile_note(grid)
+    lines += ["", TARGETS_HEADER, ""] + targets + _tensorflow_table(key, args)
     if tiles:
-        lines += ["", "### Classes per tile (streaming, forward + backward w.r.t. z, ms)", "",
-                  "| backend | B | k | n | " + " | ".join(f"C={c}" for c in args.tile_sizes) + " |",
-                  "|" + "---|" * (4 + len(args.tile_sizes))]
-        tk = {(r["backend"], r["B"], r["tile"]): r["ms"] for r in tiles}
-        for bk in ("jax", "torch"):
-            for b in (16, 256):
-                if any((bk, b, c) in tk for c in args.tile_sizes):
-                    lines.append(f"| {bk} | {b} | {args.tile_k} | {args.tile_n} | " + " | ".join(
-                        fmt(tk.get((bk, b, c))) for c in args.tile_sizes) + " |")
+        lines += ["", "### Classes per tile (streaming, forward + backward w.r.t. z, ms)", ""]
+        lines += _tile_table(tiles, args)
         from keras_ecoc.ops import _dispatch
 
         rules = []
@@ -735,12 +773,7 @@ def render_gpu(state, args, elapsed):
              "allocated before the steps (PyTorch: `max_memory_allocated()` after "
              "`reset_peak_memory_stats()`; JAX: growth of `peak_bytes_in_use`, 'masked' where "
              "an earlier, larger configuration of the same subprocess had set the peak). One "
-             "subprocess per (backend, method). Logits MB = B·n·4 bytes.", "",
-             "| B | k | n | JAX stream ms | JAX dense (jit) ms | JAX stream XLA temp MB | "
-             "JAX dense XLA temp MB | JAX stream peak MB | JAX dense peak MB | torch stream ms | "
-             "torch dense eager ms | torch dense compiled ms | torch stream peak MB | "
-             "torch dense eager peak MB | torch dense compiled peak MB | logits MB |",
-             "|" + "---|" * 16]
+             "subprocess per (backend, method). Logits MB = B·n·4 bytes.", ""]
 
     def get(bk, m, b, k, n, f):
         r = key.get((bk, m, b, k, n))
@@ -750,51 +783,16 @@ def render_gpu(state, args, elapsed):
             return "masked"
         return r.get(f)
 
-    def cell(v, digits):
-        return v if isinstance(v, str) else fmt(v, digits)
-
-    targets = []
-    if not grid:
-        lines = lines[:-2] + ["(no grid cell measured)"]
-    for (b, k, n) in sorted(args.grid, key=lambda c: (c[2], c[0], c[1])) if grid else []:
-        row = [str(b), str(k), str(n)]
-        for bk, m, f in (("jax", "stream", "ms"), ("jax", "dense", "ms"),
-                         ("jax", "stream", "xla_temp_mb"), ("jax", "dense", "xla_temp_mb"),
-                         ("jax", "stream", "dev_peak_mb"), ("jax", "dense", "dev_peak_mb"),
-                         ("torch", "stream", "ms"), ("torch", "eager", "ms"),
-                         ("torch", "compiled", "ms"), ("torch", "stream", "dev_peak_mb"),
-                         ("torch", "eager", "dev_peak_mb"), ("torch", "compiled", "dev_peak_mb")):
-            row.append(cell(get(bk, m, b, k, n, f), 1 if f == "ms" else 2))
-        row.append(fmt(b * n * 4 / 2**20, 2))
-        lines.append("| " + " | ".join(row) + " |")
-        if n >= 10_000:
-            js, jd = get("jax", "stream", b, k, n, "ms"), get("jax", "dense", b, k, n, "ms")
-            jms = get("jax", "stream", b, k, n, "xla_temp_mb")
-            jmd = get("jax", "dense", b, k, n, "xla_temp_mb")
-            ts, tc = get("torch", "stream", b, k, n, "ms"), get("torch", "compiled", b, k, n, "ms")
-            trs = get("torch", "stream", b, k, n, "dev_peak_mb")
-            trd = get("torch", "compiled", b, k, n, "dev_peak_mb")
-            msg = f"- B={b}, k={k}, n={n}:"
-            if None not in (js, jd, jms, jmd):
-                mem = jmd / max(jms, 0.1)
-                ok = mem >= 10 and js <= jd * 1.1
-                msg += (f" JAX memory {mem:.0f}x below dense (XLA temp), time {jd / js:.2f}x "
-                        f"dense ({'met' if ok else 'NOT met'});")
-            if None not in (ts, tc) and all(isinstance(v, float) for v in (trs, trd)):
-                mem = trd / max(trs, 0.1)
-                ok = mem >= 10 and ts <= tc * 1.1
-                msg += (f" PyTorch memory {mem:.0f}x below compiled dense (device peak), time "
-                        f"{tc / ts:.2f}x compiled dense ({'met' if ok else 'NOT met'})")
-            targets.append(msg)
-    comp = [r for r in grid if r["method"] == "compiled"]
-    if comp:
-        lines += ["", f"torch.compile of the dense loss (first call, dynamic shapes): "
-                  f"{max(r['first_s'] for r in comp):.0f} s at most over the grid "
-                  f"({comp[0]['first_s']:.0f} s for the first shape)."]
+    if grid:
+        cells = sorted(args.grid, key=lambda c: (c[2], c[0], c[1]))
+        rows, targets = _grid_rows_and_targets(cells, get, "dev_peak_mb", "device peak")
+        lines += _grid_header("peak") + rows
+    else:
+        lines.append("(no grid cell measured)")
+        targets = []
+    lines += _compile_note(grid)
     if targets:
-        lines += ["", "### Targets at n >= 10,000 (memory >= 10x below the dense path, time no "
-                  "worse than the compiled dense path; 'time Nx dense' > 1 means streaming is "
-                  "faster, within 10 % counts as met)", ""] + targets
+        lines += ["", TARGETS_HEADER, ""] + targets
     if fits:
         lines += ["", f"### End-to-end: one `model.fit` epoch with {fits[0]['classes']:,} classes "
                   "on the GPU", "",
@@ -818,15 +816,8 @@ def render_gpu(state, args, elapsed):
         lines += ["", "### Classes per tile (streaming on the GPU, forward + backward w.r.t. z, "
                   "ms)", "", "Default tiles used in the grid above (`_dispatch.tile_size`, GPU "
                   "budget where it has one): " + ", ".join(
-                      f"{bk} B={b} k={k} n={n}: {t}" for bk, b, k, n, t in used) + ".", "",
-                  "| backend | B | k | n | " + " | ".join(f"C={c}" for c in args.tile_sizes) + " |",
-                  "|" + "---|" * (4 + len(args.tile_sizes))]
-        tk = {(r["backend"], r["B"], r["tile"]): r["ms"] for r in tiles}
-        for bk in ("jax", "torch"):
-            for b in (16, 256):
-                if any((bk, b, c) in tk for c in args.tile_sizes):
-                    lines.append(f"| {bk} | {b} | {args.tile_k} | {args.tile_n} | " + " | ".join(
-                        fmt(tk.get((bk, b, c))) for c in args.tile_sizes) + " |")
+                      f"{bk} B={b} k={k} n={n}: {t}" for bk, b, k, n, t in used) + ".", ""]
+        lines += _tile_table(tiles, args)
     if state["notes"] or state["skipped"]:
         lines += ["", "### Not measured", ""]
         lines += [f"- {x}" for x in state["notes"]]
