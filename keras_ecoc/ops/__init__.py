@@ -252,7 +252,7 @@ def ecoc_cross_entropy(labels, z, codes, scale=1.0):
         z2, codes_t, batch_shape, safe, valid, scale_t = _non_fused_inputs(
             z, codes, labels, scale, n, k)
         if path == "streaming" and mod is not None:
-            tile = _dispatch.tile_size(z2.shape[0], n, k, backend, _dispatch.on_gpu(backend, z2))
+            tile = _dispatch.tile_for(z2, n, k, backend)
             loss = mod.cross_entropy(z2, codes_t, safe, valid, scale_t, tile)
         else:
             from keras import ops as kops  # noqa: PLC0415
@@ -285,12 +285,10 @@ def _decode_non_fused(z, codes, labels, n, k, backend):
         return decoding.label_rank(labels, z, codes)
     if labels is None:
         z2, codes_t, batch_shape = _non_fused_inputs(z, codes, None, None, n, k)
-        out = mod.nearest_codeword(z2, codes_t, _dispatch.tile_size(
-            z2.shape[0], n, k, backend, _dispatch.on_gpu(backend, z2)))
+        out = mod.nearest_codeword(z2, codes_t, _dispatch.tile_for(z2, n, k, backend))
     else:
         z2, codes_t, batch_shape, safe, valid = _non_fused_inputs(z, codes, labels, None, n, k)
-        out = mod.label_rank(z2, codes_t, safe, valid, _dispatch.tile_size(
-            z2.shape[0], n, k, backend, _dispatch.on_gpu(backend, z2)))
+        out = mod.label_rank(z2, codes_t, safe, valid, _dispatch.tile_for(z2, n, k, backend))
     return kops.reshape(out, batch_shape)
 
 

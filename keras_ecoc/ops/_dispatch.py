@@ -98,6 +98,11 @@ def tile_size(batch_size, num_classes, code_length=None, backend=None, on_gpu=Fa
     return int(tile)
 
 
+def tile_for(z, num_classes, code_length, backend) -> int:
+    """`tile_size` for the (B, k) tensor `z` on its own device."""
+    return tile_size(z.shape[0], num_classes, code_length, backend, on_gpu(backend, z))
+
+
 def choose(num_classes=None, code_length=None) -> tuple[str, str]:
     """(path, reason) for the loss on the active backend for n = num_classes."""
     backend = _loader.backend()
