@@ -1,22 +1,38 @@
-// Raw-pointer CUDA entry points of the fused ECOC kernels.
+// Contract v2 of the fused ECOC CUDA kernels: one params struct per pass, a
+// workspace-size query and a caller-provided workspace.
 //
-// Free of TensorFlow types on purpose: the TensorFlow GPU OpKernels
-// (kernels/ecoc_ops_gpu.cc) call these, and so does a stand-alone harness
-// built with nvcc alone (kernels/cuda/harness.cu), which is how the kernels
-// are checked and timed on GPU machines that have no TensorFlow.
+// Free of framework types on purpose (flash-attention's flash.h is the
+// model): the TensorFlow GPU OpKernels (kernels/ecoc_ops_gpu.cc) take the
+// workspace from OpKernelContext::allocate_temp, the XLA FFI handlers from the
+// FFI scratch allocator, and the stand-alone harness (kernels/cuda/harness.cu)
+// from cudaMalloc. The kernels themselves never allocate.
 //
-// Notation (all row-major, contiguous, device pointers unless noted):
+// Notation (row-major, contiguous, device pointers unless noted):
 //   z       [batch, code_length]        network outputs, float32/float16/bfloat16
 //   codes   [num_classes, code_length]  code matrix M, float32
 //   labels  [batch]                     int32 or int64, already checked to lie
 //                                       in [0, num_classes) by the caller
-//   u_b     = z_b * rsqrt(max(||z_b||^2, epsilon))
-//   logit_bi = -0.5 * scale * ||M_i - u_b||^2
-//   p_bi    = exp(logit_bi - lse_b),  lse_b = log sum_i exp(logit_bi)
-// No function allocates or touches a [batch, num_classes] buffer.
+//   u_b      = z_b * rsqrt(max(||z_b||^2, epsilon))
+//   logit_bi = scale * (u_b . M_i) - scale/2 ||M_i||^2 - scale/2 ||u_b||^2
+//            = -scale/2 ||M_i - u_b||^2
+//   p_bi     = exp(logit_bi - lse_b),  lse_b = log sum_i exp(logit_bi)
+// No pass touches a [batch, num_classes] buffer; the workspace of every pass
+// is O(batch * splits * code_length + num_classes * code_length) bytes at most.
+//
+// Usage, for each pass P in {Forward, CodesGrad, LabelRank, Nearest}:
+//   EcocPParams params{...};              // all fields but the workspace
+//   size_t bytes = 0;
+//   EcocPWorkspaceSize(params, &bytes);    // for the current device
+//   params.workspace = <bytes of device memory, 256-byte aligned>;
+//   params.workspace_bytes = bytes;
+//   EcocP(params, stream);
+// The size depends only on the shape fields, math mode and the current
+// device; a workspace larger than asked for is fine. workspace may be null
+// when the query returned 0.
 #ifndef KERAS_ECOC_KERNELS_CUDA_ECOC_KERNELS_H_
 #define KERAS_ECOC_KERNELS_CUDA_ECOC_KERNELS_H_
 
+#include <cstddef>
 #include <cstdint>
 
 #include <cuda_runtime.h>
@@ -27,44 +43,98 @@ namespace cuda {
 enum class FloatType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 enum class IndexType : int { kInt32 = 0, kInt64 = 1 };
 
+// How the inner products u_b . M_i of the loss passes (Forward, CodesGrad)
+// are computed. Label rank and nearest codeword always use kFp32: an order
+// decision must not depend on a reduced-precision product.
+//   kFp32:   register-blocked FP32 FMAs (every architecture).
+//   k3xTf32: TF32 mma.sync with split operands (hi + lo), close to FP32
+//            accuracy; sm_80 and later, kFp32 elsewhere. The default.
+//   kTf32:   plain TF32 mma.sync (only when the user asks for it); sm_80 and
+//            later, kFp32 elsewhere.
+enum class MathMode : int { kFp32 = 0, k3xTf32 = 1, kTf32 = 2 };
+
+// Every workspace pointer is aligned to this many bytes.
+constexpr size_t kWorkspaceAlignment = 256;
+
+// The inputs every pass reads.
+struct ProblemArgs {
+  const void* z = nullptr;
+  FloatType z_type = FloatType::kFloat32;
+  const float* codes = nullptr;
+  int64_t batch = 0;
+  int64_t num_classes = 0;
+  int64_t code_length = 0;
+  float epsilon = 1e-12f;
+};
+
 // Forward pass of the ECOC softmax cross-entropy.
-// Outputs (float32):
-//   loss            [batch]               lse_b - logit_{b, y_b}
-//   lse             [batch]               log-sum-exp of the logits
-//   expected_code   [batch, code_length]  sum_i p_bi M_i
-//   expected_sqnorm [batch]               sum_i p_bi ||M_i||^2
-cudaError_t EcocCrossEntropyForward(
-    const void* z, FloatType z_type, const float* codes, const void* labels,
-    IndexType label_type, float scale, float epsilon, int64_t batch,
-    int64_t num_classes, int64_t code_length, float* loss, float* lse,
-    float* expected_code, float* expected_sqnorm, cudaStream_t stream);
+struct ForwardParams {
+  ProblemArgs problem;
+  const void* labels = nullptr;
+  IndexType label_type = IndexType::kInt32;
+  float scale = 1.0f;
+  MathMode math = MathMode::k3xTf32;
+  // Outputs (float32):
+  float* loss = nullptr;             // [batch]  lse_b - logit_{b, y_b}
+  float* lse = nullptr;              // [batch]  log-sum-exp of the logits
+  float* expected_code = nullptr;    // [batch, code_length]  sum_i p_bi M_i
+  float* expected_sqnorm = nullptr;  // [batch]  sum_i p_bi ||M_i||^2
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
 
 // Gradient of sum_b grad_loss_b * loss_b with respect to the codes:
 //   grad_codes_i = scale * sum_b grad_loss_b * (p_bi - [i == y_b]) * (u_b - M_i)
 // lse is the forward output; grad_codes [num_classes, code_length] float32 is
-// fully overwritten.
-cudaError_t EcocCrossEntropyCodesGrad(
-    const void* z, FloatType z_type, const float* codes, const void* labels,
-    IndexType label_type, float scale, float epsilon, const float* lse,
-    const float* grad_loss, int64_t batch, int64_t num_classes,
-    int64_t code_length, float* grad_codes, cudaStream_t stream);
+// fully overwritten (zeros when batch == 0). Deterministic: no float atomics.
+struct CodesGradParams {
+  ProblemArgs problem;
+  const void* labels = nullptr;
+  IndexType label_type = IndexType::kInt32;
+  float scale = 1.0f;
+  MathMode math = MathMode::k3xTf32;
+  const float* lse = nullptr;        // [batch]
+  const float* grad_loss = nullptr;  // [batch]
+  float* grad_codes = nullptr;       // [num_classes, code_length]
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
 
 // rank_b = number of classes i with logit_bi > logit_{b, y_b} (0 = correct
-// top-1 prediction); int32 [batch]. The scale is positive and does not change
-// the order, so it is not an argument.
-cudaError_t EcocLabelRank(const void* z, FloatType z_type, const float* codes,
-                          const void* labels, IndexType label_type,
-                          float epsilon, int64_t batch, int64_t num_classes,
-                          int64_t code_length, int32_t* rank,
-                          cudaStream_t stream);
+// top-1 prediction); num_classes when a logit of the row is not finite.
+// The scale is positive and does not change the order, so it is not a field.
+struct LabelRankParams {
+  ProblemArgs problem;
+  const void* labels = nullptr;
+  IndexType label_type = IndexType::kInt32;
+  int32_t* rank = nullptr;  // [batch]
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
 
 // index_b = argmax_i logit_bi (the nearest codeword to u_b; ties go to the
-// smallest i); int64 [batch].
-cudaError_t EcocNearestCodeword(const void* z, FloatType z_type,
-                                const float* codes, float epsilon,
-                                int64_t batch, int64_t num_classes,
-                                int64_t code_length, int64_t* index,
-                                cudaStream_t stream);
+// smallest i); -1 when a logit of the row is not finite.
+struct NearestParams {
+  ProblemArgs problem;
+  int64_t* index = nullptr;  // [batch]
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
+// Workspace queries, for the current device. cudaErrorInvalidValue for
+// shapes the kernels cannot take (negative sizes, code_length > 2^24, ...).
+cudaError_t EcocForwardWorkspaceSize(const ForwardParams& params, size_t* bytes);
+cudaError_t EcocCodesGradWorkspaceSize(const CodesGradParams& params, size_t* bytes);
+cudaError_t EcocLabelRankWorkspaceSize(const LabelRankParams& params, size_t* bytes);
+cudaError_t EcocNearestWorkspaceSize(const NearestParams& params, size_t* bytes);
+
+// The passes, enqueued on `stream`. cudaErrorInvalidValue when a required
+// pointer is null, the shapes are invalid, or workspace_bytes is smaller
+// than the query's answer.
+cudaError_t EcocCrossEntropyForward(const ForwardParams& params, cudaStream_t stream);
+cudaError_t EcocCrossEntropyCodesGrad(const CodesGradParams& params, cudaStream_t stream);
+cudaError_t EcocLabelRank(const LabelRankParams& params, cudaStream_t stream);
+cudaError_t EcocNearestCodeword(const NearestParams& params, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace keras_ecoc
