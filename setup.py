@@ -111,9 +111,14 @@ setup(
     long_description=_long_description(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=find_packages(include=["keras_ecoc", "keras_ecoc.*"]),
+    # Two packages: the library (keras_ecoc, all a user needs) and the
+    # research application on top of it (ecoc_research: demo, experiments,
+    # data sets and the embedded Omniglot file).
+    packages=find_packages(include=["keras_ecoc", "keras_ecoc.*",
+                                    "ecoc_research", "ecoc_research.*"]),
     package_data={
-        "keras_ecoc": ["data/*.npz", "data/LICENSE*", "_lib/*.so"],
+        "keras_ecoc": ["_lib/*.so"],
+        "ecoc_research": ["data/*.npz", "data/LICENSE*"],
     },
     include_package_data=False,
     install_requires=["keras>=3.10", "numpy>=1.26", "scipy>=1.11"],
@@ -122,8 +127,10 @@ setup(
         "gpu": ["tensorflow[and-cuda]==2.21.*"],
         "datasets": ["tensorflow-datasets>=4.9"],
         "plots": ["matplotlib>=3.8"],
-        # What `python -m keras_ecoc.experiments` needs beyond the package:
-        # figures and t-SNE (checked before any training starts).
+        # What the research application (`python -m ecoc_research.experiments`)
+        # needs beyond the library: figures and t-SNE (checked before any
+        # training starts). "experiments" is the older name of the same extra.
+        "research": ["matplotlib>=3.8", "scikit-learn>=1.3"],
         "experiments": ["matplotlib>=3.8", "scikit-learn>=1.3"],
         "test": [
             "pytest>=8",
@@ -138,9 +145,10 @@ setup(
         ],
     },
     entry_points={
+        # Both commands belong to the research application.
         "console_scripts": [
-            "keras-ecoc-demo=keras_ecoc.demo:main",
-            "keras-ecoc-experiments=keras_ecoc.experiments.__main__:main",
+            "keras-ecoc-demo=ecoc_research.demo:main",
+            "keras-ecoc-experiments=ecoc_research.experiments.__main__:main",
         ]
     },
     # A placeholder extension: it makes setuptools run build_ext (and tag the

@@ -1,4 +1,4 @@
-"""The experiment command (`python -m keras_ecoc.experiments`) on tiny data.
+"""The experiment command (`python -m ecoc_research.experiments`) on tiny data.
 
 Every sub-command runs in-process on a few images of a few classes for one
 epoch and must write sane JSON, Markdown and PNG files. The full runs of
@@ -12,10 +12,10 @@ import os
 import numpy as np
 import pytest
 
-from keras_ecoc.experiments import __main__ as cli
-from keras_ecoc.experiments import attribute_correlation
-from keras_ecoc.experiments import tsne
-from keras_ecoc.experiments.tsne import neighbour_agreement
+from ecoc_research.experiments import __main__ as cli
+from ecoc_research.experiments import attribute_correlation
+from ecoc_research.experiments import tsne
+from ecoc_research.experiments.tsne import neighbour_agreement
 
 # 6 Omniglot classes (embedded set), 3 training and 2 test images a class.
 TINY = ["--classes", "6", "--train-per-class", "3", "--test-per-class", "2",
@@ -77,8 +77,8 @@ def test_tsne_separates_clusters():
 
 
 def test_duplicate_classes_are_dropped():
-    from keras_ecoc.datasets import ImageDataset
-    from keras_ecoc.experiments import common
+    from ecoc_research.datasets import ImageDataset
+    from ecoc_research.experiments import common
 
     rng = np.random.default_rng(0)
     x = rng.random((3, 2, 4, 4, 1)).astype("float32")  # class, image, ...
@@ -152,9 +152,9 @@ def test_replaced_sub_commands_are_gone(experiment, capsys):
 # ---------------------------------------------------------------------------
 # The shared runner, the retrain protocol and the statistics (grid command).
 
-from keras_ecoc.experiments import protocols  # noqa: E402
-from keras_ecoc.experiments import runner as runner_lib  # noqa: E402
-from keras_ecoc.experiments import stats  # noqa: E402
+from ecoc_research.experiments import protocols  # noqa: E402
+from ecoc_research.experiments import runner as runner_lib  # noqa: E402
+from ecoc_research.experiments import stats  # noqa: E402
 
 
 def _tiny_npz(tmp_path, num_classes=6, per_class=10, size=8):
@@ -304,7 +304,7 @@ def test_steps_to_target_is_censored_at_the_budget():
 
 
 def test_same_seed_gives_every_encoding_the_same_fc7():
-    from keras_ecoc import training
+    from ecoc_research import training
 
     codes = np.sign(np.random.default_rng(0).normal(size=(6, 4)))
     a = training.build_head(8, 6, codes=None, hidden=5, seed=3)
@@ -321,7 +321,7 @@ def test_same_seed_gives_every_encoding_the_same_fc7():
 def test_output_gradient_rows_match_numpy_softmax_gradient(rng):
     import keras
 
-    from keras_ecoc import training
+    from ecoc_research import training
 
     model = training.build_head(5, 4, hidden=3, seed=0)
     model.compile(optimizer="sgd", loss=keras.losses.
@@ -345,7 +345,7 @@ def test_output_gradient_rows_match_numpy_softmax_gradient(rng):
 
 
 def test_imprinted_output_layer_holds_normalised_centred_class_means(rng):
-    from keras_ecoc import training
+    from ecoc_research import training
 
     model = training.build_head(5, 3, hidden=4, seed=0)
     x = rng.normal(size=(9, 5)).astype("float32")
@@ -392,7 +392,7 @@ def test_grid_scratch_protocol_trains_the_whole_network(tmp_path):
 
 
 def _code_error_record(tmp_path, monkeypatch, make_codes):
-    from keras_ecoc import training
+    from ecoc_research import training
 
     monkeypatch.setattr(training, "make_codes", make_codes)
     path = _tiny_npz(tmp_path, num_classes=4)

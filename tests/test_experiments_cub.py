@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from keras_ecoc.experiments import __main__ as cli
-from keras_ecoc.experiments import attributes as attr
-from keras_ecoc.experiments import cub_bits
+from ecoc_research.experiments import __main__ as cli
+from ecoc_research.experiments import attributes as attr
+from ecoc_research.experiments import cub_bits
 
 
 def _fake_source(tmp_path, num_classes=4, per_class=8, size=16):

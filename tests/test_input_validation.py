@@ -7,7 +7,7 @@ from conftest import reference_logits
 from keras import ops
 
 import keras_ecoc
-from keras_ecoc import datasets
+from ecoc_research import datasets
 
 
 def _codes(n=6, k=4, seed=0):
@@ -107,7 +107,7 @@ def test_predictions_on_zero_samples_are_empty_arrays_of_the_right_shape():
     assert probabilities.dtype == np.float32 and classes.dtype == np.int32
 
 
-# --- keras_ecoc.datasets --------------------------------------------------
+# --- ecoc_research.datasets --------------------------------------------------
 
 
 def _dataset(**overrides):

@@ -11,9 +11,9 @@ import pytest
 from conftest import SHARED_DATA
 from conftest import shared_data
 
-from keras_ecoc import datasets
-from keras_ecoc import demo
-from keras_ecoc import training
+from ecoc_research import datasets
+from ecoc_research import demo
+from ecoc_research import training
 
 
 def test_embedded_omniglot_loads_with_documented_split():

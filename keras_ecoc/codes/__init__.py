@@ -14,6 +14,10 @@ Generators (float32 arrays, deterministic for a given `seed`):
 - `binarize` turns real codes into +-1; `normalize_rows` gives every
   codeword the same norm.
 
+By name: `make_codes("spectral_median", n, k, similarity=S)` builds any of
+the above from one string (`CODE_NAMES` lists them), with rows rescaled to
+norm sqrt(k) by default.
+
 Diagnostics: `report` summarizes distances, duplicates, balance and
 correlation; `validate_codes` checks a code matrix (used by the layers).
 """
@@ -24,6 +28,8 @@ from keras_ecoc.codes.random_codes import gaussian
 from keras_ecoc.codes.random_codes import hadamard
 from keras_ecoc.codes.random_codes import one_hot
 from keras_ecoc.codes.random_codes import sparse_random
+from keras_ecoc.codes.registry import CODE_NAMES
+from keras_ecoc.codes.registry import make_codes
 from keras_ecoc.codes.report import CodeReport
 from keras_ecoc.codes.report import report
 from keras_ecoc.codes.similarity import class_similarity
@@ -33,12 +39,14 @@ from keras_ecoc.codes.spectral import spectral
 from keras_ecoc.codes.transforms import normalize_rows
 
 __all__ = [
+    "CODE_NAMES",
     "CodeReport",
     "binarize",
     "class_similarity",
     "dense_random",
     "gaussian",
     "hadamard",
+    "make_codes",
     "normalize_rows",
     "one_hot",
     "report",

@@ -30,8 +30,8 @@ import warnings
 
 import numpy as np
 
-from keras_ecoc.experiments import common
-from keras_ecoc.training import steps_per_execution
+from ecoc_research.experiments import common
+from ecoc_research.training import steps_per_execution
 
 # Pretraining defaults. 32 px because one epoch of CIFAR-10 costs ~47 s at
 # 32 px and ~400 s at 64 px on this 2-core CPU (measured, batch 64, uncontended
@@ -110,7 +110,7 @@ def build_pretrain_model(input_shape, num_classes, fc_width=FC_WIDTH,
                          flip=False):
     """conv blocks -> fc6 ("features", 256) -> fc7 (`fc_width`) -> fc8 logits.
 
-    The conv blocks and fc6 are `keras_ecoc.training.build_backbone`;
+    The conv blocks and fc6 are `ecoc_research.training.build_backbone`;
     fc7 and fc8 are the two layers the paper re-initialises and retrains.
 
     Args:
@@ -124,7 +124,7 @@ def build_pretrain_model(input_shape, num_classes, fc_width=FC_WIDTH,
     """
     import keras
 
-    from keras_ecoc import training
+    from ecoc_research import training
 
     backbone = training.build_backbone(tuple(input_shape), name="backbone")
     inputs = keras.Input(tuple(input_shape))
@@ -152,7 +152,7 @@ def pretrain_backbone(settings, cache_dir, verbose=2):
     """
     import keras
 
-    from keras_ecoc import datasets
+    from ecoc_research import datasets
 
     if not isinstance(settings, PretrainSettings):
         raise ValueError(
@@ -333,7 +333,7 @@ def pretrained_features(data, pretrain, output_dir,
         (features, pretrain_info, data): a `FeatureSplits`, the
         `pretrain_backbone` info, and the (resized) `ImageDataset`.
     """
-    from keras_ecoc import datasets
+    from ecoc_research import datasets
 
     model, info = pretrain_backbone(pretrain, output_dir, verbose=verbose)
     if not hasattr(data, "x_train"):
@@ -383,10 +383,10 @@ def make_code(encoding, num_classes, code_length, similarity, seed):
 
     Random codes are drawn with `seed`, data-based codes from `similarity`
     (deterministic: the same code for every seed). Rows are rescaled to norm
-    sqrt(k) (`keras_ecoc.training.make_codes`), except the truncated one-hot
+    sqrt(k) (`ecoc_research.training.make_codes`), except the truncated one-hot
     code, whose zero row cannot be rescaled.
     """
-    from keras_ecoc import training
+    from ecoc_research import training
 
     if encoding == "one_hot":
         return None
@@ -601,7 +601,7 @@ def verdict(test, reference="one-hot"):
 
 def mean_ci(values, level=0.95):
     """Mean and t confidence interval of (S,) values; CI None if S < 2."""
-    from keras_ecoc.experiments import stats
+    from ecoc_research.experiments import stats
 
     mean, low, high = stats.t_interval(values, level)
     return mean, (None if low is None else [low, high])
@@ -646,7 +646,7 @@ class RunStore:
             "settings or overwrite=True (`--overwrite`) to replace them.")
 
     def put(self, name, record):
-        from keras_ecoc.experiments import report
+        from ecoc_research.experiments import report
 
         os.makedirs(self.folder, exist_ok=True)
         report.write_json(os.path.join(self.folder, name), record)
@@ -913,7 +913,7 @@ def cub_bits_markdown(results):
 
 
 def report_table(headers, rows):
-    from keras_ecoc.experiments import report
+    from ecoc_research.experiments import report
 
     return report.markdown_table(headers, rows)
 
@@ -922,7 +922,7 @@ def _write(results, output_dir, name):
     """Summary JSON, Markdown and a two-panel PNG (matplotlib Figure)."""
     from matplotlib.figure import Figure
 
-    from keras_ecoc.experiments import report
+    from ecoc_research.experiments import report
 
     rows = [r for r in results["summary"] if r.get("status") == "ok"]
     fig = Figure(figsize=(11, 4.2))

@@ -2,7 +2,7 @@
 
 Trains one network per encoding (same schedule), embeds the penultimate
 (256-d "features") activations of up to `max_points` test images with the
-scikit-learn t-SNE of `keras_ecoc.experiments.tsne`, and draws the confusion matrix
+scikit-learn t-SNE of `ecoc_research.experiments.tsne`, and draws the confusion matrix
 restricted to a few classes.
 """
 
@@ -10,10 +10,10 @@ import time
 
 import numpy as np
 
-from keras_ecoc.experiments import common
-from keras_ecoc.experiments import plots
-from keras_ecoc.experiments import report
-from keras_ecoc.experiments import tsne as tsne_lib
+from ecoc_research.experiments import common
+from ecoc_research.experiments import plots
+from ecoc_research.experiments import report
+from ecoc_research.experiments import tsne as tsne_lib
 
 PICTURE_ENCODINGS = ("one_hot", "gaussian", "spectral")
 
@@ -22,12 +22,12 @@ def train_model(data, encoding, code_length, seed, similarity, batch_size,
                 epochs, verbose=1, **model_kwargs):
     """Builds and fits the experiments' model; returns (model, codes).
 
-    The same model and schedule as `keras_ecoc.training.train_and_evaluate`,
+    The same model and schedule as `ecoc_research.training.train_and_evaluate`,
     but the trained model is returned (for features and confusions).
     """
     import keras
 
-    from keras_ecoc import training
+    from ecoc_research import training
 
     codes = common.encoding_codes(encoding, data.num_classes, code_length,
                                   similarity, seed)
@@ -104,7 +104,7 @@ def run_pictures(data, encodings=PICTURE_ENCODINGS, code_length=32, seed=0,
         sub-matrix), "settings", "dataset", "environment", "markdown",
         "files", "wall_time".
     """
-    from keras_ecoc import training
+    from ecoc_research import training
 
     start = time.perf_counter()
     data = data if hasattr(data, "x_train") else common.load_data(data)

@@ -1,6 +1,6 @@
 """Reproductions of the experiments of "Beyond One-hot Encoding".
 
-Command line: ``python -m keras_ecoc.experiments <experiment> [options]`` (or
+Command line: ``python -m ecoc_research.experiments <experiment> [options]`` (or
 the ``keras-ecoc-experiments`` console script), with experiments
 
 - ``cub-bits``: accuracy against code length ("add bits" figure), fc7 + fc8
@@ -19,17 +19,17 @@ Each experiment is also a function returning a JSON-able dict and writing
 JSON, Markdown and PNG files into an output folder.
 """
 
-from keras_ecoc.experiments.attributes import attribute_correlation
-from keras_ecoc.experiments.attributes import run_attributes
-from keras_ecoc.experiments.common import DataOptions
-from keras_ecoc.experiments.common import load_data
-from keras_ecoc.experiments.cub_bits import run_cub_bits
-from keras_ecoc.experiments.grid import Grid
-from keras_ecoc.experiments.grid import run_grid
-from keras_ecoc.experiments.pictures import run_pictures
-from keras_ecoc.experiments.runner import RunSpec
-from keras_ecoc.experiments.runner import Runner
-from keras_ecoc.experiments.tsne import tsne
+from ecoc_research.experiments.attributes import attribute_correlation
+from ecoc_research.experiments.attributes import run_attributes
+from ecoc_research.experiments.common import DataOptions
+from ecoc_research.experiments.common import load_data
+from ecoc_research.experiments.cub_bits import run_cub_bits
+from ecoc_research.experiments.grid import Grid
+from ecoc_research.experiments.grid import run_grid
+from ecoc_research.experiments.pictures import run_pictures
+from ecoc_research.experiments.runner import RunSpec
+from ecoc_research.experiments.runner import Runner
+from ecoc_research.experiments.tsne import tsne
 
 __all__ = [
     "DataOptions",

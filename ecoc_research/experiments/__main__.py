@@ -1,21 +1,21 @@
-"""Command line of the experiments: ``python -m keras_ecoc.experiments``.
+"""Command line of the experiments: ``python -m ecoc_research.experiments``.
 
 Examples:
 
     # The convergence grid of docs/results.md (E1, SGD arm):
-    python -m keras_ecoc.experiments grid --protocol retrain \
+    python -m ecoc_research.experiments grid --protocol retrain \
         --variant transfer --encodings one_hot one_hot_imprinted gaussian \
         spectral --code-lengths 0.16n --batch-sizes 16 128 \
         --epochs 16:15 128:60 --optimizer sgd \
         --learning-rates 0.001 0.003 0.01 0.03 0.1 --output results/omniglot
-    python -m keras_ecoc.experiments grid --smoke --output /tmp/smoke
-    python -m keras_ecoc.experiments cub-bits \
+    python -m ecoc_research.experiments grid --smoke --output /tmp/smoke
+    python -m ecoc_research.experiments cub-bits \
         --dataset ../shared/data/cub50_64px.npz \
         --pretrain-source ../shared/data/cifar10_jpeg_bytes.npz
-    python -m keras_ecoc.experiments attributes \
+    python -m ecoc_research.experiments attributes \
         --dataset ../shared/data/cub50_64px.npz
-    python -m keras_ecoc.experiments pictures --dataset cifar100
-    python -m keras_ecoc.experiments all --smoke --output /tmp/smoke
+    python -m ecoc_research.experiments pictures --dataset cifar100
+    python -m ecoc_research.experiments all --smoke --output /tmp/smoke
 
 ``--dataset`` takes ``embedded`` (Omniglot, 242 classes, inside the package),
 a ``.npz`` file (the layouts of ../shared/data: Omniglot 28/105 px, CUB
@@ -76,7 +76,7 @@ def _common_parser():
     g.add_argument("--code-length", type=int, default=None,
                    help="k of pictures (default 32, capped at n - 1)")
     g.add_argument("--encodings", nargs="+", default=None,
-                   help="encoding names (keras_ecoc.training.ENCODINGS)")
+                   help="encoding names (ecoc_research.training.ENCODINGS)")
     g.add_argument("--scale", type=float, default=None,
                    help="initial ECOC decoding scale (default: package's)")
     g.add_argument("--fixed-scale", action="store_true",
@@ -170,13 +170,13 @@ GRID_SMOKE = {"classes": 8, "epochs": 2, "seeds": [0, 1],
 
 
 def _add_grid_parser(sub):
-    from keras_ecoc.experiments import runner as runner_lib
+    from ecoc_research.experiments import runner as runner_lib
 
     defaults = runner_lib.RunSpec()
     p = sub.add_parser(
         "grid", help="convergence grid: protocol x encoding x k x batch x "
         "optimizer x learning rate x seed, with paired statistics",
-        description="Runs a grid of RunSpecs (keras_ecoc.experiments.runner)"
+        description="Runs a grid of RunSpecs (ecoc_research.experiments.runner)"
         ": picks each cell's learning rate on the validation split with "
         "--select-seed, then trains --seeds and compares every encoding "
         "with one-hot, paired by seed.")
@@ -296,9 +296,9 @@ def _lr_overrides(path):
 
 def run_grid_command(args):
     """The `grid` experiment from parsed arguments; returns its results."""
-    from keras_ecoc.experiments import common
-    from keras_ecoc.experiments import grid as grid_lib
-    from keras_ecoc.experiments import runner as runner_lib
+    from ecoc_research.experiments import common
+    from ecoc_research.experiments import grid as grid_lib
+    from ecoc_research.experiments import runner as runner_lib
 
     if args.smoke:
         args.classes = args.classes or GRID_SMOKE["classes"]
@@ -384,7 +384,7 @@ def _resolve(args):
 
 
 def _data_options(o):
-    from keras_ecoc.experiments import common
+    from ecoc_research.experiments import common
 
     return common.DataOptions(
         dataset=o["dataset"], classes=o["classes"],
@@ -394,7 +394,7 @@ def _data_options(o):
 
 
 def _pretrain_settings(o):
-    from keras_ecoc.experiments import cub_bits
+    from ecoc_research.experiments import cub_bits
 
     return cub_bits.PretrainSettings(
         source=o["pretrain_source"],
@@ -411,10 +411,10 @@ def _pick(o, key, default):
 
 def run_experiment(experiment, o, output_dir):
     """Runs one experiment from resolved options; returns its results."""
-    from keras_ecoc.experiments import attributes
-    from keras_ecoc.experiments import common
-    from keras_ecoc.experiments import cub_bits
-    from keras_ecoc.experiments import pictures
+    from ecoc_research.experiments import attributes
+    from ecoc_research.experiments import common
+    from ecoc_research.experiments import cub_bits
+    from ecoc_research.experiments import pictures
 
     data = common.load_data(_data_options(o))
     common.log(f"== {experiment} on {data.name}: {data.num_classes} classes, "
@@ -489,20 +489,20 @@ def main(argv=None):
     """Entry point of ``keras-ecoc-experiments``; returns {experiment: results}."""
     args = build_parser().parse_args(argv)
     if args.experiment == "grid":
-        from keras_ecoc.experiments import common
+        from ecoc_research.experiments import common
 
-        common.COMMAND = " ".join(["python -m keras_ecoc.experiments"] + list(
+        common.COMMAND = " ".join(["python -m ecoc_research.experiments"] + list(
             sys.argv[1:] if argv is None else argv))
         return {"grid": run_grid_command(args)}
     o = _resolve(args)
-    from keras_ecoc.experiments import common
-    from keras_ecoc.experiments import report
+    from ecoc_research.experiments import common
+    from ecoc_research.experiments import report
 
     # Before any training: the figures need matplotlib, t-SNE scikit-learn.
     common.require_extras(["matplotlib", "sklearn"])
 
     start = time.perf_counter()
-    command = " ".join(["python -m keras_ecoc.experiments"]
+    command = " ".join(["python -m ecoc_research.experiments"]
                        + list(sys.argv[1:] if argv is None else argv))
     common.COMMAND = command
     if args.experiment == "all":

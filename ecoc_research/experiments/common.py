@@ -1,6 +1,6 @@
 """Shared pieces of the experiments: data, codes, one training run, records.
 
-All experiments train the same network (`keras_ecoc.training.build_model`:
+All experiments train the same network (`ecoc_research.training.build_model`:
 the cifar_quick-like CNN for <= 32 px images, the small CNN for 64 px birds,
 Adam 1e-3, no dropout) and differ only in the output encoding, so every
 comparison isolates the encoding.
@@ -125,7 +125,7 @@ def load_data(options):
         options = DataOptions(dataset=options)
     key = dataclasses.astuple(options)
     if key not in _DATA_CACHE:
-        from keras_ecoc import datasets
+        from ecoc_research import datasets
 
         data = datasets.load_dataset(options.dataset,
                                      image_size=options.image_size,
@@ -194,7 +194,7 @@ def environment():
 class SimilarityCache:
     """Class similarity of data-based codes, computed once per seed.
 
-    The similarity comes from `keras_ecoc.training.feature_similarity`: a
+    The similarity comes from `ecoc_research.training.feature_similarity`: a
     one-hot network trained `epochs` epochs on the TRAINING split only, the
     cosine (or rbf) similarity of its class-mean penultimate features. The
     test split never feeds the codes.
@@ -215,7 +215,7 @@ class SimilarityCache:
         """The (n, n) similarity for `seed`."""
         key = (id(self.data), self.epochs, self.batch_size, self.kernel, seed)
         if key not in self._shared:
-            from keras_ecoc import training
+            from ecoc_research import training
 
             start = time.perf_counter()
             log(f"  class similarity (seed {seed}): one-hot network, "
@@ -258,7 +258,7 @@ def encoding_codes(encoding, num_classes, code_length, similarity, seed):
     """
     if encoding == "one_hot":
         return None
-    from keras_ecoc import training
+    from ecoc_research import training
 
     sim = similarity(seed) if encoding in DATA_ENCODINGS else None
     return np.asarray(training.make_codes(encoding, num_classes, code_length,

@@ -45,8 +45,8 @@ import time
 
 import numpy as np
 
-from keras_ecoc.experiments import common
-from keras_ecoc.experiments import protocols
+from ecoc_research.experiments import common
+from ecoc_research.experiments import protocols
 
 PROTOCOLS = ("scratch", "retrain")
 VARIANTS = ("same", "transfer")
@@ -307,7 +307,7 @@ class Runner:
             record["status"], record["error"] = error.status, str(error)
             common.log(f"    -> not trained: {error}")
         record["wall_time"] = time.perf_counter() - start
-        from keras_ecoc.experiments import report
+        from ecoc_research.experiments import report
 
         path = self.path(spec)
         report.write_json(path + ".tmp", record)
@@ -376,7 +376,7 @@ class Runner:
         """(n, k) float32 codes, or None for the one-hot encodings."""
         if spec.encoding.startswith("one_hot"):
             return None
-        from keras_ecoc import training
+        from ecoc_research import training
 
         similarity = (self.similarity(spec)
                       if spec.encoding in DATA_ENCODINGS else None)
@@ -402,7 +402,7 @@ class Runner:
     def _train(self, spec):
         import keras
 
-        from keras_ecoc import training
+        from ecoc_research import training
 
         task = self.task(spec)
         n = task.num_classes

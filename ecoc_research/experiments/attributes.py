@@ -24,7 +24,7 @@ import warnings
 
 import numpy as np
 
-from keras_ecoc.experiments import common
+from ecoc_research.experiments import common
 
 DATA_ENCODINGS = ("spectral", "spectral_zero", "spectral_median")
 NULL_ENCODINGS = ("gaussian", "dense_random")
@@ -105,7 +105,7 @@ def null_distribution(encoding, num_classes, code_length, attributes,
                       dense_trials=NULL_DENSE_TRIALS):
     """`mean_best_abs_r` of `draws` random codes of one encoding.
 
-    Gaussian codes are `keras_ecoc.training.make_codes("gaussian", n, k,
+    Gaussian codes are `ecoc_research.training.make_codes("gaussian", n, k,
     seed=first_seed + i)`, exactly as trained. Dense random codes are drawn
     the same way (rows rescaled to norm sqrt(k)) but as the best of
     `dense_trials` candidates instead of 1,000 (1,000 when none of
@@ -118,7 +118,7 @@ def null_distribution(encoding, num_classes, code_length, attributes,
         float64 (draws,).
     """
     from keras_ecoc import codes as codes_lib
-    from keras_ecoc import training
+    from ecoc_research import training
 
     if encoding not in NULL_ENCODINGS:
         raise ValueError(
@@ -209,7 +209,7 @@ def run_attributes(similarity, attributes, output_dir=None,
         percentiles of the statistic), "settings", "markdown", "files",
         "wall_time".
     """
-    from keras_ecoc import training
+    from ecoc_research import training
 
     start = time.perf_counter()
     _check_outputs(output_dir, name, overwrite)
@@ -301,7 +301,7 @@ def run_attributes(similarity, attributes, output_dir=None,
                      "statistic": "mean over bits of the max |Pearson r| "
                      "over attributes (numpy.corrcoef across classes)",
                      "row_normalization": "rows rescaled to norm sqrt(k) "
-                     "(keras_ecoc.training.make_codes), as trained",
+                     "(ecoc_research.training.make_codes), as trained",
                      "source": source},
         "environment": common.environment(), "command": common.COMMAND,
         "codes": records, "null": null_rows,
@@ -371,7 +371,7 @@ def attributes_markdown(results, show_bits=6):
 
 
 def _table(headers, rows):
-    from keras_ecoc.experiments import report
+    from ecoc_research.experiments import report
 
     return report.markdown_table(headers, rows)
 
@@ -384,7 +384,7 @@ def _write(results, nulls, output_dir, name):
 
     from matplotlib.figure import Figure
 
-    from keras_ecoc.experiments import report
+    from ecoc_research.experiments import report
 
     os.makedirs(output_dir, exist_ok=True)
     s = results["settings"]

@@ -2,15 +2,15 @@
 
 - `build_backbone`: the small CNNs of the experiments (cifar_quick-like for
   28/32 px images, a deeper small CNN for 64 px birds).
-- `make_codes`: a code matrix by encoding name ("one_hot", "gaussian",
-  "spectral_median", ...).
+- `make_codes`: re-export of `keras_ecoc.codes.make_codes` (a code matrix by
+  encoding name: "gaussian", "spectral_median", ...).
 - `feature_similarity`: the class-similarity matrix of data-based codes, from
   the class means of features of a network trained briefly with one-hot
   targets on the training split only.
 - `train_and_evaluate`: fits one encoding and records test accuracy against
   training steps (`TrainResult`), for the demo.
 - `make_optimizer`, `build_head`, `train_tracked`: the pieces of the
-  experiments' runner (`keras_ecoc.experiments.runner`): SGD/Adam with a step
+  experiments' runner (`ecoc_research.experiments.runner`): SGD/Adam with a step
   schedule, the fc7 + fc8 head retrained on frozen features, and a training
   loop that tracks validation accuracy against steps, keeps the
   best-validation weights and measures how many output units get a gradient.
@@ -26,74 +26,17 @@ import keras
 import numpy as np
 
 from keras_ecoc import codes as codes_lib
+from keras_ecoc.codes import registry
 from keras_ecoc.models import DEFAULT_LEARNABLE_SCALE
 from keras_ecoc.models import DEFAULT_SCALE
 from keras_ecoc.models import ECOCClassifier
 
-# Encodings by name -> (generator, threshold). "data" encodings need a
-# class-similarity matrix. "one_hot" is the usual Dense(n) + softmax baseline.
-ENCODINGS = {
-    "one_hot": None,
-    "dense_random": ("dense_random", None),
-    "hadamard": ("hadamard", None),
-    "gaussian": ("gaussian", None),
-    "gaussian_zero": ("gaussian", "zero"),
-    "gaussian_median": ("gaussian", "median"),
-    "spectral": ("spectral", None),
-    "spectral_zero": ("spectral", "zero"),
-    "spectral_median": ("spectral", "median"),
-}
+# The code registry lives in the library (`keras_ecoc.codes.make_codes`);
+# re-exported here because the experiments look it up as `training.make_codes`.
+ENCODINGS = registry.ENCODINGS
+make_codes = codes_lib.make_codes
 
 LEARNING_RATE = 1e-3
-
-
-def make_codes(
-    encoding, num_classes, code_length, similarity=None, seed=0,
-    normalize_rows=True,
-):
-    """Code matrix (num_classes, code_length) for an encoding name.
-
-    Raw Gaussian and raw spectral codewords have unequal norms, which biases
-    decoding against z / ||z|| (see `keras_ecoc.codes.normalize_rows`); by
-    default they are rescaled to the common norm sqrt(code_length) of ±1
-    codes. Thresholded and ±1 codes are unchanged by this.
-
-    Args:
-        encoding: a key of `ENCODINGS` other than "one_hot".
-        num_classes: n.
-        code_length: k.
-        similarity: (n, n) class similarity, required by "spectral*".
-        seed: random seed of the random encodings.
-        normalize_rows: rescale every codeword to norm sqrt(code_length).
-
-    Returns:
-        float32 ndarray (num_classes, code_length).
-    """
-    if encoding not in ENCODINGS or encoding == "one_hot":
-        raise ValueError(
-            f"Argument `encoding` must be one of "
-            f"{sorted(set(ENCODINGS) - {'one_hot'})}. Received: "
-            f"encoding={encoding!r}"
-        )
-    codes = _codes_for(encoding, num_classes, code_length, similarity, seed)
-    return codes_lib.normalize_rows(codes) if normalize_rows else codes
-
-
-def _codes_for(encoding, num_classes, code_length, similarity, seed):
-    family, threshold = ENCODINGS[encoding]
-    if family == "spectral":
-        if similarity is None:
-            raise ValueError(
-                f"Encoding {encoding!r} is data-based and needs a class "
-                "similarity matrix. Received: similarity=None"
-            )
-        return codes_lib.spectral(similarity, code_length, threshold=threshold)
-    if family == "gaussian":
-        codes = codes_lib.gaussian(num_classes, code_length, seed=seed)
-        return codes if threshold is None else codes_lib.binarize(codes, threshold)
-    if family == "hadamard":
-        return codes_lib.hadamard(num_classes, code_length)
-    return codes_lib.dense_random(num_classes, code_length, seed=seed)
 
 
 def build_backbone(input_shape, name=None):
@@ -257,7 +200,7 @@ def train_and_evaluate(
     """Trains one encoding on `dataset` and records its test-accuracy curve.
 
     Args:
-        dataset: a `keras_ecoc.datasets.ImageDataset`.
+        dataset: a `ecoc_research.datasets.ImageDataset`.
         encoding: name for the record ("one_hot" trains the Dense(n) model).
         codes: (n, k) code matrix for ECOC encodings, None for one-hot.
         batch_size: mini-batch size.

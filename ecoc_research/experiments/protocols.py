@@ -30,7 +30,7 @@ import os
 
 import numpy as np
 
-from keras_ecoc.experiments import common
+from ecoc_research.experiments import common
 
 
 @dataclasses.dataclass
@@ -162,7 +162,7 @@ def build_pretrain_network(input_shape, num_classes, hidden):
     """conv backbone + fc6 ("features", 256) + fc7 (hidden) + fc8 (n)."""
     import keras
 
-    from keras_ecoc import training
+    from ecoc_research import training
 
     backbone = training.build_backbone(input_shape)
     h = keras.layers.Dense(hidden, activation="relu", name="fc7")(

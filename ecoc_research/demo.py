@@ -17,8 +17,8 @@ against steps, steps to reach 90% of one-hot's final validation accuracy,
 and the test accuracy at the best validation step. Offline, a few minutes
 on 2 CPU cores.
 
-    python -m keras_ecoc.demo            # or: keras-ecoc-demo
-    python -m keras_ecoc.demo --encodings one_hot spectral dense_random
+    python -m ecoc_research.demo            # or: keras-ecoc-demo
+    python -m ecoc_research.demo --encodings one_hot spectral dense_random
 """
 
 import argparse
@@ -50,7 +50,7 @@ class DemoResult:
 
 def comparison_table(results, target):
     """Markdown table of `DemoResult`s; `target` is the validation accuracy."""
-    from keras_ecoc.experiments import stats
+    from ecoc_research.experiments import stats
 
     header = ["encoding", "bits", "lr", "val@25%", "val@50%", "val@end",
               f"steps to {target:.0%} val", "test acc (best val)",
@@ -107,7 +107,7 @@ def run(argv=None):
     args = parser.parse_args(argv)
 
     from keras_ecoc import ops as ecoc_ops
-    from keras_ecoc.experiments import runner as runner_lib
+    from ecoc_research.experiments import runner as runner_lib
 
     start = time.perf_counter()
     print(f"ECOC loss path: {ecoc_ops.fused_status()}")

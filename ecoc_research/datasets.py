@@ -4,7 +4,7 @@
 
 - `"omniglot"` (also `"embedded"`, the default): Omniglot's two "small"
   background sets at 28x28, shipped inside this package (MIT licence,
-  `keras_ecoc/data/LICENSE.omniglot`). The file has 292 labels, but both
+  `ecoc_research/data/LICENSE.omniglot`). The file has 292 labels, but both
   sets hold the Greek and Latin alphabets, so 50 labels repeat 50 others with
   the same images: the loader keeps one of each, 242 character classes x 20
   drawers. Drawers 0-14 of each class train, drawers 15-19 test
@@ -129,7 +129,7 @@ class ImageDataset:
 
 def embedded_path():
     """Path of the Omniglot file shipped inside the package."""
-    return str(resources.files("keras_ecoc") / "data" / "omniglot_small_28px.npz")
+    return str(resources.files("ecoc_research") / "data" / "omniglot_small_28px.npz")
 
 
 def load_dataset(spec="embedded", image_size=None, cub_crop="bbox", tfds_dir=None):

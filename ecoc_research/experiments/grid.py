@@ -18,9 +18,9 @@ import time
 
 import numpy as np
 
-from keras_ecoc.experiments import common
-from keras_ecoc.experiments import runner as runner_lib
-from keras_ecoc.experiments import stats
+from ecoc_research.experiments import common
+from ecoc_research.experiments import runner as runner_lib
+from ecoc_research.experiments import stats
 
 
 def parse_code_length(token, num_classes):
@@ -222,7 +222,7 @@ def run_grid(grid, output, name, resume=False, verbose=0, log_every=1):
         selection=selection,
         wall_time=time.perf_counter() - start)
     results["markdown"] = markdown(results)
-    from keras_ecoc.experiments import report
+    from ecoc_research.experiments import report
 
     report.write_json(f"{output}/{name}.json", results)
     report.write_text(f"{output}/{name}.md", results["markdown"])
@@ -338,7 +338,7 @@ def markdown(results):
                 stats.format_interval(diff.get("auc")),
                 f"{100 * active[0]:.0f}",
             ])
-        from keras_ecoc.experiments import report
+        from ecoc_research.experiments import report
 
         parts.append(head + "\n\n" + report.markdown_table(
             ["encoding", "outputs", "lr", "seeds", "test acc % (best val)",
@@ -360,7 +360,7 @@ def markdown(results):
 
 def write_figures(results, output, name):
     """Validation curves with 95% bands; active output rows vs batch size."""
-    from keras_ecoc.experiments import plots
+    from ecoc_research.experiments import plots
 
     panels = []
     for g in results["groups"]:
