@@ -127,7 +127,8 @@ def run_install_cell(name, tmp_path, monkeypatch, install_from, in_colab, instal
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util, "find_spec",
-        lambda module, *a: (object() if installed else None) if module == "keras_ecoc"
+        lambda module, *a: (object() if installed else None)
+        if module in ("keras_ecoc", "ecoc_research")
         else real_find_spec(module, *a))
     if in_colab:
         monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab-test")
