@@ -31,6 +31,7 @@ import warnings
 import numpy as np
 
 from ecoc_research.experiments import common
+from ecoc_research.experiments import stats
 from ecoc_research.training import steps_per_execution
 
 # Pretraining defaults. 32 px because one epoch of CIFAR-10 costs ~47 s at
@@ -529,80 +530,15 @@ def train_head(features, codes, learning_rate, seed, epochs=HEAD_EPOCHS,
 
 
 # ---------------------------------------------------------------------------
-# Statistics.
+# Statistics: one module for every experiment (`stats`).
 
-EQUIVALENCE_MARGIN = 1.0  # accuracy points
-
-
-def paired_equivalence(differences, margin=EQUIVALENCE_MARGIN, alpha=0.05):
-    """Two one-sided paired t-tests (TOST) of |mean difference| < margin.
-
-    Args:
-        differences: (S,) per-seed paired differences (encoding - one-hot),
-            in accuracy points; S >= 2.
-        margin: equivalence margin (points), > 0.
-        alpha: level of each one-sided test; equivalence is declared when
-            both reject, i.e. when the (1 - 2 alpha) CI lies inside
-            (-margin, margin).
-
-    Returns:
-        dict: seeds, mean, std, ci90 / ci95 (t intervals of the mean),
-        p_lower (H0: mean <= -margin), p_upper (H0: mean >= margin),
-        p_tost = max of the two, equivalent (bool), p_difference (two-sided
-        paired t-test of mean = 0).
-    """
-    from scipy import stats
-
-    d = np.asarray(differences, np.float64)
-    if d.ndim != 1 or len(d) < 2 or not np.all(np.isfinite(d)):
-        raise ValueError(
-            "Argument `differences` must be a 1-D array of at least 2 finite "
-            f"paired differences. Received: differences={differences!r}")
-    if not margin > 0:
-        raise ValueError(
-            f"Argument `margin` must be positive. Received: margin={margin!r}")
-    mean, std, s = float(d.mean()), float(d.std(ddof=1)), len(d)
-    sem = std / np.sqrt(s)
-
-    def interval(level):
-        return mean_ci(d, level)[1]
-
-    if sem == 0:
-        # No spread: the t statistics are infinite; decide by the mean alone.
-        p_lower = 0.0 if mean > -margin else 1.0
-        p_upper = 0.0 if mean < margin else 1.0
-        p_difference = 1.0 if mean == 0 else 0.0
-    else:
-        p_lower = float(stats.ttest_1samp(d, -margin,
-                                          alternative="greater").pvalue)
-        p_upper = float(stats.ttest_1samp(d, margin,
-                                          alternative="less").pvalue)
-        p_difference = float(stats.ttest_1samp(d, 0.0).pvalue)
-    p_tost = max(p_lower, p_upper)
-    return {"seeds": s, "mean": mean, "std": std,
-            "ci90": interval(1 - 2 * alpha), "ci95": interval(0.95),
-            "p_lower": p_lower, "p_upper": p_upper, "p_tost": p_tost,
-            "equivalent": bool(p_tost < alpha), "margin": float(margin),
-            "p_difference": p_difference}
-
-
-def verdict(test, reference="one-hot"):
-    """A short verdict of a `paired_equivalence` result against `reference`."""
-    m = test["margin"]
-    if test["equivalent"]:
-        return f"matches {reference} (TOST, ±{m:g} pt)"
-    low, high = test["ci95"]
-    if high < 0:
-        return f"below {reference}"
-    if low > 0:
-        return f"above {reference}"
-    return "inconclusive"
+EQUIVALENCE_MARGIN = stats.EQUIVALENCE_MARGIN  # accuracy points
+paired_equivalence = stats.paired_equivalence
+verdict = stats.equivalence_verdict
 
 
 def mean_ci(values, level=0.95):
     """Mean and t confidence interval of (S,) values; CI None if S < 2."""
-    from ecoc_research.experiments import stats
-
     mean, low, high = stats.t_interval(values, level)
     return mean, (None if low is None else [low, high])
 
