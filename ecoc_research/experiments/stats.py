@@ -125,7 +125,8 @@ def paired_difference(values, reference, confidence=0.95):
         values, reference: dicts seed -> number (None: missing).
 
     Returns:
-        dict: n (pairs), mean, low, high, p (two-sided paired t-test of a
+        dict: n (pairs), mean, low, high, seeds and differences (per
+        seed, in seed order), p (two-sided paired t-test of a
         zero mean; None for n < 2), verdict ("within noise" when the
         interval contains 0, else "higher" / "lower"; "too few seeds" for
         n < 2).
@@ -141,7 +142,8 @@ def paired_difference(values, reference, confidence=0.95):
     else:
         verdict = "higher" if mean > 0 else "lower"
     return {"n": len(diffs), "mean": mean, "low": low, "high": high,
-            "p": paired_t_pvalue(diffs), "verdict": verdict, "seeds": seeds}
+            "p": paired_t_pvalue(diffs), "verdict": verdict, "seeds": seeds,
+            "differences": [float(d) for d in diffs]}
 
 
 def run_metrics(record, target):

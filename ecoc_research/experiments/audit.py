@@ -1,0 +1,301 @@
+"""The statistics audit of stored grid results: Holm, TOST, imprinted rows.
+
+Recomputes, from the stored runs alone (`runs.jsonl`, one record per run,
+and the `<experiment>.json` summaries that list each experiment's runs),
+every paired comparison the grid reports and adds what the first reports
+lacked:
+
+- the two-sided paired t-test p-value of every difference, and its Holm
+  adjustment over the whole family of paired tests in the folder (every
+  encoding against one-hot, every metric, every experiment, plus the rows
+  below), so that a verdict survives only if its adjusted p <= 0.05;
+- the TOST equivalence test (margin `stats.EQUIVALENCE_MARGIN` points) of
+  every test-accuracy difference, the test behind an "equal accuracy";
+- paired spectral minus imprinted one-hot rows: the data-based head against
+  a one-hot head initialised from the class means of the same features, for
+  every group with a spectral head. Where the experiment did not train the
+  imprinted head itself (E5, E6), its runs come from another experiment with
+  the same pairing settings (variant, classes, optimizer, batch, budget, data
+  and pretraining): same seed = same fc7 initialisation and batch order.
+
+Steps to target always use the one-hot target of the group (90% of one-hot's
+mean final validation accuracy), so that they mean the same in both rows.
+It also checks that the recomputed means equal the stored summaries.
+
+    python -m ecoc_research.experiments.audit docs/results/omniglot
+
+writes `audit.json` and `audit.md` into that folder.
+"""
+
+import argparse
+import glob
+import json
+import os
+
+import numpy as np
+
+from ecoc_research.experiments import stats
+
+METRICS = ("test_accuracy", "steps_to_target", "auc")
+# Fields that may differ between two runs that are paired by seed: the head
+# (encoding, code, its scale and rate) and the seed itself.
+HEAD_FIELDS = ("encoding", "code_length", "normalize_rows", "learning_rate",
+               "seed", "scale", "learnable_scale")
+SPECTRAL = "spectral_norm"
+# Accuracy differences are compared with the stored summaries to this (a
+# hundredth of a point); steps to target exactly up to it.
+ROUNDING_TOLERANCE = 1e-4
+IMPRINTED = "one_hot_imprinted"
+
+
+def load_runs(folder):
+    """dict key -> run record of `<folder>/runs.jsonl`."""
+    runs = {}
+    with open(os.path.join(folder, "runs.jsonl")) as f:
+        for line in f:
+            if line.strip():
+                record = json.loads(line)
+                runs[record["key"]] = record
+    return runs
+
+
+def _pairing_key(spec):
+    return json.dumps({k: v for k, v in spec.items() if k not in HEAD_FIELDS},
+                      sort_keys=True)
+
+
+def _group_key(spec):
+    # As the grid groups runs: everything but the head and the seed; the
+    # scale stays (a fixed-scale group is not a learnable-scale group).
+    drop = ("encoding", "code_length", "normalize_rows", "learning_rate", "seed")
+    return json.dumps({k: v for k, v in spec.items() if k not in drop},
+                      sort_keys=True)
+
+
+def _label(record, several_lengths):
+    k = record["spec"]["code_length"]
+    if several_lengths and k is not None:
+        return f"{record['label']} k={k}"
+    return record["label"]
+
+
+def _imprinted_runs(runs, spec, seeds):
+    """The imprinted one-hot runs pairing with `spec` on `seeds`, one per seed.
+
+    Among imprinted runs with the same pairing settings, takes the learning
+    rate that covers the most of `seeds` (its grid's chosen rate).
+    """
+    key = _pairing_key(spec)
+    by_rate = {}
+    for r in runs.values():
+        if (r["status"] == "ok" and r["spec"]["encoding"] == IMPRINTED
+                and r["spec"]["seed"] in seeds
+                and _pairing_key(r["spec"]) == key):
+            by_rate.setdefault(r["spec"]["learning_rate"], {})[
+                r["spec"]["seed"]] = r
+    if not by_rate:
+        return None, {}
+    rate = max(by_rate, key=lambda lr: (len(by_rate[lr]), -lr))
+    return rate, by_rate[rate]
+
+
+def _rows_of_group(name, runs_of_group, all_runs, several):
+    by_label = {}
+    for r in runs_of_group:
+        by_label.setdefault(_label(r, several), []).append(r)
+    if "one_hot" not in by_label:
+        return [], None
+    comparison = stats.compare_to_reference(by_label, "one_hot")
+    target = comparison["target"]
+    spec = runs_of_group[0]["spec"]
+    where = {"experiment": name, "variant": spec["variant"],
+             "num_classes": runs_of_group[0]["num_classes"],
+             "optimizer": spec["optimizer"], "batch_size": spec["batch_size"],
+             "scale": None if spec["learnable_scale"] else spec["scale"]}
+    rows = []
+    for label, row in comparison["labels"].items():
+        for metric, diff in row.get("difference", {}).items():
+            rows.append(dict(where, label=label, reference="one_hot",
+                             metric=metric, **_diff_fields(diff)))
+    if SPECTRAL in by_label:
+        spectral = {r["spec"]["seed"]: r for r in by_label[SPECTRAL]}
+        source = name
+        if IMPRINTED in by_label:
+            imprinted = {r["spec"]["seed"]: r for r in by_label[IMPRINTED]}
+        else:
+            _, imprinted = _imprinted_runs(all_runs, spec, set(spectral))
+            source = "other experiment (same pairing settings)"
+        if len(set(spectral) & set(imprinted)) >= 2:
+            for metric in METRICS:
+                a = {s: stats.run_metrics(r, target)[metric]
+                     for s, r in spectral.items()}
+                b = {s: stats.run_metrics(r, target)[metric]
+                     for s, r in imprinted.items()}
+                diff = stats.paired_difference(a, b)
+                rows.append(dict(where, label=SPECTRAL, reference=IMPRINTED,
+                                 metric=metric, imprinted_from=source,
+                                 **_diff_fields(diff)))
+    return rows, comparison
+
+
+def _diff_fields(diff):
+    return {"n": diff["n"], "mean": diff["mean"], "low": diff["low"],
+            "high": diff["high"], "p": diff["p"], "seeds": diff["seeds"],
+            "differences": diff["differences"]}
+
+
+def audit(folder, margin=stats.EQUIVALENCE_MARGIN):
+    """Every paired comparison of the grid summaries in `folder`, audited.
+
+    Returns:
+        dict: rows (one per experiment x group x label x reference x
+        metric: n, mean, low, high, p, p_holm, and for test accuracy the
+        TOST result in points), family_size, margin, mismatches (stored
+        summary means that the recomputation does not reproduce).
+    """
+    all_runs = load_runs(folder)
+    rows, mismatches = [], []
+    for path in sorted(glob.glob(os.path.join(folder, "e*.json"))):
+        name = os.path.splitext(os.path.basename(path))[0]
+        with open(path) as f:
+            summary = json.load(f)
+        records = [all_runs[k] for k in summary["runs"]
+                   if k in all_runs and all_runs[k]["status"] == "ok"]
+        several = len({r["spec"]["code_length"] for r in records
+                       if r["spec"]["code_length"] is not None}) > 1
+        groups = {}
+        for r in records:
+            groups.setdefault(_group_key(r["spec"]), []).append(r)
+        stored = {(g["batch_size"], g["optimizer"]): g["comparison"]
+                  for g in summary["groups"]}
+        for runs_of_group in groups.values():
+            new_rows, comparison = _rows_of_group(name, runs_of_group,
+                                                  all_runs, several)
+            rows.extend(new_rows)
+            spec = runs_of_group[0]["spec"]
+            old = stored.get((spec["batch_size"], spec["optimizer"]))
+            mismatches.extend(_check_stored(name, spec, old, comparison))
+    _add_holm_and_tost(rows, margin)
+    return {"folder": folder, "margin": margin, "family_size": len(rows),
+            "rows": rows, "mismatches": mismatches}
+
+
+def _check_stored(name, spec, old, new):
+    if old is None or new is None:
+        return []
+    out = []
+    for label, row in new["labels"].items():
+        for metric, diff in row.get("difference", {}).items():
+            stored = old["labels"].get(label, {}).get("difference", {}).get(
+                metric)
+            if stored is None or stored["mean"] is None:
+                continue
+            # runs.jsonl rounds each run's accuracies (6 decimals): a
+            # mean difference may move by a few 1e-6.
+            if not np.isclose(stored["mean"], diff["mean"], rtol=0,
+                              atol=ROUNDING_TOLERANCE):
+                out.append({"experiment": name,
+                            "batch_size": spec["batch_size"],
+                            "label": label, "metric": metric,
+                            "stored": stored["mean"], "recomputed": diff["mean"]})
+    return out
+
+
+def _add_holm_and_tost(rows, margin):
+    for row, p_holm in zip(rows, stats.holm([r["p"] for r in rows])):
+        row["p_holm"] = p_holm
+        if row["metric"] == "test_accuracy" and row["n"] >= 2:
+            test = stats.paired_equivalence(
+                100.0 * np.asarray(row["differences"]), margin)
+            row["tost"] = {
+                "p_tost": test["p_tost"], "equivalent": test["equivalent"],
+                "ci90": test["ci90"],
+                "verdict": stats.equivalence_verdict(
+                    test, row["reference"].replace("_", " "))}
+
+
+def _fmt(row, value):
+    if value is None:
+        return "–"
+    if row["metric"] == "steps_to_target":
+        return f"{value:+.0f}"
+    return f"{100 * value:+.1f}"
+
+
+def _p(value):
+    if value is None:
+        return "–"
+    return "<0.001" if value < 0.001 else f"{value:.3f}"
+
+
+def markdown(result):
+    """Tables of the audit, one per experiment, and the reading notes."""
+    metric_names = {"test_accuracy": "test acc (points)",
+                    "steps_to_target": "steps to target",
+                    "auc": "val AUC (points)"}
+    parts = [
+        f"Paired differences recomputed from `runs.jsonl`: mean [95% "
+        f"t-interval], two-sided paired t-test p, and p adjusted by Holm's "
+        f"method over the whole family of {result['family_size']} paired "
+        f"tests below (a difference holds at the 5% level only if p Holm "
+        f"<= 0.05). TOST: equivalence of test accuracy within "
+        f"±{result['margin']:g} point (90% interval inside the margin). "
+        f"Steps to target: to 90% of one-hot's mean final validation "
+        f"accuracy, censored at the budget. Stored summaries reproduced: "
+        f"{'all' if not result['mismatches'] else 'NOT all'} "
+        f"({len(result['mismatches'])} mismatches beyond "
+        f"{ROUNDING_TOLERANCE:g})."]
+    by_experiment = {}
+    for row in result["rows"]:
+        by_experiment.setdefault(row["experiment"], []).append(row)
+    from ecoc_research.experiments import report
+
+    for name, rows in by_experiment.items():
+        table = []
+        for row in rows:
+            tost = row.get("tost")
+            table.append([
+                f"{row['variant']}, n = {row['num_classes']}, "
+                f"{row['optimizer']} b{row['batch_size']}"
+                + (f", s = {row['scale']:g}" if row["scale"] else ""),
+                f"{row['label']} − {row['reference']}",
+                metric_names[row["metric"]], row["n"],
+                f"{_fmt(row, row['mean'])} [{_fmt(row, row['low'])}, "
+                f"{_fmt(row, row['high'])}]",
+                _p(row["p"]), _p(row["p_holm"]),
+                "" if not tost else f"{_p(tost['p_tost'])}: {tost['verdict']}",
+            ])
+        parts.append(f"### {name}\n\n" + report.markdown_table(
+            ["group", "difference", "metric", "seeds", "mean [95% CI]", "p",
+             "p Holm", "TOST ±1 pt"], table))
+    return "\n\n".join(parts) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m ecoc_research.experiments.audit",
+        description="Holm-adjusted p-values, TOST and spectral minus "
+        "imprinted rows for the grid results stored in a folder "
+        "(runs.jsonl + <experiment>.json); writes audit.json and audit.md "
+        "there.")
+    parser.add_argument("folder", help="e.g. docs/results/omniglot")
+    parser.add_argument("--margin", type=float,
+                        default=stats.EQUIVALENCE_MARGIN,
+                        help="TOST margin in accuracy points (default 1)")
+    args = parser.parse_args(argv)
+    if not os.path.exists(os.path.join(args.folder, "runs.jsonl")):
+        parser.error(f"{args.folder} has no runs.jsonl. Received: "
+                     f"folder={args.folder!r}")
+    from ecoc_research.experiments import report
+
+    result = audit(args.folder, args.margin)
+    report.write_json(os.path.join(args.folder, "audit.json"), result)
+    report.write_text(os.path.join(args.folder, "audit.md"), markdown(result))
+    print(f"{result['family_size']} paired tests, "
+          f"{len(result['mismatches'])} mismatches with the stored summaries; "
+          f"wrote audit.json and audit.md in {args.folder}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

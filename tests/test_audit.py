@@ -1,0 +1,110 @@
+"""The statistics audit (`ecoc_research.experiments.audit`) on synthetic runs
+against scipy, and on the stored Omniglot runs behind docs/results/."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from ecoc_research.experiments import audit
+from ecoc_research.experiments import stats
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STORED = os.path.join(ROOT, "docs", "results", "omniglot")
+
+
+def _spec(encoding, seed, scale=1.0, learnable=False, lr=0.01):
+    return {"encoding": encoding, "code_length": None if encoding.startswith("one_hot") else 4,
+            "normalize_rows": True if encoding == "spectral" else None,
+            "learning_rate": lr, "seed": seed, "scale": scale, "learnable_scale": learnable,
+            "protocol": "retrain", "variant": "transfer", "optimizer": "sgd",
+            "batch_size": 16, "epochs": 2, "classes": None, "dataset": "x"}
+
+
+def _record(key, encoding, label, seed, curve, test, **spec):
+    steps = list(range(0, 10 * len(curve), 10))
+    return {"key": key, "status": "ok", "label": label, "num_classes": 8,
+            "spec": _spec(encoding, seed, **spec), "steps": steps,
+            "val_accuracy": list(curve), "test_accuracy": test,
+            "final_test_accuracy": test, "best_val_accuracy": max(curve),
+            "final_val_accuracy": curve[-1], "total_steps": steps[-1]}
+
+
+def _write(folder, records, experiments):
+    with open(os.path.join(folder, "runs.jsonl"), "w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+    for name, keys in experiments.items():
+        with open(os.path.join(folder, f"{name}.json"), "w") as f:
+            json.dump({"runs": keys, "groups": []}, f)
+
+
+def test_audit_pairs_by_seed_adjusts_by_holm_and_borrows_imprinted_runs(tmp_path):
+    rng = np.random.default_rng(0)
+    seeds = range(6)
+    one_hot_test = rng.uniform(0.6, 0.7, 6)
+    spectral_test = one_hot_test + rng.normal(0.02, 0.01, 6)
+    imprinted_test = one_hot_test + rng.normal(0.03, 0.01, 6)
+    records, e5, e1 = [], [], []
+    for s in seeds:
+        # e5: one-hot and a fixed-scale spectral head; e1: the imprinted head
+        # (learnable-scale settings do not matter for a one-hot head).
+        for enc, label, test, keys in (("one_hot", "one_hot", one_hot_test[s], e5),
+                                       ("spectral", "spectral_norm", spectral_test[s], e5),
+                                       ("one_hot_imprinted", "one_hot_imprinted",
+                                        imprinted_test[s], e1)):
+            curve = np.clip(np.linspace(0.1, test, 5) + rng.normal(0, 0.01, 5), 0, 1)
+            key = f"{enc}-{s}"
+            extra = {"learnable": True} if enc == "one_hot_imprinted" else {}
+            records.append(_record(key, enc, label, s, curve.tolist(), float(test), **extra))
+            keys.append(key)
+    _write(tmp_path, records, {"e5_x": e5, "e1_x": e1})
+    result = audit.audit(str(tmp_path))
+    rows = {(r["experiment"], r["label"], r["reference"], r["metric"]): r
+            for r in result["rows"]}
+    row = rows[("e5_x", "spectral_norm", "one_hot", "test_accuracy")]
+    assert row["mean"] == pytest.approx(float(np.mean(spectral_test - one_hot_test)))
+    assert row["p"] == pytest.approx(sps.ttest_rel(spectral_test, one_hot_test).pvalue, rel=1e-9)
+    borrowed = rows[("e5_x", "spectral_norm", "one_hot_imprinted", "test_accuracy")]
+    assert borrowed["p"] == pytest.approx(
+        sps.ttest_rel(spectral_test, imprinted_test).pvalue, rel=1e-9)
+    assert borrowed["imprinted_from"].startswith("other experiment")
+    # Holm over the whole family, in the same order.
+    np.testing.assert_allclose([r["p_holm"] for r in result["rows"]],
+                               stats.holm([r["p"] for r in result["rows"]]))
+    assert result["family_size"] == len(result["rows"])
+    tost = stats.paired_equivalence(100 * (spectral_test - one_hot_test), 1.0)
+    assert row["tost"]["p_tost"] == pytest.approx(tost["p_tost"], rel=1e-9)
+
+
+def test_audit_cli_refuses_a_folder_without_runs(tmp_path, capsys):
+    with pytest.raises(SystemExit) as error:
+        audit.main([str(tmp_path)])
+    assert error.value.code == 2
+    assert "has no runs.jsonl" in capsys.readouterr().err
+
+
+def test_stored_omniglot_audit_reproduces_the_summaries_and_the_docs_claims():
+    result = audit.audit(STORED)
+    assert result["mismatches"] == []
+    rows = {(r["experiment"], r["batch_size"], r["label"], r["reference"], r["metric"]): r
+            for r in result["rows"]}
+    # E6, 242 classes, batch 16: test +2.0 points, p = 0.028, gone after Holm.
+    e6 = rows[("e6_same_fixed_scale1_b16", 16, "spectral_norm", "one_hot", "test_accuracy")]
+    assert 100 * e6["mean"] == pytest.approx(2.0, abs=0.06)
+    assert e6["p"] == pytest.approx(0.028, abs=0.001) and e6["p_holm"] > 0.05
+    # The speed results survive: E5 (10 seeds) AUC and steps.
+    e5 = "e5_fixed_scale1_b16_10seeds"
+    assert rows[(e5, 16, "spectral_norm", "one_hot", "auc")]["p_holm"] < 0.05
+    assert rows[(e5, 16, "spectral_norm", "one_hot", "steps_to_target")]["p_holm"] < 0.05
+    # Spectral minus imprinted at 112 classes (audit: AUC -1.9 [-2.7, -1.2]).
+    imp = rows[(e5, 16, "spectral_norm", "one_hot_imprinted", "auc")]
+    assert 100 * imp["mean"] == pytest.approx(-1.9, abs=0.06)
+    # The stored audit file is the one this code writes.
+    with open(os.path.join(STORED, "audit.json")) as f:
+        stored = json.load(f)
+    assert stored["family_size"] == result["family_size"]
+    np.testing.assert_allclose([r["p_holm"] for r in stored["rows"]],
+                               [r["p_holm"] for r in result["rows"]], rtol=1e-9)
