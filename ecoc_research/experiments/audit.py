@@ -271,6 +271,88 @@ def markdown(result):
     return "\n\n".join(parts) + "\n"
 
 
+def audit_cub(path):
+    """Holm over a cub-bits summary's paired tests (`<name>.json`).
+
+    Two families, each adjusted on its own: the two-sided paired t-tests of
+    every code against one-hot and against the one-hot codewords through
+    the ECOC head (differences), and the TOST p-values of the same
+    comparisons (equivalence claims).
+
+    Returns:
+        dict: rows (encoding, k, reference, mean, p, p_holm, p_tost,
+        p_tost_holm, equivalent_after_holm), path.
+    """
+    with open(path) as f:
+        summary = json.load(f)["summary"]
+    rows = []
+    for row in summary:
+        for field, reference in (("equivalence", "one_hot"),
+                                 ("equivalence_ecoc_identity",
+                                  "one_hot codewords, ECOC head")):
+            test = row.get(field)
+            if test:
+                rows.append({"encoding": row["encoding"],
+                             "code_length": row["code_length"],
+                             "reference": reference, "mean": test["mean"],
+                             "ci95": test["ci95"], "p": test["p_difference"],
+                             "p_tost": test["p_tost"]})
+    for row, p, q in zip(rows, stats.holm([r["p"] for r in rows]),
+                         stats.holm([r["p_tost"] for r in rows])):
+        row["p_holm"], row["p_tost_holm"] = p, q
+        row["equivalent_after_holm"] = bool(q < 0.05)
+    return {"path": path, "rows": rows}
+
+
+def cub_markdown(result):
+    """The CUB Holm table."""
+    from ecoc_research.experiments import report
+
+    table = [[r["encoding"], r["code_length"], r["reference"],
+              f"{r['mean']:+.1f} [{r['ci95'][0]:+.1f}, {r['ci95'][1]:+.1f}]",
+              _p(r["p"]), _p(r["p_holm"]), _p(r["p_tost"]),
+              _p(r["p_tost_holm"])] for r in result["rows"]]
+    return (f"Paired tests of `{os.path.basename(result['path'])}` (points, 5 "
+            f"seeds) with Holm's adjustment: differences over the "
+            f"{len(table)} two-sided paired t-tests, equivalence over the "
+            f"{len(table)} TOST p-values (margin ±1 point).\n\n"
+            + report.markdown_table(
+                ["encoding", "k", "reference", "mean [95% CI]", "p",
+                 "p Holm", "p TOST", "p TOST Holm"], table) + "\n")
+
+
+def audit_attributes(path):
+    """Holm over an attributes summary's permutation-test p-values.
+
+    One family: every (code, null) p-value of `<name>.json` ("codes":
+    p_vs_gaussian, p_vs_dense_random, p_vs_permuted).
+
+    Returns:
+        dict: rows (encoding, k, null, p, p_holm), path.
+    """
+    with open(path) as f:
+        codes = json.load(f)["codes"]
+    rows = [{"encoding": c["encoding"], "code_length": c["code_length"],
+             "null": null, "p": c[f"p_vs_{null}"]}
+            for c in codes for null in ("gaussian", "dense_random", "permuted")
+            if c.get(f"p_vs_{null}") is not None]
+    for row, p in zip(rows, stats.holm([r["p"] for r in rows])):
+        row["p_holm"] = p
+    return {"path": path, "rows": rows}
+
+
+def attributes_markdown(result):
+    """The attributes Holm table."""
+    from ecoc_research.experiments import report
+
+    table = [[r["encoding"], r["code_length"], r["null"], _p(r["p"]),
+              _p(r["p_holm"])] for r in result["rows"]]
+    return (f"Permutation-test p-values of `{os.path.basename(result['path'])}`"
+            f" with Holm's adjustment over the {len(table)} tests.\n\n"
+            + report.markdown_table(["encoding", "k", "null", "p", "p Holm"],
+                                    table) + "\n")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m ecoc_research.experiments.audit",
@@ -279,6 +361,12 @@ def main(argv=None):
         "(runs.jsonl + <experiment>.json); writes audit.json and audit.md "
         "there.")
     parser.add_argument("folder", help="e.g. docs/results/omniglot")
+    parser.add_argument("--cub", nargs="*", default=[],
+                        help="cub-bits summaries (<name>.json) to adjust too; "
+                        "writes <name>_audit.md beside each")
+    parser.add_argument("--attributes", nargs="*", default=[],
+                        help="attributes summaries (<name>.json) to adjust "
+                        "too; writes <name>_audit.md beside each")
     parser.add_argument("--margin", type=float,
                         default=stats.EQUIVALENCE_MARGIN,
                         help="TOST margin in accuracy points (default 1)")
@@ -291,6 +379,13 @@ def main(argv=None):
     result = audit(args.folder, args.margin)
     report.write_json(os.path.join(args.folder, "audit.json"), result)
     report.write_text(os.path.join(args.folder, "audit.md"), markdown(result))
+    for path in args.cub:
+        cub = audit_cub(path)
+        report.write_text(os.path.splitext(path)[0] + "_audit.md",
+                          cub_markdown(cub))
+    for path in args.attributes:
+        report.write_text(os.path.splitext(path)[0] + "_audit.md",
+                          attributes_markdown(audit_attributes(path)))
     print(f"{result['family_size']} paired tests, "
           f"{len(result['mismatches'])} mismatches with the stored summaries; "
           f"wrote audit.json and audit.md in {args.folder}")
