@@ -6,13 +6,15 @@ every encoding, the last two dense layers (fc7 + fc8) are re-initialised
 from the same seed and retrained on the frozen features of the OTHER
 alphabets' 112 classes with SGD (momentum 0.9) at mini-batch 16, each
 encoding at the learning rate the validation split chose for it in
-docs/results.md (experiment E1), ECOC heads with the paper's decoding
+docs/results/e1_convergence.md (experiment E1), ECOC heads with the paper's decoding
 (fixed scale 1: under SGD a learnable scale grew to ~10 and slowed them,
 E5). That is the regime where the measurements found data-based codes
 faster than plain one-hot (validation AUC +5.7 points [+4.7, +6.7], 10
-seeds), and the imprinted one-hot head faster still. Data-based codes take their class
+seeds, Holm-adjusted p < 0.001; docs/results/e5_scale.md), and the
+imprinted one-hot head faster still. Data-based codes take their class
 similarity from the pretrained network's fc7 features of the training
-images, so no encoding gets extra training. Prints validation accuracy
+images: information the re-initialised heads do not start with, which the
+imprinted head (fc8 from class means) controls for. Prints validation accuracy
 against steps, steps to reach 90% of one-hot's final validation accuracy,
 and the test accuracy at the best validation step. Offline, a few minutes
 on 2 CPU cores.
@@ -27,7 +29,7 @@ import tempfile
 import time
 
 # SGD learning rates chosen on the validation split in E1 (batch 16,
-# k = 18; docs/results.md). Rates for encodings E1 did not select use 0.01.
+# k = 18; docs/results/e1_convergence.md). Rates for encodings E1 did not select use 0.01.
 DEMO_LEARNING_RATES = {
     "one_hot": 0.003,
     "one_hot_imprinted": 0.001,

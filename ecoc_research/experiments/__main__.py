@@ -2,7 +2,7 @@
 
 Examples:
 
-    # The convergence grid of docs/results.md (E1, SGD arm):
+    # The convergence grid of docs/results/e1_convergence.md (E1, SGD arm):
     python -m ecoc_research.experiments grid --protocol retrain \
         --variant transfer --encodings one_hot one_hot_imprinted gaussian \
         spectral --code-lengths 0.16n --batch-sizes 16 128 \

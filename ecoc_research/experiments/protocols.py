@@ -18,8 +18,10 @@ Here:
   validation split, trained ONCE and cached under `<output>/pretrain/`, keyed
   by every setting it depends on. Its fc6 outputs are the frozen features the
   heads retrain on; its fc7 outputs on the retraining classes' TRAINING
-  images give the class similarity of data-based codes, so no encoding gets
-  training the others do not get.
+  images give the class similarity of data-based codes. Every head trains
+  for the same budget, but the codes carry information from the pretrained
+  fc7 that the re-initialised heads do not start with (the imprinted
+  one-hot head is the control for that).
 """
 
 import dataclasses
