@@ -173,7 +173,10 @@ def _tiny_npz(tmp_path, num_classes=6, per_class=10, size=8):
     return str(path)
 
 
-GRID_TINY = ["--epochs", "2", "--seeds", "0", "1", "--pretrain-epochs", "2",
+# Two pretraining epochs on tiny data may stay near chance: these tests are
+# about the grid, so the chance stop (tested in test_many_classes.py) is off.
+GRID_TINY = ["--min-pretrain-chance-multiple", "0",
+             "--epochs", "2", "--seeds", "0", "1", "--pretrain-epochs", "2",
              "--batch-sizes", "4", "--hidden", "16", "--code-lengths", "3",
              "--val-per-class", "2", "--verbose", "0"]
 
@@ -210,14 +213,17 @@ def test_grid_command_on_any_npz(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["out", "tiny.npz"]
 
 
-def test_grid_refuses_non_empty_output_and_resumes_matching_runs(tmp_path):
+def test_grid_refuses_non_empty_output_and_resumes_matching_runs(tmp_path, capsys):
     path = _tiny_npz(tmp_path)
     out = tmp_path / "out"
     args = ["grid", "--dataset", path, "--output", str(out), "--encodings",
             "one_hot", "--learning-rate", "0.01", *GRID_TINY]
     cli.main(args)
-    with pytest.raises(ValueError, match="not empty"):
+    # A refused folder is a command-line error (exit status 2), no traceback.
+    with pytest.raises(SystemExit) as error:
         cli.main(args)
+    assert error.value.code == 2
+    assert "not empty" in capsys.readouterr().err
     runs = sorted(os.listdir(out / "runs"))
     stamps = {r: os.path.getmtime(out / "runs" / r) for r in runs}
     cli.main(args + ["--resume"])
@@ -234,9 +240,11 @@ def test_grid_refuses_non_empty_output_and_resumes_matching_runs(tmp_path):
 
 @pytest.mark.parametrize("flag,value", [("--classes", "0"),
                                         ("--train-per-class", "-1")])
-def test_grid_rejects_zero_or_negative_counts(tmp_path, flag, value):
-    with pytest.raises(ValueError, match=flag[2:].replace("-", "_")):
+def test_grid_rejects_zero_or_negative_counts(tmp_path, flag, value, capsys):
+    with pytest.raises(SystemExit) as error:
         cli.main(["grid", "--output", str(tmp_path / "o"), flag, value])
+    assert error.value.code == 2
+    assert flag[2:].replace("-", "_") in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "o")
 
 
@@ -400,7 +408,7 @@ def _code_error_record(tmp_path, monkeypatch, make_codes):
         dataset=path, protocol="scratch", variant="same",
         encoding="dense_random", code_length=2, val_per_class=2,
         pretrain_epochs=1, hidden=8, batch_size=4, epochs=1)
-    return runner_lib.Runner(str(tmp_path / "out")).run(spec)
+    return runner_lib.Runner(str(tmp_path / "out"), chance_multiple=0).run(spec)
 
 
 def test_duplicate_codewords_are_recorded_not_trained(tmp_path, monkeypatch):

@@ -165,12 +165,15 @@ def build_parser():
     return parser
 
 
+# The retraining classes of a smoke grid: at most this many, fewer when the
+# data set has fewer (e.g. 5 in the transfer variant of a 10-class set).
 GRID_SMOKE = {"classes": 8, "epochs": 2, "seeds": [0, 1],
               "pretrain_epochs": 2, "batch_sizes": [8], "hidden": 32}
 
 
 def _add_grid_parser(sub):
     from ecoc_research.experiments import runner as runner_lib
+    from ecoc_research.experiments.protocols import CHANCE_MULTIPLE
 
     defaults = runner_lib.RunSpec()
     p = sub.add_parser(
@@ -208,6 +211,20 @@ def _add_grid_parser(sub):
                    "on its validation split)")
     g.add_argument("--pretrain-patience", type=int,
                    default=defaults.pretrain_patience)
+    g.add_argument("--pretrain-learning-rate", type=float,
+                   default=defaults.pretrain_learning_rate,
+                   help="Adam rate of the one-hot pretraining (default "
+                   f"{defaults.pretrain_learning_rate:g})")
+    g.add_argument("--pretrain-batch-size", type=int,
+                   default=defaults.pretrain_batch_size,
+                   help="mini-batch of the one-hot pretraining (default "
+                   f"{defaults.pretrain_batch_size})")
+    g.add_argument("--min-pretrain-chance-multiple", type=float,
+                   default=CHANCE_MULTIPLE,
+                   help="stop before any head is trained when the pretrained "
+                   "network's best validation accuracy is below "
+                   "min(M / classes, halfway between chance and 100%%) "
+                   f"(default M = {CHANCE_MULTIPLE:g}; 0 disables)")
     g.add_argument("--hidden", type=int, default=defaults.hidden,
                    help="width of fc7")
     g = p.add_argument_group("grid")
@@ -301,7 +318,7 @@ def run_grid_command(args):
     from ecoc_research.experiments import runner as runner_lib
 
     if args.smoke:
-        args.classes = args.classes or GRID_SMOKE["classes"]
+        args.classes = args.classes or _smoke_classes(args)
         args.epochs = [str(GRID_SMOKE["epochs"])]
         args.seeds = GRID_SMOKE["seeds"]
         args.pretrain_epochs = GRID_SMOKE["pretrain_epochs"]
@@ -311,7 +328,47 @@ def run_grid_command(args):
         args.test_per_class = args.test_per_class or 2
         args.val_per_class = min(args.val_per_class, 2)
         args.code_lengths = ["4"]
+        # Two pretraining epochs on a few images stay near chance: the smoke
+        # grid checks the command end to end, not the pretraining.
+        args.min_pretrain_chance_multiple = 0.0
     common.require_extras(["matplotlib"])
+    try:
+        grid = _grid_from_args(args)
+    except ValueError as error:  # every setting is checked before training
+        raise common.UsageError(str(error)) from error
+    results = grid_lib.run_grid(grid, args.output, args.name,
+                                resume=args.resume,
+                                verbose=args.verbose,
+                                chance_multiple=args.min_pretrain_chance_multiple)
+    common.log("\n" + results["markdown"])
+    common.log(f"{args.name}: {results['wall_time']:.0f} s; files in "
+               f"{args.output}")
+    return results
+
+
+def _smoke_classes(args):
+    """GRID_SMOKE's classes, or all retraining classes if there are fewer."""
+    from ecoc_research.experiments import common
+    from ecoc_research.experiments import protocols
+
+    data = common.load_data(common.DataOptions(
+        dataset=args.dataset, image_size=args.image_size,
+        dedupe=not args.keep_duplicate_classes))
+    variant = args.variant or ("same" if args.protocol == "scratch"
+                               else "transfer")
+    if variant == "transfer" and args.protocol == "retrain":
+        available = len(protocols.transfer_split(data.class_names)[1])
+    else:
+        available = data.num_classes
+    return min(GRID_SMOKE["classes"], available)
+
+
+def _grid_from_args(args):
+    """The `Grid` of parsed arguments; raises ValueError before training."""
+    from ecoc_research.experiments import common
+    from ecoc_research.experiments import grid as grid_lib
+    from ecoc_research.experiments import runner as runner_lib
+
     # Validate every setting (RunSpec checks its fields) before training.
     common.DataOptions(dataset=args.dataset, classes=args.classes,
                        train_per_class=args.train_per_class,
@@ -331,7 +388,9 @@ def run_grid_command(args):
         val_per_class=args.val_per_class, data_seed=args.data_seed,
         protocol=args.protocol, variant=variant,
         pretrain_epochs=args.pretrain_epochs,
-        pretrain_patience=args.pretrain_patience, hidden=args.hidden,
+        pretrain_patience=args.pretrain_patience,
+        pretrain_learning_rate=args.pretrain_learning_rate,
+        pretrain_batch_size=args.pretrain_batch_size, hidden=args.hidden,
         scale=args.scale, learnable_scale=not args.fixed_scale,
         optimizer=args.optimizer, momentum=args.momentum,
         head_lr_multiplier=args.head_lr_multiplier,
@@ -352,7 +411,11 @@ def run_grid_command(args):
                                   learning_rate=rates[0]))
     runner_lib.prepare_output(args.output, resume=args.resume,
                               overwrite=args.overwrite)
-    grid = grid_lib.Grid(
+    if args.min_pretrain_chance_multiple < 0:
+        raise ValueError("Argument `min_pretrain_chance_multiple` must be >= 0 "
+                         "(0 disables the check). Received: "
+                         f"{args.min_pretrain_chance_multiple}")
+    return grid_lib.Grid(
         base=base, encodings=list(args.encodings),
         code_lengths=list(args.code_lengths),
         normalize_rows=[v == "on" for v in args.normalize_rows],
@@ -362,13 +425,6 @@ def run_grid_command(args):
         lr_overrides=_lr_overrides(args.lr_from) if args.lr_from else None,
         min_code_length=args.min_code_length, fraction=args.fraction,
         evals_per_epoch=evals)
-    results = grid_lib.run_grid(grid, args.output, args.name,
-                                resume=args.resume,
-                                verbose=args.verbose)
-    common.log("\n" + results["markdown"])
-    common.log(f"{args.name}: {results['wall_time']:.0f} s; files in "
-               f"{args.output}")
-    return results
 
 
 def _resolve(args):
@@ -486,8 +542,23 @@ def run_experiment(experiment, o, output_dir):
 
 
 def main(argv=None):
-    """Entry point of ``keras-ecoc-experiments``; returns {experiment: results}."""
-    args = build_parser().parse_args(argv)
+    """Entry point of ``keras-ecoc-experiments``; returns {experiment: results}.
+
+    A `common.UsageError` (a refused output folder, a bad setting, a
+    pretrained network near chance) ends the command with its message as an
+    argparse error (exit status 2), not a traceback.
+    """
+    from ecoc_research.experiments import common
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return _main(args, argv)
+    except common.UsageError as error:
+        parser.exit(2, f"{parser.prog} {args.experiment}: error: {error}\n")
+
+
+def _main(args, argv):
     if args.experiment == "grid":
         from ecoc_research.experiments import common
 

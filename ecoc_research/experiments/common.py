@@ -23,6 +23,14 @@ SIMILARITY_KERNEL = "cosine"
 DATA_ENCODINGS = ("spectral", "spectral_zero", "spectral_median")
 
 
+class UsageError(ValueError):
+    """An error the user fixes with the command's options or inputs.
+
+    The command line prints its message as an argparse error (exit status 2)
+    instead of a traceback; from Python it is a ValueError like any other.
+    """
+
+
 @dataclasses.dataclass
 class DataOptions:
     """How to load and cut a data set (the CLI's common data options).

@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 from ecoc_research.experiments import common
+from ecoc_research.experiments import protocols
 from ecoc_research.experiments import runner as runner_lib
 from ecoc_research.experiments import stats
 
@@ -122,14 +123,23 @@ def cell_label(spec, several_lengths):
     return spec.label
 
 
-def run_grid(grid, output, name, resume=False, verbose=0, log_every=1):
+def run_grid(grid, output, name, resume=False, verbose=0, log_every=1,
+             chance_multiple=None):
     """Runs a grid (selection, then reporting seeds) and summarises it.
+
+    The pretrained network (retrain protocol, or data-based codes) is
+    trained first and must be above chance (`chance_multiple`, default
+    `protocols.CHANCE_MULTIPLE`; 0 disables): otherwise
+    `protocols.PretrainingFailed` is raised before any head is trained.
 
     Returns:
         dict written to `<output>/<name>.json`.
     """
     start = time.perf_counter()
-    run = runner_lib.Runner(output, resume=resume, verbose=verbose)
+    if chance_multiple is None:
+        chance_multiple = protocols.CHANCE_MULTIPLE
+    run = runner_lib.Runner(output, resume=resume, verbose=verbose,
+                            chance_multiple=chance_multiple)
     first = grid.batch_sizes[0]
     probe = _spec(dict(grid.base, encoding="one_hot", code_length=None,
                        normalize_rows=None, batch_size=first,
@@ -143,6 +153,9 @@ def run_grid(grid, output, name, resume=False, verbose=0, log_every=1):
                f"test images; pretraining on {len(task.pretrain_classes)} "
                "classes")
     cells = grid.cells(n)
+    if probe.protocol == "retrain" or any(
+            c["encoding"] in runner_lib.DATA_ENCODINGS for c in cells):
+        run.pretrained(probe)  # stops here when it is near chance
     several = len({c["code_length"] for c in cells
                    if c["code_length"] is not None}) > 1
     selection, chosen = [], {}

@@ -160,6 +160,55 @@ def split_task(data, protocol, variant, classes, val_per_class, data_seed):
     )
 
 
+# The pretrained network must be clearly above chance before any head is
+# trained on its features: best validation accuracy >= CHANCE_MULTIPLE / n
+# (n pretraining classes), capped at halfway between chance and 100% for
+# n < 2 * CHANCE_MULTIPLE, where CHANCE_MULTIPLE / n would exceed it. On a
+# 3,755-class set (1,878 pretraining classes) the default pretraining once
+# ended at 0.1% (chance 0.05%) and the heads trained on dead features.
+CHANCE_MULTIPLE = 3.0
+
+
+class PretrainingFailed(common.UsageError):
+    """The pretrained network is near chance: no head should train on it."""
+
+
+def chance_threshold(num_classes, multiple=CHANCE_MULTIPLE):
+    """The least best-validation accuracy a pretraining must reach."""
+    chance = 1.0 / num_classes
+    return min(multiple * chance, (1.0 + chance) / 2)
+
+
+def check_above_chance(record, num_classes, multiple=CHANCE_MULTIPLE):
+    """Raises `PretrainingFailed` when a pretraining record is near chance.
+
+    Args:
+        record: the pretraining record (`best_val_accuracy`, `settings`).
+        num_classes: pretraining classes n.
+        multiple: the accuracy must reach min(multiple / n, (1 + 1/n) / 2);
+            0 disables the check.
+    """
+    if not multiple:
+        return
+    threshold = chance_threshold(num_classes, multiple)
+    best = record["best_val_accuracy"]
+    if best >= threshold:
+        return
+    s = record["settings"]
+    raise PretrainingFailed(
+        f"The pretrained network is near chance: best validation accuracy "
+        f"{100 * best:.2f}% on {num_classes} pretraining classes (chance "
+        f"{100 / num_classes:.2f}%, required {100 * threshold:.2f}% = "
+        f"min({multiple:g} x chance, halfway to 100%)), after "
+        f"{record.get('epochs_run', '?')} epochs of Adam "
+        f"{s['pretrain_learning_rate']:g} at batch "
+        f"{s['pretrain_batch_size']}. No head was trained on its features. "
+        "With many classes, try a lower rate and a larger batch (e.g. "
+        "--pretrain-learning-rate 3e-4 --pretrain-batch-size 128), more "
+        "--pretrain-epochs or --pretrain-patience; "
+        "--min-pretrain-chance-multiple 0 disables this check.")
+
+
 def build_pretrain_network(input_shape, num_classes, hidden):
     """conv backbone + fc6 ("features", 256) + fc7 (hidden) + fc8 (n)."""
     import keras

@@ -263,10 +263,15 @@ class Runner:
         resume: reuse stored runs whose settings all match.
         verbose: Keras progress (0 none, 1 bars, 2 one line per epoch).
         jit_compile: XLA for the training steps (see the module docstring).
+        chance_multiple: the pretrained network must reach this multiple of
+            chance validation accuracy (`protocols.check_above_chance`)
+            before any head trains on it; 0 disables the check.
     """
 
-    def __init__(self, output, resume=False, verbose=0, jit_compile=False):
+    def __init__(self, output, resume=False, verbose=0, jit_compile=False,
+                 chance_multiple=protocols.CHANCE_MULTIPLE):
         self.output = output
+        self.chance_multiple = chance_multiple
         self.resume = resume
         self.verbose = verbose
         self.jit_compile = jit_compile
@@ -341,9 +346,13 @@ class Runner:
                     spec, protocol="retrain", variant="same"))
             else:
                 task = self.task(spec)
-            self._pretrained[key] = protocols.Pretrained(
+            pretrained = protocols.Pretrained(
                 settings, os.path.join(self.output, "pretrain")
             ).load_or_train(task, verbose=self.verbose)
+            protocols.check_above_chance(pretrained.record,
+                                         len(task.pretrain_classes),
+                                         self.chance_multiple)
+            self._pretrained[key] = pretrained
         return self._pretrained[key]
 
     def features(self, spec):
