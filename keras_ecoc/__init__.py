@@ -5,11 +5,15 @@ Replaces n-way one-hot targets with k-dimensional codewords (k << n), after
 Bautista, Gonzàlez, Escalera). Public entry points:
 
 - `keras_ecoc.codes`: code matrices (one-hot, dense/sparse random, Gaussian,
-  Hadamard, data-based spectral codes) and class-similarity utilities.
+  Hadamard, data-based spectral codes, or any of them by name with
+  `make_codes`) and class-similarity utilities.
 - `ECOCDecoder`: a layer mapping z (..., k) to class logits (..., n).
 - `ECOCLoss`, `ECOCAccuracy`, `ECOCTopKAccuracy`: train and score z directly.
 - `ECOCClassifier`: backbone + ECOC head with compile defaults.
 - `keras_ecoc.ops`: the fused TensorFlow op and its pure-Keras fallback.
+
+This package is the library only; the demo, the experiments and their data
+sets are the separate `ecoc_research` package, which this one never imports.
 """
 
 from keras_ecoc import codes
