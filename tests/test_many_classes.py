@@ -96,3 +96,18 @@ def test_grid_trains_heads_on_600_of_1200_generated_classes(tmp_path):
                         "--pretrain-batch-size", "128"])["grid"]
     assert results["dataset"]["num_classes"] == 600
     assert results["pretrain"]["best_val_accuracy"] >= protocols.chance_threshold(600)
+
+
+@pytest.mark.parametrize("num_classes,expected", [(2000, (3e-4, 128)), (1998, (1e-3, 32))])
+def test_command_line_pretraining_recipe_follows_the_number_of_classes(
+        tmp_path, num_classes, expected):
+    # Transfer variant: half of the classes pretrain (1,000 and 999).
+    path = _npz(tmp_path, num_classes, 1, 4)
+    parser = cli.build_parser()
+    args = parser.parse_args(["grid", "--dataset", path])
+    cli._fill_pretrain_recipe(args)
+    assert (args.pretrain_learning_rate, args.pretrain_batch_size) == expected
+    # An explicit value is kept.
+    args = parser.parse_args(["grid", "--dataset", path, "--pretrain-batch-size", "64"])
+    cli._fill_pretrain_recipe(args)
+    assert (args.pretrain_learning_rate, args.pretrain_batch_size) == (expected[0], 64)

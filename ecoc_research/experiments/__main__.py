@@ -174,6 +174,9 @@ GRID_SMOKE = {"classes": 8, "epochs": 2, "seeds": [0, 1],
 def _add_grid_parser(sub):
     from ecoc_research.experiments import runner as runner_lib
     from ecoc_research.experiments.protocols import CHANCE_MULTIPLE
+    from ecoc_research.experiments.protocols import FEW_CLASS_RECIPE
+    from ecoc_research.experiments.protocols import MANY_CLASS_RECIPE
+    from ecoc_research.experiments.protocols import MANY_CLASSES
 
     defaults = runner_lib.RunSpec()
     p = sub.add_parser(
@@ -211,14 +214,14 @@ def _add_grid_parser(sub):
                    "on its validation split)")
     g.add_argument("--pretrain-patience", type=int,
                    default=defaults.pretrain_patience)
-    g.add_argument("--pretrain-learning-rate", type=float,
-                   default=defaults.pretrain_learning_rate,
+    g.add_argument("--pretrain-learning-rate", type=float, default=None,
                    help="Adam rate of the one-hot pretraining (default "
-                   f"{defaults.pretrain_learning_rate:g})")
-    g.add_argument("--pretrain-batch-size", type=int,
-                   default=defaults.pretrain_batch_size,
+                   f"{FEW_CLASS_RECIPE[0]:g}, {MANY_CLASS_RECIPE[0]:g} from "
+                   f"{MANY_CLASSES} pretraining classes on)")
+    g.add_argument("--pretrain-batch-size", type=int, default=None,
                    help="mini-batch of the one-hot pretraining (default "
-                   f"{defaults.pretrain_batch_size})")
+                   f"{FEW_CLASS_RECIPE[1]}, {MANY_CLASS_RECIPE[1]} from "
+                   f"{MANY_CLASSES} pretraining classes on)")
     g.add_argument("--min-pretrain-chance-multiple", type=float,
                    default=CHANCE_MULTIPLE,
                    help="stop before any head is trained when the pretrained "
@@ -346,8 +349,8 @@ def run_grid_command(args):
     return results
 
 
-def _smoke_classes(args):
-    """GRID_SMOKE's classes, or all retraining classes if there are fewer."""
+def _class_counts(args):
+    """(pretraining classes, retraining classes available) of the data."""
     from ecoc_research.experiments import common
     from ecoc_research.experiments import protocols
 
@@ -357,10 +360,33 @@ def _smoke_classes(args):
     variant = args.variant or ("same" if args.protocol == "scratch"
                                else "transfer")
     if variant == "transfer" and args.protocol == "retrain":
-        available = len(protocols.transfer_split(data.class_names)[1])
-    else:
-        available = data.num_classes
-    return min(GRID_SMOKE["classes"], available)
+        pre, re = protocols.transfer_split(data.class_names)
+        return len(pre), len(re)
+    return (args.classes or data.num_classes), data.num_classes
+
+
+def _smoke_classes(args):
+    """GRID_SMOKE's classes, or all retraining classes if there are fewer."""
+    return min(GRID_SMOKE["classes"], _class_counts(args)[1])
+
+
+def _fill_pretrain_recipe(args):
+    """Unset pretraining rate / batch from the number of pretraining classes."""
+    from ecoc_research.experiments import common
+    from ecoc_research.experiments import protocols
+
+    if args.pretrain_learning_rate is not None and args.pretrain_batch_size is not None:
+        return
+    classes = _class_counts(args)[0]
+    rate, batch = protocols.pretrain_recipe(classes)
+    if args.pretrain_learning_rate is None:
+        args.pretrain_learning_rate = rate
+    if args.pretrain_batch_size is None:
+        args.pretrain_batch_size = batch
+    if classes >= protocols.MANY_CLASSES:
+        common.log(f"{classes} pretraining classes: pretraining with Adam "
+                   f"{args.pretrain_learning_rate:g} at batch "
+                   f"{args.pretrain_batch_size} (the many-class recipe)")
 
 
 def _grid_from_args(args):
@@ -370,6 +396,7 @@ def _grid_from_args(args):
     from ecoc_research.experiments import runner as runner_lib
 
     # Validate every setting (RunSpec checks its fields) before training.
+    _fill_pretrain_recipe(args)
     common.DataOptions(dataset=args.dataset, classes=args.classes,
                        train_per_class=args.train_per_class,
                        test_per_class=args.test_per_class,
