@@ -106,8 +106,24 @@ def run(argv=None):
                         help="keep the runs here (default: a temporary "
                         "folder, deleted at the end)")
     parser.add_argument("--verbose", type=int, default=0)
+    parser.add_argument("--min-pretrain-chance-multiple", type=float,
+                        default=3.0,
+                        help="stop before any head is trained when the "
+                        "pretrained network is below min(M / classes, halfway "
+                        "between chance and 100%%) validation accuracy "
+                        "(default M = 3; 0 disables)")
     args = parser.parse_args(argv)
+    try:
+        return _run(args)
+    except ValueError as error:
+        from ecoc_research.experiments import common
 
+        if not isinstance(error, common.UsageError):
+            raise
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
+
+
+def _run(args):
     from keras_ecoc import ops as ecoc_ops
     from ecoc_research.experiments import runner as runner_lib
 
@@ -124,7 +140,9 @@ def run(argv=None):
                 seed=args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         output = args.output or tmp
-        runner = runner_lib.Runner(output, resume=False, verbose=args.verbose)
+        runner = runner_lib.Runner(
+            output, resume=False, verbose=args.verbose,
+            chance_multiple=args.min_pretrain_chance_multiple)
         task = runner.task(runner_lib.RunSpec(**base))
         n = task.num_classes
         k = max(2, min(n - 1, int(round(args.code_fraction * n))))

@@ -133,13 +133,29 @@ def _tiny_demo_npz(rng, path):
 
 
 def test_demo_runs_end_to_end_on_a_subset(rng, tmp_path, capsys):
+    # Random images: the pretrained network is at chance, so the stop is off.
     results = demo.run(["--dataset", _tiny_demo_npz(rng, tmp_path / "tiny.npz"),
                         "--epochs", "1", "--code-fraction", "0.5", "--batch-size", "4",
-                        "--verbose", "0"])
+                        "--verbose", "0", "--min-pretrain-chance-multiple", "0"])
     out = capsys.readouterr().out
     assert [r.encoding for r in results] == ["one_hot", "one_hot_imprinted",
                                              "gaussian", "spectral"]
     assert "| encoding | bits |" in out and "steps to" in out
+
+
+def test_demo_stops_when_the_pretrained_network_is_at_chance(
+        rng, tmp_path, capsys, monkeypatch):
+    from ecoc_research.experiments import protocols
+
+    # Random images: whatever the pretraining reaches, a threshold above 100%
+    # makes the stop certain (the threshold itself is tested elsewhere).
+    monkeypatch.setattr(protocols, "chance_threshold", lambda n, m=3.0: 1.01)
+    with pytest.raises(SystemExit) as error:
+        demo.run(["--dataset", _tiny_demo_npz(rng, tmp_path / "tiny.npz"),
+                  "--epochs", "1", "--code-fraction", "0.5", "--batch-size", "4",
+                  "--verbose", "0"])
+    assert error.value.code == 2
+    assert "near chance" in capsys.readouterr().err
 
 
 def test_bad_dataset_spec_raises_value_error(tmp_path):
@@ -162,7 +178,8 @@ def test_demo_console_entry_point_exits_zero(rng, tmp_path):
         pytest.skip("keras-ecoc is not installed: no console-script metadata")
     argv = ["keras-ecoc-demo", "--dataset", _tiny_demo_npz(rng, tmp_path / "tiny.npz"),
             "--epochs", "1",
-            "--code-fraction", "0.5", "--batch-size", "4", "--verbose", "0"]
+            "--code-fraction", "0.5", "--batch-size", "4", "--verbose", "0",
+            "--min-pretrain-chance-multiple", "0"]
     code = (f"import sys; from importlib.metadata import entry_points; "
             f"(ep,) = entry_points(group='console_scripts', name={entry.name!r}); "
             f"sys.argv = {argv!r}; sys.exit(ep.load()())")
