@@ -212,6 +212,11 @@ def test_run_attributes_reports_null_and_p_values(tmp_path):
     for r in out["codes"]:
         assert 0 < r["p_vs_gaussian"] <= 1 and 0 < r["p_vs_permuted"] <= 1
         assert 0 <= r["mean_best_abs_r"] <= 1
+        # The permutation draws are stored and give the stored p-value.
+        draws = np.asarray(r["permuted_null"]["values"])
+        assert len(draws) == 20
+        assert r["p_vs_permuted"] == pytest.approx(
+            (1 + np.sum(draws >= r["mean_best_abs_r"])) / 21)
     assert {os.path.basename(f) for f in out["files"]} == {
         "attributes.png", "attributes.md", "attributes.json"}
     with open(tmp_path / "attributes.json") as f:

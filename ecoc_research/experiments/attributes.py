@@ -275,7 +275,10 @@ def run_attributes(similarity, attributes, output_dir=None,
             record["permuted_null"] = {
                 "mean": float(permuted.mean()),
                 "std": float(permuted.std()),
-                "percentile_95": float(np.percentile(permuted, 95))}
+                "percentile_95": float(np.percentile(permuted, 95)),
+                # Every draw, so that the p-value can be re-examined (the
+                # random-code nulls store theirs too).
+                "values": permuted.tolist()}
             record["p_vs_permuted"] = empirical_p_value(value, permuted)
             record["percentile_vs_permuted"] = float(
                 100.0 * np.mean(permuted < value))
