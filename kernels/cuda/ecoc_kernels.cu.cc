@@ -295,6 +295,11 @@ cudaError_t LaunchPrep(const ProblemArgs& pr, const Plan& p, void* ws, float sca
   return cudaGetLastError();
 }
 
+// z and codes may be null only when they have no elements (k = 0).
+bool NullInputs(const ProblemArgs& pr) {
+  return pr.code_length > 0 && (pr.z == nullptr || pr.codes == nullptr);
+}
+
 bool CodesVec(const ProblemArgs& pr) {
   return pr.code_length % 4 == 0 && reinterpret_cast<uintptr_t>(pr.codes) % 16 == 0;
 }
@@ -396,7 +401,7 @@ cudaError_t EcocCrossEntropyForward(const ForwardParams& params, cudaStream_t st
   cudaError_t err = ForwardPlan(params, &p);
   if (err != cudaSuccess) return err;
   if (pr.batch == 0) return cudaSuccess;
-  if (pr.z == nullptr || pr.codes == nullptr || params.labels == nullptr ||
+  if (NullInputs(pr) || params.labels == nullptr ||
       params.loss == nullptr || params.lse == nullptr || params.expected_sqnorm == nullptr ||
       (pr.code_length > 0 && params.expected_code == nullptr)) {
     return cudaErrorInvalidValue;
@@ -474,7 +479,7 @@ cudaError_t EcocCrossEntropyCodesGrad(const CodesGradParams& params, cudaStream_
     return cudaMemsetAsync(params.grad_codes, 0,
                            static_cast<size_t>(pr.num_classes * pr.code_length) * 4, stream);
   }
-  if (pr.z == nullptr || pr.codes == nullptr || params.labels == nullptr ||
+  if (NullInputs(pr) || params.labels == nullptr ||
       params.lse == nullptr || params.grad_loss == nullptr) {
     return cudaErrorInvalidValue;
   }
@@ -579,7 +584,7 @@ cudaError_t EcocLabelRank(const LabelRankParams& params, cudaStream_t stream) {
   cudaError_t err = RankPlan(params, &p);
   if (err != cudaSuccess) return err;
   if (pr.batch == 0) return cudaSuccess;
-  if (pr.z == nullptr || pr.codes == nullptr || params.labels == nullptr ||
+  if (NullInputs(pr) || params.labels == nullptr ||
       params.rank == nullptr) {
     return cudaErrorInvalidValue;
   }
@@ -596,7 +601,7 @@ cudaError_t EcocNearestCodeword(const NearestParams& params, cudaStream_t stream
   cudaError_t err = NearestPlan(params, &p);
   if (err != cudaSuccess) return err;
   if (pr.batch == 0) return cudaSuccess;
-  if (pr.z == nullptr || pr.codes == nullptr || params.index == nullptr) {
+  if (NullInputs(pr) || params.index == nullptr) {
     return cudaErrorInvalidValue;
   }
   if ((err = CheckWorkspace(p, params.workspace, params.workspace_bytes)) != cudaSuccess) {
