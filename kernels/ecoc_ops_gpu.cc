@@ -1,8 +1,15 @@
 // TensorFlow GPU kernels of the ECOC ops (registered with REGISTER_OP in
-// kernels/ecoc_ops.cc).  The math lives in kernels/cuda/ecoc_kernels.cu.cc,
-// behind the TensorFlow-free interface of kernels/cuda/ecoc_kernels.h; this
-// file only checks shapes and labels, allocates outputs and calls it on the
-// op's CUDA stream.
+// kernels/ecoc_ops.cc).  The math lives in kernels/cuda/ (contract v2,
+// kernels/cuda/ecoc_kernels.h, free of TensorFlow types); this file checks
+// shapes and labels, allocates the outputs and the pass's workspace (from
+// OpKernelContext::allocate_temp, i.e. TensorFlow's BFC allocator) and calls
+// the entry point on the op's CUDA stream.
+//
+// The inner products of the loss passes (forward and codes gradient) use the
+// math mode of $KERAS_ECOC_CUDA_MATH, read once when the OpKernel is built:
+// "3xtf32" (default: TF32 tensor cores with split operands, close to FP32),
+// "tf32" (plain TF32, faster, ~1e-3 relative error in the logits) or "fp32"
+// (CUDA-core FP32). Label rank and nearest codeword always use FP32.
 //
 // Compiled by the host compiler, not nvcc:
 //   g++ -std=c++17 -fPIC -O2 -DGOOGLE_CUDA=1 -DEIGEN_USE_GPU
@@ -12,6 +19,7 @@
 #if GOOGLE_CUDA
 
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <string>
 
@@ -72,10 +80,72 @@ absl::Status CudaError(const char* op, cudaError_t err) {
       absl::StrCat(op, " GPU kernel: ", cudaGetErrorString(err));
   if (err == cudaErrorInvalidValue) {
     absl::StrAppend(&message,
-                    " (a code_length this large may not fit the device's "
-                    "shared memory)");
+                    " (the kernels take code_length up to 2^24 and a workspace "
+                    "of the size their query returns)");
   }
   return absl::InternalError(message);
+}
+
+constexpr char kMathEnv[] = "KERAS_ECOC_CUDA_MATH";
+
+// $KERAS_ECOC_CUDA_MATH -> MathMode (unset or empty: the default, 3xtf32).
+absl::Status MathModeFromEnv(kc::MathMode* math) {
+  const char* value = std::getenv(kMathEnv);
+  const std::string v = value == nullptr ? "" : value;
+  if (v.empty() || v == "3xtf32") {
+    *math = kc::MathMode::k3xTf32;
+  } else if (v == "tf32") {
+    *math = kc::MathMode::kTf32;
+  } else if (v == "fp32") {
+    *math = kc::MathMode::kFp32;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Environment variable `", kMathEnv,
+        "` must be one of 3xtf32 (the default), tf32 or fp32. Received: ",
+        kMathEnv, "='", v, "'"));
+  }
+  return absl::OkStatus();
+}
+
+// Asks the pass for its workspace size, takes that much from TensorFlow's
+// allocator (allocate_temp; an int8 tensor over-allocated by the alignment
+// the contract asks for, since TensorFlow only promises 64 bytes), and runs
+// the pass on the op's stream. The temporary is released when Compute
+// returns; TensorFlow's stream-ordered allocator keeps it valid for the
+// kernels already enqueued (as for every temp of a GPU op).
+template <typename Params, typename SizeFn, typename RunFn>
+absl::Status RunPass(OpKernelContext* context, const char* op, Params* params,
+                     SizeFn size_fn, RunFn run_fn) {
+  size_t bytes = 0;
+  cudaError_t err = size_fn(*params, &bytes);
+  if (err != cudaSuccess) return CudaError(op, err);
+  Tensor workspace;
+  if (bytes > 0) {
+    const size_t padded = bytes + kc::kWorkspaceAlignment;
+    TF_RETURN_IF_ERROR(context->allocate_temp(
+        DT_INT8, TensorShape({static_cast<int64_t>(padded)}), &workspace));
+    const uintptr_t base =
+        reinterpret_cast<uintptr_t>(workspace.flat<int8_t>().data());
+    const uintptr_t aligned = (base + kc::kWorkspaceAlignment - 1) /
+                              kc::kWorkspaceAlignment * kc::kWorkspaceAlignment;
+    params->workspace = reinterpret_cast<void*>(aligned);
+    params->workspace_bytes = bytes;
+  }
+  err = run_fn(*params, OpStream(context));
+  return err == cudaSuccess ? absl::OkStatus() : CudaError(op, err);
+}
+
+template <typename T>
+kc::ProblemArgs Problem(const Tensor& z, const Tensor& codes, float epsilon) {
+  kc::ProblemArgs p;
+  p.z = z.flat<T>().data();
+  p.z_type = ZType<T>::value;
+  p.codes = codes.flat<float>().data();
+  p.batch = z.dim_size(0);
+  p.num_classes = codes.dim_size(0);
+  p.code_length = z.dim_size(1);
+  p.epsilon = epsilon;
+  return p;
 }
 
 
@@ -137,6 +207,7 @@ class EcocCrossEntropyGpuOp : public OpKernel {
   explicit EcocCrossEntropyGpuOp(OpKernelConstruction* context)
       : OpKernel(context) {
     OP_REQUIRES_OK(context, context->GetAttr("epsilon", &epsilon_));
+    OP_REQUIRES_OK(context, MathModeFromEnv(&math_));
   }
 
   void Compute(OpKernelContext* context) override {
@@ -165,18 +236,24 @@ class EcocCrossEntropyGpuOp : public OpKernel {
                                                      &expected_sqnorm));
     if (batch == 0) return;
 
-    const cudaError_t err = kc::EcocCrossEntropyForward(
-        z.flat<T>().data(), ZType<T>::value, codes.flat<float>().data(),
-        labels_device.flat<Tlabels>().data(), LabelType<Tlabels>::value,
-        scale.scalar<float>()(), epsilon_, batch, num_classes, code_length,
-        loss->flat<float>().data(), lse->flat<float>().data(),
-        expected_code->flat<float>().data(),
-        expected_sqnorm->flat<float>().data(), OpStream(context));
-    OP_REQUIRES_OK(context, err == cudaSuccess ? absl::OkStatus() : CudaError("EcocCrossEntropy", err));
+    kc::ForwardParams params;
+    params.problem = Problem<T>(z, codes, epsilon_);
+    params.labels = labels_device.flat<Tlabels>().data();
+    params.label_type = LabelType<Tlabels>::value;
+    params.scale = scale.scalar<float>()();
+    params.math = math_;
+    params.loss = loss->flat<float>().data();
+    params.lse = lse->flat<float>().data();
+    params.expected_code = expected_code->flat<float>().data();
+    params.expected_sqnorm = expected_sqnorm->flat<float>().data();
+    OP_REQUIRES_OK(context, RunPass(context, "EcocCrossEntropy", &params,
+                                    kc::EcocForwardWorkspaceSize,
+                                    kc::EcocCrossEntropyForward));
   }
 
  private:
   float epsilon_;
+  kc::MathMode math_ = kc::MathMode::k3xTf32;
 };
 
 template <typename T, typename Tlabels>
@@ -185,6 +262,7 @@ class EcocCrossEntropyCodesGradGpuOp : public OpKernel {
   explicit EcocCrossEntropyCodesGradGpuOp(OpKernelConstruction* context)
       : OpKernel(context) {
     OP_REQUIRES_OK(context, context->GetAttr("epsilon", &epsilon_));
+    OP_REQUIRES_OK(context, MathModeFromEnv(&math_));
   }
 
   void Compute(OpKernelContext* context) override {
@@ -211,18 +289,24 @@ class EcocCrossEntropyCodesGradGpuOp : public OpKernel {
                                 &grad_codes));
     if (grad_codes->NumElements() == 0) return;
 
-    // Runs for batch == 0 too: the kernel then writes zeros.
-    const cudaError_t err = kc::EcocCrossEntropyCodesGrad(
-        z.flat<T>().data(), ZType<T>::value, codes.flat<float>().data(),
-        labels_device.flat<Tlabels>().data(), LabelType<Tlabels>::value,
-        scale.scalar<float>()(), epsilon_, lse.flat<float>().data(),
-        grad_loss.flat<float>().data(), batch, num_classes, code_length,
-        grad_codes->flat<float>().data(), OpStream(context));
-    OP_REQUIRES_OK(context, err == cudaSuccess ? absl::OkStatus() : CudaError("EcocCrossEntropyCodesGrad", err));
+    // Runs for batch == 0 too: the pass then writes zeros.
+    kc::CodesGradParams params;
+    params.problem = Problem<T>(z, codes, epsilon_);
+    params.labels = labels_device.flat<Tlabels>().data();
+    params.label_type = LabelType<Tlabels>::value;
+    params.scale = scale.scalar<float>()();
+    params.math = math_;
+    params.lse = lse.flat<float>().data();
+    params.grad_loss = grad_loss.flat<float>().data();
+    params.grad_codes = grad_codes->flat<float>().data();
+    OP_REQUIRES_OK(context, RunPass(context, "EcocCrossEntropyCodesGrad", &params,
+                                    kc::EcocCodesGradWorkspaceSize,
+                                    kc::EcocCrossEntropyCodesGrad));
   }
 
  private:
   float epsilon_;
+  kc::MathMode math_ = kc::MathMode::k3xTf32;
 };
 
 template <typename T, typename Tlabels>
@@ -239,7 +323,6 @@ class EcocLabelRankGpuOp : public OpKernel {
     const Tensor& labels = context->input(2);
     OP_REQUIRES_OK(context, ValidateInputs(z, codes, &labels, nullptr));
     const int64_t batch = z.dim_size(0);
-    const int64_t code_length = z.dim_size(1);
     const int64_t num_classes = codes.dim_size(0);
     Tensor labels_device;
     OP_REQUIRES_OK(context,
@@ -250,12 +333,14 @@ class EcocLabelRankGpuOp : public OpKernel {
     OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({batch}), &rank));
     if (batch == 0) return;
 
-    const cudaError_t err = kc::EcocLabelRank(
-        z.flat<T>().data(), ZType<T>::value, codes.flat<float>().data(),
-        labels_device.flat<Tlabels>().data(), LabelType<Tlabels>::value,
-        epsilon_, batch, num_classes, code_length, rank->flat<int32_t>().data(),
-        OpStream(context));
-    OP_REQUIRES_OK(context, err == cudaSuccess ? absl::OkStatus() : CudaError("EcocLabelRank", err));
+    kc::LabelRankParams params;
+    params.problem = Problem<T>(z, codes, epsilon_);
+    params.labels = labels_device.flat<Tlabels>().data();
+    params.label_type = LabelType<Tlabels>::value;
+    params.rank = rank->flat<int32_t>().data();
+    OP_REQUIRES_OK(context, RunPass(context, "EcocLabelRank", &params,
+                                    kc::EcocLabelRankWorkspaceSize,
+                                    kc::EcocLabelRank));
   }
 
  private:
@@ -275,18 +360,17 @@ class EcocNearestCodewordGpuOp : public OpKernel {
     const Tensor& codes = context->input(1);
     OP_REQUIRES_OK(context, ValidateInputs(z, codes, nullptr, nullptr));
     const int64_t batch = z.dim_size(0);
-    const int64_t code_length = z.dim_size(1);
-    const int64_t num_classes = codes.dim_size(0);
 
     Tensor* index = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({batch}), &index));
     if (batch == 0) return;
 
-    const cudaError_t err = kc::EcocNearestCodeword(
-        z.flat<T>().data(), ZType<T>::value, codes.flat<float>().data(),
-        epsilon_, batch, num_classes, code_length,
-        index->flat<int64_t>().data(), OpStream(context));
-    OP_REQUIRES_OK(context, err == cudaSuccess ? absl::OkStatus() : CudaError("EcocNearestCodeword", err));
+    kc::NearestParams params;
+    params.problem = Problem<T>(z, codes, epsilon_);
+    params.index = index->flat<int64_t>().data();
+    OP_REQUIRES_OK(context, RunPass(context, "EcocNearestCodeword", &params,
+                                    kc::EcocNearestWorkspaceSize,
+                                    kc::EcocNearestCodeword));
   }
 
  private:

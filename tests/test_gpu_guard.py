@@ -43,17 +43,19 @@ def test_sass_of_another_major_does_not_cover():
 
 
 def test_shared_memory_formula_matches_the_kernels_layout():
-    # Forward, k = 128, one row per warp (R = 4): 2*4*128 + 4*32 + 32*129 + 32
-    # floats, as RowSmemFloats in kernels/cuda/ecoc_kernels.cu.cc.
-    assert guard.shared_memory_bytes(128) == 4 * (2 * 4 * 128 + 4 * 32 + 32 * 129 + 32)
-    assert guard.shared_memory_bytes(1000, "decode") == 4 * (4 * 1000 + 32 * 129 + 32)
-    assert guard.shared_memory_bytes(1) == 4 * (8 + 128 + 32 * 1 + 32)
-    # The limits kernels/cuda/README.md quotes: ~2600 at 99 KiB, ~6700 at 227 KiB.
-    assert 2500 < guard.max_code_length(99 * 1024) < 2700
-    assert 6600 < guard.max_code_length(227 * 1024) < 6800
-    for smem in (1024, 48 * 1024, 232448):
-        k = guard.max_code_length(smem)
-        assert guard.shared_memory_bytes(k) <= smem < guard.shared_memory_bytes(k + 1)
+    # The smallest launch of ChooseChunks in kernels/cuda/ecoc_kernels.cu.cc:
+    # ForwardSmemFloats(16, kc=8, acc in global) = 2*(16+32)*(8+4) + 16*36 + 2*16
+    # floats; DecodeSmemFloats(16, 8) = 2*(16+32)*(8+4) + 16*36 (the codes
+    # gradient's is the same as decode's, below the forward's).
+    assert guard.shared_memory_bytes(128) == 4 * (2 * 48 * 12 + 16 * 36 + 32) == 7040
+    assert guard.shared_memory_bytes(1000, "decode") == 4 * (2 * 48 * 12 + 16 * 36) == 6912
+    # Longer codes take more column stages, not more shared memory.
+    for k in (0, 1, 7000, guard.MAX_CODE_LENGTH):
+        assert guard.shared_memory_bytes(k) == 7040
+    for smem in (48 * 1024, 99 * 1024, 232448):
+        assert guard.max_code_length(smem) == guard.MAX_CODE_LENGTH == 2**24
+    assert guard.max_code_length(7039) == -1
+    assert guard.max_code_length(7039, "decode") == 2**24
     with pytest.raises(ValueError, match="Argument `op`"):
         guard.shared_memory_bytes(8, "backward")
 
@@ -83,12 +85,15 @@ def test_ptx_jit_needs_a_driver_as_new_as_the_runtime():
 
 
 def test_code_length_problem_uses_the_cards_shared_memory():
-    dev = guard.parse_simulation("smem=1024", runtime_version=13000)
-    assert guard.code_length_problem(dev, 1) is None  # 800 bytes
-    assert guard.code_length_problem(dev, 32).startswith("shared memory too small")
+    dev = guard.parse_simulation("smem=7000", runtime_version=13000)
+    for k in (1, 32):
+        assert guard.code_length_problem(dev, k).startswith("shared memory too small")
+        assert guard.code_length_problem(dev, k, "decode") is None  # 6912 bytes
     h100 = guard.parse_simulation("", runtime_version=13000)
-    assert guard.code_length_problem(h100, 6000) is None
-    assert "largest code length that fits is" in guard.code_length_problem(h100, 7000)
+    assert guard.code_length_problem(h100, 7000) is None
+    assert guard.code_length_problem(h100, 2**24) is None
+    problem = guard.code_length_problem(h100, 2**24 + 1)
+    assert problem.startswith("code length too large") and "code_length=16777217" in problem
 
 
 def test_bad_simulation_spec_names_the_variable():
@@ -161,7 +166,7 @@ def _inputs(k, seed=0):
     ("cc=7.0", 8, "no kernel image"),
     ("driver=11000", 8, "driver too old"),
     ("cc=12.0,driver=13000", 8, None),  # PTX JIT: fine only if the runtime is 13.0 itself
-    ("smem=1024", 32, "shared memory too small"),
+    ("smem=7000", 32, "shared memory too small"),
 ])
 def test_simulated_gpu_failure_is_detected_and_reported(simulate, spec, k, message):
     import warnings
@@ -184,14 +189,13 @@ def test_simulated_gpu_failure_is_detected_and_reported(simulate, spec, k, messa
         return
     assert not ok and reason.startswith(message), reason
     if message == "shared memory too small":
-        # The device is fine for small codes: only this code length is refused,
-        # with one warning however often it is asked.
+        # 7000 bytes: too little for the cross-entropy kernels (7040) at any
+        # code length, enough for the decode kernels (6912). The device stays
+        # usable for what fits, with one warning however often it is asked.
         assert ops.fused_available()
-        assert loader.gpu_kernels_usable(1)[0]
+        assert loader.gpu_kernels_usable(1)[0] is False
         assert len(mine) == 1 and message in str(mine[0].message)
-        with pytest.warns(RuntimeWarning, match="shared memory too small"):
-            assert loader.gpu_kernels_usable(k, op="decode")[0] is False  # 4864 bytes
-        assert loader.gpu_kernels_usable(2, op="decode")[0] is True  # 4 * (8 + 32*3 + 32)
+        assert loader.gpu_kernels_usable(k, op="decode")[0] is True
     else:
         # The whole GPU is unusable: the fused op is off, the status says why
         # (the ops layer gives the one warning, see the next test).
@@ -206,27 +210,31 @@ def test_simulated_gpu_failure_is_detected_and_reported(simulate, spec, k, messa
 
 
 def test_code_length_usable_reads_k_from_the_codes(simulate):
+    import types
     import warnings
 
     import tensorflow as tf
 
-    loader = simulate("smem=4096")  # k = 4 needs 1408 bytes, k = 64 needs 11008
-    small, big = np.zeros((5, 4), np.float32), np.zeros((5, 64), np.float32)
+    loader = simulate("cc=9.0")  # an H100: every code length up to 2^24 runs
+    small = np.zeros((5, 4), np.float32)
+    # k = 2^24 + 1 without allocating it: a zero-stride view, and a shape-only object.
+    big = np.broadcast_to(np.zeros((), np.float32), (5, 2**24 + 1))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert loader.code_length_usable(small)
         assert loader.code_length_usable(tf.constant(small))
+        assert loader.code_length_usable(tf.Variable(small))
+        assert loader.code_length_usable(small.tolist())
         assert not loader.code_length_usable(big)
-        assert not loader.code_length_usable(tf.Variable(big))
-        assert not loader.code_length_usable(big.tolist())
-    assert len([w for w in caught if "shared memory too small" in str(w.message)]) == 1
+        assert not loader.code_length_usable(types.SimpleNamespace(shape=(5, 2**24 + 1)))
+    assert len([w for w in caught if "code length too large" in str(w.message)]) == 1
 
     @tf.function(input_signature=[tf.TensorSpec([None, None], tf.float32)])
     def unknown_k(codes):
         assert loader.code_length_usable(codes)  # k unknown: the guard cannot decide
         return codes
 
-    unknown_k(tf.constant(big))
+    unknown_k(tf.constant(small))
 
 
 def test_simulated_supported_gpu_keeps_the_fused_op(simulate):
@@ -234,7 +242,7 @@ def test_simulated_supported_gpu_keeps_the_fused_op(simulate):
 
     loader = simulate("cc=8.6,smem=101376")
     ok, reason = loader.gpu_kernels_usable(64)
-    assert ok and "SASS sm_86" in reason and "code lengths up to 2" in reason, reason
+    assert ok and "SASS sm_86" in reason and "code lengths up to 16777216" in reason, reason
     assert ops.fused_available()
     assert ops.fused_status().startswith("fused op loaded from"), ops.fused_status()
     assert f"CUDA kernels for {ARCHS}" in ops.fused_status()

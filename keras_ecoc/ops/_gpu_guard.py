@@ -11,9 +11,11 @@ fail with an ``InternalError`` that can be predicted before the first call:
 * driver too old: the static CUDA runtime linked into the library needs a
   driver of at least its major version (CUDA's minor-version compatibility),
   and JIT-compiling PTX needs a driver at least as new as the runtime;
-* shared memory too small: the kernels keep R = 4 rows (or classes) of length
-  k in shared memory (see kernels/cuda/README.md); at k beyond the card's
-  opt-in limit per block even one row per warp does not fit.
+* shared memory too small: the split kernels stream the code length in
+  column stages sized to the card (see kernels/cuda/README.md), so every k up
+  to 2^24 runs once the smallest stage (8 columns) fits the card's opt-in
+  shared memory per block, about 7 KB; every CUDA card has at least 48 KiB.
+  Longer codes than 2^24 are refused by the kernels' contract.
 
 This module has no TensorFlow or CUDA dependency: `_loader.py` feeds it what
 the probe in the library (kernels/cuda/ecoc_probe.cu.cc) reports, or what
@@ -28,51 +30,41 @@ import re
 
 SIMULATE_ENV = "KERAS_ECOC_SIMULATE_GPU"
 
-# Mirrors kernels/cuda/ecoc_kernels.cu.cc (RowSmemFloats / GradSmemFloats with
-# one item per warp, the smallest launch). kernels/cuda/harness.cu --smem-limit
-# checks these numbers against the real launcher on a GPU.
-_WARPS_PER_BLOCK = 4
-_TILE = 32
-_MAX_CHUNK = 128
+# Mirrors kernels/cuda/ecoc_kernels.cu.cc (ChooseChunks) and the *SmemFloats
+# formulas of ecoc_forward.cuh / ecoc_codes_grad.cuh / ecoc_decode.cuh at their
+# smallest launch: one 8-column stage, double-buffered, for a tile of 16 rows
+# and 32 classes (row pitch 8 + 4 floats), the 16 x 36 logit tile, and (forward
+# only) 2 x 16 row scalars. kernels/cuda/harness.cu --smem-limit checks these
+# numbers against the real launchers on a GPU.
+_ROW_TILE = 16
+_CLASS_TILE = 32
+_MIN_STAGE_COLUMNS = 8
+_S_PITCH = _CLASS_TILE + 4
+MAX_CODE_LENGTH = 1 << 24  # ecoc_kernels.h: larger code lengths are refused
 
 # Used by the simulation for anything the spec does not set: an H100.
 _SIM_DEFAULTS = {"cc": (9, 0), "smem": 232448, "name": "simulated GPU"}
 
 
-def _pitch(code_length: int) -> int:
-    return max(1, min(code_length, _MAX_CHUNK)) | 1
-
-
 def shared_memory_bytes(code_length: int, op: str = "cross_entropy") -> int:
-    """Bytes of shared memory the smallest launch of `op`'s kernel needs.
+    """Bytes of shared memory the smallest launch of `op`'s kernels needs.
 
-    op: "cross_entropy" (forward and codes gradient, the larger need) or
-    "decode" (label rank and nearest codeword).
+    The same for every code length up to MAX_CODE_LENGTH (longer codes run in
+    more column stages, not in more shared memory). op: "cross_entropy"
+    (forward and codes gradient, the larger need) or "decode" (label rank and
+    nearest codeword).
     """
-    k = int(code_length)
-    rows = _WARPS_PER_BLOCK  # one row (class) per warp
-    fixed = _TILE * _pitch(k) + _TILE
-    if op == "cross_entropy":
-        floats = 2 * rows * k + rows * _TILE + fixed
-    elif op == "decode":
-        floats = rows * k + fixed
-    else:
+    if op not in ("cross_entropy", "decode"):
         raise ValueError(f"Argument `op` must be 'cross_entropy' or 'decode'. Received: op={op!r}")
+    del code_length  # the launchers pick the stage width from the card
+    stage = 2 * (_ROW_TILE + _CLASS_TILE) * (_MIN_STAGE_COLUMNS + 4)
+    floats = stage + _ROW_TILE * _S_PITCH + (2 * _ROW_TILE if op == "cross_entropy" else 0)
     return 4 * floats
 
 
 def max_code_length(smem_bytes: int, op: str = "cross_entropy") -> int:
-    """Largest code length whose kernels fit `smem_bytes` per block."""
-    lo, hi = 0, 1 << 24
-    if shared_memory_bytes(0, op) > smem_bytes:
-        return -1
-    while lo < hi:  # the need is increasing in k
-        mid = (lo + hi + 1) // 2
-        if shared_memory_bytes(mid, op) <= smem_bytes:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    """Largest code length the kernels run with `smem_bytes` per block (-1: none)."""
+    return MAX_CODE_LENGTH if shared_memory_bytes(0, op) <= smem_bytes else -1
 
 
 def parse_archs(text: str | None) -> tuple[list, list]:
@@ -172,10 +164,12 @@ def device_problem(device: Device, archs: str | None, runtime_version: int) -> s
 
 
 def code_length_problem(device: Device, code_length: int, op: str = "cross_entropy") -> str | None:
-    """Why code length k does not fit `device`'s shared memory (None: it fits)."""
+    """Why the kernels cannot run code length k on `device` (None: they can)."""
+    if code_length > MAX_CODE_LENGTH:
+        return (f"code length too large: code_length={code_length} exceeds the CUDA kernels' "
+                f"limit of {MAX_CODE_LENGTH} (2^24)")
     need = shared_memory_bytes(code_length, op)
     if need <= device.smem_optin:
         return None
-    return (f"shared memory too small on {device.name}: code_length={code_length} needs "
-            f"{need} bytes per block but the card allows {device.smem_optin} "
-            f"(the largest code length that fits is {max_code_length(device.smem_optin, op)})")
+    return (f"shared memory too small on {device.name}: the kernels need {need} bytes per "
+            f"block for any code length but the card allows {device.smem_optin}")

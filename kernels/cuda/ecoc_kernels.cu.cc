@@ -1,927 +1,614 @@
-// CUDA implementation of the fused ECOC kernels declared in ecoc_kernels.h.
+// Launchers, workspace queries and entry points of the fused ECOC kernels
+// (contract: ecoc_kernels.h). The kernels themselves live in one
+// framework-free header per pass:
+//   ecoc_common.cuh      helpers, the logit expression, the prep kernels
+//   ecoc_engine.cuh      tile staging and the FP32 / TF32 mma engines
+//   ecoc_forward.cuh     forward split kernel (flash-decoding)
+//   ecoc_codes_grad.cuh  codes gradient split kernel + its combine
+//   ecoc_decode.cuh      label rank / nearest codeword split kernel
+//   ecoc_combine.cuh     forward and decode combines
+// Compiled by nvcc alone (no TensorFlow headers); see README.md for the
+// design, the launch-shape rules and the workspace formula.
 //
-// Compiled by nvcc alone (no TensorFlow headers), so the same object serves
-// the TensorFlow GPU OpKernels (kernels/ecoc_ops_gpu.cc) and the stand-alone
-// harness (kernels/cuda/harness.cu).
-//
-// Design (see kernels/cuda/README.md for the longer version)
-// ------------------------------------------------------------
-// Nothing here allocates memory: the contract has no workspace argument, and
-// a cudaMallocAsync next to TensorFlow's BFC allocator (which by default has
-// already reserved nearly all device memory) would fail exactly where the op
-// is used.  So per-row quantities (u_b, ||M_i||^2) are recomputed on chip and
-// never stored in global memory, and no [batch, num_classes] buffer exists.
-//
-// * Row-streaming kernel (forward, label rank, nearest codeword): a block owns
-//   R = 4 warps x RPW rows of the batch.  Their normalized rows u_b live in
-//   shared memory for the whole kernel.  The block then streams the code
-//   matrix in tiles of 32 classes (one class per lane), staging each tile in
-//   shared memory in column chunks of at most 128 so that long codes do not
-//   need a 32 x k buffer.  Every lane accumulates the squared distance from
-//   "its" class to each of the warp's RPW rows, so each code element loaded
-//   from global memory is reused by all R rows of the block.  Distances are
-//   computed as sum_j (M_ij - u_bj)^2 directly (not ||M||^2 - 2 u.M + ||u||^2),
-//   which cannot cancel catastrophically for nearby codewords.
-//   The forward pass folds each tile into a running (max, sum, expected code,
-//   expected squared norm) per row with the flash-attention rescaling, so the
-//   softmax never exists in memory.
-// * Class-streaming kernel (codes gradient): the same structure with the roles
-//   swapped.  A block owns 4 warps x CPW classes (their codes and gradient
-//   accumulators in shared memory) and streams the batch in tiles of 32 rows
-//   (one row per lane), recomputing u_b and logit_bi and taking p_bi from the
-//   forward pass's lse_b.  Each class row of grad_codes is written by exactly
-//   one block, so there are no atomics and the result is deterministic.
-//
-// Invariants the kernels rely on
-// * The distance of (b, i) is always produced by the same instruction
-//   sequence (sequential over j, explicit __fsub_rn/__fmaf_rn so the compiler
-//   cannot contract or reorder differently in different places), whether it is
-//   the label distance computed up front or the one computed inside a tile.
-//   This keeps "logit_bi > logit_{b,y_b}" exact for i == y_b (the label never
-//   outranks itself), makes bit-identical codewords tie exactly, and gives
-//   the gradient kernel the forward kernel's distances bit for bit (u_b goes
-//   through one shared norm helper too).
-// * Warp reductions use the xor butterfly: IEEE addition is commutative, so
-//   every lane ends with bit-identical sums and the per-row running state is
-//   uniform across the warp without an extra broadcast.
-// * All lanes of a warp always run the same loops (rows past the end of the
-//   batch and classes past num_classes are computed on zeros and masked only
-//   at the store), so full-mask shuffles and block barriers are always legal.
+// Every pass of a call runs on `stream` as:
+//   1. PrepClassesKernel: ||M_i||^2 and its logit term      -> workspace
+//   2. PrepRowsKernel:    u_b, -s/2 ||u_b||^2 (label keys)  -> workspace
+//   3. the split kernel on a (tiles x splits) grid           -> partial states
+//   4. a combine kernel merging the splits in a fixed order  -> outputs
+// Nothing allocates: the workspace is the caller's, sized by the query, which
+// runs the same Plan() as the entry point.
 #include "ecoc_kernels.h"
-
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 
 #include <algorithm>
 #include <climits>
-#include <cmath>
 #include <cstdint>
+
+#include "ecoc_codes_grad.cuh"
+#include "ecoc_combine.cuh"
+#include "ecoc_common.cuh"
+#include "ecoc_decode.cuh"
+#include "ecoc_engine.cuh"
+#include "ecoc_forward.cuh"
 
 namespace keras_ecoc {
 namespace cuda {
 namespace {
 
-constexpr int kWarpSize = 32;
-// 4 warps per block: small blocks give more of them for modest batches (the
-// forward pass parallelizes over rows only).  Kernels are declared with
-// __launch_bounds__(kThreads, 1): without the explicit minimum nvcc 13 capped
-// them at 64 registers and spilled the per-row state.
-constexpr int kWarpsPerBlock = 4;
-constexpr int kThreads = kWarpSize * kWarpsPerBlock;
-// Streamed items per tile: one class (row-streaming) or one batch row
-// (class-streaming) per lane.
-constexpr int kTile = 32;
-// Widest column chunk of a staged tile.  32 x 129 floats = 16.5 KiB.
-constexpr int kMaxChunk = 128;
-constexpr unsigned kFullMask = 0xffffffffu;
+using detail::kClassTile;
+using detail::kThreads;
 
-// ---------------------------------------------------------------------------
-// Small device helpers.
+// Rows per batch tile of the split kernels (one 16-row mma tile).
+constexpr int kRowTile = 16;
+// Upper bound on the class (or batch) splits: bounds the combine's shared
+// memory (4 bytes per split) and the grid's y dimension.
+constexpr int kMaxSplits = 1024;
+// Shared memory a split kernel aims to stay under, so that two blocks fit on
+// an SM of sm_80 / sm_90 (164 / 228 KiB); the device's opt-in limit caps it.
+constexpr int64_t kSmemTarget = 100 * 1024;
+constexpr int64_t kDefaultSmem = 48 * 1024;
 
-template <typename T>
-__device__ __forceinline__ float ToFloat(T v);
-template <>
-__device__ __forceinline__ float ToFloat<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ float ToFloat<__half>(__half v) {
-  return __half2float(v);
-}
-template <>
-__device__ __forceinline__ float ToFloat<__nv_bfloat16>(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-
-__device__ __forceinline__ float WarpSum(float v) {
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) {
-    v += __shfl_xor_sync(kFullMask, v, offset);
-  }
-  return v;
-}
-
-__device__ __forceinline__ long long WarpSumInt(long long v) {
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) {
-    v += __shfl_xor_sync(kFullMask, v, offset);
-  }
-  return v;
-}
-
-// max() that returns NaN when either argument is NaN.  fmaxf() returns the
-// other argument instead, which would silently drop a NaN logit from the
-// log-sum-exp.
-__device__ __forceinline__ float NanMax(float a, float b) {
-  return (a > b || a != a) ? a : b;
-}
-
-__device__ __forceinline__ float WarpNanMax(float v) {
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) {
-    v = NanMax(v, __shfl_xor_sync(kFullMask, v, offset));
-  }
-  return v;
-}
-
-// exp(a - b) with exp(-inf - b) = 0 even when b is -inf too, so that a row
-// whose running max is still -inf (nothing seen yet, or masked lanes) does
-// not produce exp(-inf + inf) = NaN.  NaN in a or b still gives NaN.
-__device__ __forceinline__ float ExpDiff(float a, float b) {
-  return a == -INFINITY ? 0.0f : expf(a - b);
-}
-
-// One step of the squared distance.  Every distance in this file goes
-// through here, in increasing j, so identical inputs give identical bits.
-__device__ __forceinline__ float SqDistStep(float m, float u, float acc) {
-  const float diff = __fsub_rn(m, u);
-  return __fmaf_rn(diff, diff, acc);
-}
-
-// 1 / ||z_b|| as used by every kernel: float32 sum of squares with the lane
-// partial sums combined by the butterfly, then 1/sqrt(max(ss, eps)).  The
-// forward and gradient kernels both call this, so they see identical u_b.
-// Lanes read z_b[lane], z_b[lane + 32], ...: coalesced.
-template <typename ZT>
-__device__ __forceinline__ float RowInvNorm(const ZT* z_row, int k,
-                                            float epsilon, int lane) {
-  float ss = 0.0f;
-  for (int j = lane; j < k; j += kWarpSize) {
-    const float v = ToFloat(z_row[j]);
-    ss = __fmaf_rn(v, v, ss);
-  }
-  ss = WarpSum(ss);
-  return 1.0f / sqrtf(fmaxf(ss, epsilon));
-}
-
-// Labels are read once per row (per batch tile in the gradient), so their
-// width is a run-time flag rather than a template parameter: half the kernel
-// instantiations, same speed.
-__device__ __forceinline__ int64_t LoadLabel(const void* labels,
-                                             bool labels_int64, int64_t b) {
-  return labels_int64 ? static_cast<const int64_t*>(labels)[b]
-                      : static_cast<int64_t>(static_cast<const int32_t*>(labels)[b]);
-}
-
-// Stages codes[c0 + c, j0 : j0 + width) for c < kTile into tile[c * pitch + j]
-// (zeros for classes past num_classes).  Warp w copies rows w, w + 4, ...,
-// lanes along the row: every global read is a contiguous 128-byte segment.
-// If sqnorm is given, adds each row's partial squared norm to sqnorm[c]
-// (first chunk: overwrites).
-__device__ __forceinline__ void StageCodeTile(const float* codes,
-                                              int64_t num_classes,
-                                              int64_t code_length, int64_t c0,
-                                              int j0, int width, int pitch,
-                                              float* tile, float* sqnorm,
-                                              int warp, int lane) {
-  for (int c = warp; c < kTile; c += kWarpsPerBlock) {
-    const bool valid = c0 + c < num_classes;
-    const float* src = valid ? codes + (c0 + c) * code_length + j0 : codes;
-    float ss = 0.0f;
-    for (int j = lane; j < width; j += kWarpSize) {
-      const float v = valid ? src[j] : 0.0f;
-      tile[c * pitch + j] = v;
-      ss = fmaf(v, v, ss);
-    }
-    if (sqnorm != nullptr) {
-      ss = WarpSum(ss);
-      if (lane == 0) sqnorm[c] = (j0 == 0 ? 0.0f : sqnorm[c]) + ss;
-    }
-  }
-}
-
-// ---------------------------------------------------------------------------
-// Row-streaming kernel: forward, label rank and nearest codeword.
-
-enum class RowMode { kForward, kRank, kNearest };
-
-struct RowArgs {
-  const void* z;
-  const float* codes;
-  const void* labels;
-  bool labels_int64;
-  float scale;
-  float epsilon;
-  int64_t batch;
-  int64_t num_classes;
-  int64_t code_length;
-  int chunk;  // columns per staged chunk, min(code_length, kMaxChunk) >= 1
-  // kForward
-  float* loss;
-  float* lse;
-  float* expected_code;
-  float* expected_sqnorm;
-  // kRank
-  int32_t* rank;
-  // kNearest
-  int64_t* index;
-};
-
-__host__ __device__ constexpr int Pitch(int chunk) {
-  // Odd row pitch: lane c reading tile[c * pitch + j] for a fixed j hits 32
-  // different banks.
-  return chunk | 1;
-}
-
-// Shared-memory floats used by RowStreamKernel, in layout order.
-__host__ __device__ constexpr int64_t RowSmemFloats(RowMode mode, int rpw,
-                                                    int64_t k, int chunk) {
-  const int64_t rows = int64_t{kWarpsPerBlock} * rpw;
-  const bool fwd = mode == RowMode::kForward;
-  return rows * k                         // u
-         + (fwd ? rows * k : 0)           // expected-code accumulators
-         + (fwd ? rows * kTile : 0)       // p of the current tile
-         + int64_t{kTile} * Pitch(chunk)  // code tile chunk
-         + kTile;                         // ||M_c||^2 of the tile
-}
-
-template <RowMode kMode, typename ZT, int RPW>
-__global__ void __launch_bounds__(kThreads, 1) RowStreamKernel(RowArgs a) {
-  extern __shared__ float smem[];
-  constexpr bool kFwd = kMode == RowMode::kForward;
-  constexpr int R = kWarpsPerBlock * RPW;
-  const int k = static_cast<int>(a.code_length);  // host checked: fits smem
-  const int chunk = a.chunk;
-  const int pitch = Pitch(chunk);
-  float* u_s = smem;                              // [R][k]
-  float* acc_s = u_s + R * k;                     // [R][k]      (forward)
-  float* p_s = acc_s + (kFwd ? R * k : 0);        // [R][kTile]  (forward)
-  float* tile_s = p_s + (kFwd ? R * kTile : 0);   // [kTile][pitch]
-  float* sqn_s = tile_s + kTile * pitch;          // [kTile]
-
-  const int warp = threadIdx.x / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize;
-  const ZT* z = static_cast<const ZT*>(a.z);
-  const float neg_half_scale = -0.5f * a.scale;
-  // Only reached when code_length == 0 (no chunk is ever staged); otherwise
-  // the first chunk of every tile overwrites it.
-  if (threadIdx.x < kTile) sqn_s[threadIdx.x] = 0.0f;
-  __syncthreads();
-
-  const int64_t num_row_tiles = (a.batch + R - 1) / R;
-  for (int64_t row_tile = blockIdx.x; row_tile < num_row_tiles;
-       row_tile += gridDim.x) {
-    const int64_t row0 = row_tile * R + int64_t{warp} * RPW;
-    __syncwarp();  // the previous row tile's reads of u_s are done
-
-    // Per-row running state.  Identical in every lane of the warp (butterfly
-    // reductions), kept in registers: all loops over t are unrolled.
-    float label_dist[RPW], label_logit[RPW];
-    float run_max[RPW], run_sum[RPW], run_sqn[RPW], alpha[RPW];
-    long long count[RPW];
-    float best_dist[RPW];
-    int64_t best_index[RPW];
-    bool label_ok[RPW];
-    bool nonfinite[RPW];  // rank/nearest: a non-finite distance in this row
-
-    // Prologue: u_b = z_b / max(||z_b||, sqrt(eps)) for this warp's rows.
-#pragma unroll
-    for (int t = 0; t < RPW; ++t) {
-      const int64_t b = row0 + t;
-      float* u = u_s + (warp * RPW + t) * k;
-      if (b < a.batch) {
-        const ZT* z_row = z + b * a.code_length;
-        const float inv = RowInvNorm(z_row, k, a.epsilon, lane);
-        for (int j = lane; j < k; j += kWarpSize) {
-          u[j] = ToFloat(z_row[j]) * inv;
-        }
-      } else {
-        for (int j = lane; j < k; j += kWarpSize) u[j] = 0.0f;
-      }
-      if (kFwd) {
-        for (int j = lane; j < k; j += kWarpSize) acc_s[(warp * RPW + t) * k + j] = 0.0f;
-      }
-      run_max[t] = -INFINITY;
-      run_sum[t] = 0.0f;
-      run_sqn[t] = 0.0f;
-      alpha[t] = 0.0f;
-      count[t] = 0;
-      best_dist[t] = INFINITY;
-      best_index[t] = -1;
-      label_dist[t] = 0.0f;
-      label_logit[t] = 0.0f;
-      label_ok[t] = false;
-      nonfinite[t] = false;
-    }
-    __syncwarp();
-
-    // Label distance, with the same instruction sequence as the tile loop
-    // below (every lane computes it; the reads are broadcasts).
-    if (kMode != RowMode::kNearest) {
-#pragma unroll
-      for (int t = 0; t < RPW; ++t) {
-        const int64_t b = row0 + t;
-        if (b < a.batch) {
-          const int64_t y = LoadLabel(a.labels, a.labels_int64, b);
-          // The caller validated the labels; an out-of-range one gives NaN
-          // rather than an out-of-bounds read.
-          label_ok[t] = y >= 0 && y < a.num_classes;
-          if (label_ok[t]) {
-            const float* m = a.codes + y * a.code_length;
-            const float* u = u_s + (warp * RPW + t) * k;
-            float d = 0.0f;
-            for (int j = 0; j < k; ++j) d = SqDistStep(m[j], u[j], d);
-            label_dist[t] = d;
-            label_logit[t] = neg_half_scale * d;
-          }
-        }
-      }
-    }
-
-    // Stream the classes, 32 per tile, one per lane.
-    for (int64_t c0 = 0; c0 < a.num_classes; c0 += kTile) {
-      const int64_t my_class = c0 + lane;
-      const bool class_ok = my_class < a.num_classes;
-      float dist[RPW];
-#pragma unroll
-      for (int t = 0; t < RPW; ++t) dist[t] = 0.0f;
-
-      int last_j0 = 0;
-      for (int j0 = 0; j0 < k; j0 += chunk) {
-        const int width = min(chunk, k - j0);
-        last_j0 = j0;
-        __syncthreads();  // everyone is done with the previous chunk
-        StageCodeTile(a.codes, a.num_classes, a.code_length, c0, j0, width,
-                      pitch, tile_s, kFwd ? sqn_s : nullptr, warp, lane);
-        __syncthreads();
-        const float* m = tile_s + lane * pitch;
-        for (int j = 0; j < width; ++j) {
-          const float mv = m[j];
-#pragma unroll
-          for (int t = 0; t < RPW; ++t) {
-            // Broadcast read: all lanes want the same u element.
-            dist[t] = SqDistStep(mv, u_s[(warp * RPW + t) * k + j0 + j], dist[t]);
-          }
-        }
-      }
-
-      if (kFwd) {
-        // Online softmax: fold this tile into the running state of each row.
-#pragma unroll
-        for (int t = 0; t < RPW; ++t) {
-          const float x = class_ok ? neg_half_scale * dist[t] : -INFINITY;
-          const float new_max = NanMax(run_max[t], WarpNanMax(x));
-          alpha[t] = ExpDiff(run_max[t], new_max);
-          const float p = ExpDiff(x, new_max);
-          run_sum[t] = run_sum[t] * alpha[t] + WarpSum(p);
-          run_sqn[t] = run_sqn[t] * alpha[t] + WarpSum(p * sqn_s[lane]);
-          run_max[t] = new_max;
-          p_s[(warp * RPW + t) * kTile + lane] = p;
-        }
-        __syncwarp();
-        // acc_b = alpha_b * acc_b + sum_c p_bc M_c, lanes along j.  The chunks
-        // go in reverse so that the chunk still staged is used first; each
-        // element is rescaled exactly once per tile.
-        const int num_valid = static_cast<int>(
-            a.num_classes - c0 < kTile ? a.num_classes - c0 : kTile);
-        for (int j0 = last_j0; j0 >= 0 && k > 0; j0 -= chunk) {
-          const int width = min(chunk, k - j0);
-          if (j0 != last_j0) {
-            __syncthreads();
-            StageCodeTile(a.codes, a.num_classes, a.code_length, c0, j0,
-                          width, pitch, tile_s, nullptr, warp, lane);
-            __syncthreads();
-          }
-          for (int j = lane; j < width; j += kWarpSize) {
-            // This tile's sum_c p_c M_c first, then one rescale-and-add into
-            // the running sum (as the CPU kernel does): one rounding of the
-            // running sum per tile, not per class. Folding each class into
-            // the running sum gave 1e-3 relative error at n = 10^6 on an
-            // H200 (device_check grid, k = 1).
-            float acc[RPW];
-#pragma unroll
-            for (int t = 0; t < RPW; ++t) acc[t] = 0.0f;
-            for (int c = 0; c < num_valid; ++c) {
-              const float mv = tile_s[c * pitch + j];  // consecutive j: no conflicts
-#pragma unroll
-              for (int t = 0; t < RPW; ++t) {
-                acc[t] = fmaf(p_s[(warp * RPW + t) * kTile + c], mv, acc[t]);
-              }
-            }
-#pragma unroll
-            for (int t = 0; t < RPW; ++t) {
-              float* run = acc_s + (warp * RPW + t) * k + j0 + j;
-              *run = fmaf(*run, alpha[t], acc[t]);
-            }
-          }
-        }
-      } else if (kMode == RowMode::kRank) {
-        // logit_bi > logit_by  <=>  dist_bi < dist_by (scale > 0).  A NaN
-        // distance compares false and is not counted.
-#pragma unroll
-        for (int t = 0; t < RPW; ++t) {
-          count[t] += (class_ok && dist[t] < label_dist[t]) ? 1 : 0;
-          nonfinite[t] = nonfinite[t] || (class_ok && !isfinite(dist[t]));
-        }
-      } else {
-        // Each lane sees its classes in increasing order, so a strict "<"
-        // keeps the smallest index among equal distances.  NaN never wins.
-#pragma unroll
-        for (int t = 0; t < RPW; ++t) {
-          const float d = dist[t];
-          nonfinite[t] = nonfinite[t] || (class_ok && !isfinite(d));
-          const bool take = class_ok && (best_index[t] < 0 ? !(d != d)
-                                                           : d < best_dist[t]);
-          if (take) {
-            best_dist[t] = d;
-            best_index[t] = my_class;
-          }
-        }
-      }
-    }
-
-    // Epilogue: write this warp's rows.
-#pragma unroll
-    for (int t = 0; t < RPW; ++t) {
-      const int64_t b = row0 + t;
-      if (kMode == RowMode::kForward) {
-        if (b < a.batch) {
-          const float lse = run_max[t] + logf(run_sum[t]);
-          const float inv_sum = 1.0f / run_sum[t];
-          if (lane == 0) {
-            a.lse[b] = lse;
-            a.loss[b] = label_ok[t] ? lse - label_logit[t] : NAN;
-            a.expected_sqnorm[b] = run_sqn[t] * inv_sum;
-          }
-          const float* acc = acc_s + (warp * RPW + t) * k;
-          float* out = a.expected_code + b * a.code_length;
-          for (int j = lane; j < k; j += kWarpSize) out[j] = acc[j] * inv_sum;
-        }
-      } else if (kMode == RowMode::kRank) {
-        const long long total = WarpSumInt(count[t]);
-        // Non-finite z or codeword: never a hit (rank n), as on the CPU.
-        const bool row_bad = __any_sync(kFullMask, nonfinite[t]);
-        if (b < a.batch && lane == 0) {
-          // A NaN label distance (NaN in z) ranks last, as on the CPU.
-          const long long worst =
-              a.num_classes < INT_MAX ? a.num_classes : INT_MAX;
-          a.rank[b] = !label_ok[t]                   ? -1
-                      : (row_bad || label_dist[t] != label_dist[t])
-                          ? static_cast<int32_t>(worst)
-                                                       : static_cast<int32_t>(total);
-        }
-      } else {
-        float d = best_dist[t];
-        int64_t i = best_index[t];
-        // Non-finite z or codeword: no valid class (-1), as on the CPU.
-        const bool row_bad = __any_sync(kFullMask, nonfinite[t]);
-#pragma unroll
-        for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) {
-          const float od = __shfl_xor_sync(kFullMask, d, offset);
-          const long long oi = __shfl_xor_sync(
-              kFullMask, static_cast<long long>(i), offset);
-          // Total order: "no candidate" (-1) last, then distance, then index.
-          // Symmetric, so every lane ends with the same winner.
-          const bool other_better =
-              oi >= 0 && (i < 0 || od < d || (od == d && oi < i));
-          if (other_better) {
-            d = od;
-            i = oi;
-          }
-        }
-        if (b < a.batch && lane == 0) a.index[b] = (row_bad || i < 0) ? -1 : i;
-      }
-    }
-  }
-}
-
-// ---------------------------------------------------------------------------
-// Class-streaming kernel: gradient with respect to the codes.
-
-struct GradArgs {
-  const void* z;
-  const float* codes;
-  const void* labels;
-  bool labels_int64;
-  const float* lse;
-  const float* grad_loss;
-  float scale;
-  float epsilon;
-  int64_t batch;
-  int64_t num_classes;
-  int64_t code_length;
-  int chunk;
-  float* grad_codes;
-};
-
-__host__ __device__ constexpr int64_t GradSmemFloats(int cpw, int64_t k,
-                                                     int chunk) {
-  const int64_t classes = int64_t{kWarpsPerBlock} * cpw;
-  return classes * k                      // own codes
-         + classes * k                    // gradient accumulators
-         + classes * kTile                // weights w_bi of the current tile
-         + int64_t{kTile} * Pitch(chunk)  // u chunk of the batch tile
-         + kTile;                         // 1/||z_b|| of the batch tile
-}
-
-// Stages u[b0 + r, j0 : j0 + width) = z[...] * inv_norm[r] for r < kTile into
-// tile[r * pitch + j] (zeros past the end of the batch), with the same
-// product as the forward kernel's prologue.  Coalesced like StageCodeTile.
-template <typename ZT>
-__device__ __forceinline__ void StageBatchTile(const ZT* z, int64_t code_length,
-                                               int64_t b0, int rows, int j0,
-                                               int width, int pitch,
-                                               const float* inv_norm,
-                                               float* tile, int warp, int lane) {
-  for (int r = warp; r < kTile; r += kWarpsPerBlock) {
-    const bool valid = r < rows;
-    const ZT* src = valid ? z + (b0 + r) * code_length + j0 : z;
-    for (int j = lane; j < width; j += kWarpSize) {
-      tile[r * pitch + j] = valid ? ToFloat(src[j]) * inv_norm[r] : 0.0f;
-    }
-  }
-}
-
-template <typename ZT, int CPW>
-__global__ void __launch_bounds__(kThreads, 1) ClassStreamKernel(GradArgs a) {
-  extern __shared__ float smem[];
-  constexpr int C = kWarpsPerBlock * CPW;
-  const int k = static_cast<int>(a.code_length);
-  const int chunk = a.chunk;
-  const int pitch = Pitch(chunk);
-  float* m_s = smem;                 // [C][k]
-  float* g_s = m_s + C * k;          // [C][k]
-  float* w_s = g_s + C * k;          // [C][kTile]
-  float* u_s = w_s + C * kTile;      // [kTile][pitch]
-  float* inv_s = u_s + kTile * pitch;  // [kTile]
-
-  const int warp = threadIdx.x / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize;
-  const ZT* z = static_cast<const ZT*>(a.z);
-  const float neg_half_scale = -0.5f * a.scale;
-
-  const int64_t num_class_tiles = (a.num_classes + C - 1) / C;
-  for (int64_t class_tile = blockIdx.x; class_tile < num_class_tiles;
-       class_tile += gridDim.x) {
-    const int64_t cls0 = class_tile * C + int64_t{warp} * CPW;
-
-    // Prologue: this warp's codes and zeroed accumulators (warp-private).
-#pragma unroll
-    for (int t = 0; t < CPW; ++t) {
-      const int64_t i = cls0 + t;
-      float* m = m_s + (warp * CPW + t) * k;
-      float* g = g_s + (warp * CPW + t) * k;
-      const float* src = i < a.num_classes ? a.codes + i * a.code_length : a.codes;
-      for (int j = lane; j < k; j += kWarpSize) {
-        m[j] = i < a.num_classes ? src[j] : 0.0f;
-        g[j] = 0.0f;
-      }
-    }
-    __syncwarp();
-
-    // Stream the batch, 32 rows per tile, one per lane.
-    for (int64_t b0 = 0; b0 < a.batch; b0 += kTile) {
-      const int rows =
-          static_cast<int>(a.batch - b0 < kTile ? a.batch - b0 : kTile);
-      const int64_t b = b0 + lane;
-      const bool row_ok = lane < rows;
-
-      __syncthreads();  // everyone is done with the previous batch tile
-      for (int r = warp; r < kTile; r += kWarpsPerBlock) {
-        // Same function as the forward kernel: identical u_b.
-        const float inv = r < rows ? RowInvNorm(z + (b0 + r) * a.code_length,
-                                                k, a.epsilon, lane)
-                                   : 0.0f;
-        if (lane == 0) inv_s[r] = inv;
-      }
-      float lse_b = 0.0f, g_b = 0.0f;
-      int64_t y_b = -1;
-      if (row_ok) {
-        lse_b = a.lse[b];
-        g_b = a.grad_loss[b];
-        y_b = LoadLabel(a.labels, a.labels_int64, b);
-      }
-
-      float dist[CPW];
-#pragma unroll
-      for (int t = 0; t < CPW; ++t) dist[t] = 0.0f;
-      int last_j0 = 0;
-      for (int j0 = 0; j0 < k; j0 += chunk) {
-        const int width = min(chunk, k - j0);
-        last_j0 = j0;
-        __syncthreads();  // inv_s written / previous chunk consumed
-        StageBatchTile(z, a.code_length, b0, rows, j0, width, pitch, inv_s,
-                       u_s, warp, lane);
-        __syncthreads();
-        const float* u = u_s + lane * pitch;
-        for (int j = 0; j < width; ++j) {
-          const float uv = u[j];
-#pragma unroll
-          for (int t = 0; t < CPW; ++t) {
-            // Broadcast read of the warp's own code element.
-            dist[t] = SqDistStep(m_s[(warp * CPW + t) * k + j0 + j], uv, dist[t]);
-          }
-        }
-      }
-
-      // w_bi = g_b * (p_bi - [i == y_b]), with p from the forward's lse.
-#pragma unroll
-      for (int t = 0; t < CPW; ++t) {
-        const int64_t i = cls0 + t;
-        float w = 0.0f;
-        if (row_ok && i < a.num_classes) {
-          const float p = expf(neg_half_scale * dist[t] - lse_b);
-          w = g_b * (p - (y_b == i ? 1.0f : 0.0f));
-        }
-        w_s[(warp * CPW + t) * kTile + lane] = w;
-      }
-      __syncwarp();
-
-      // g_i += sum_b w_bi (u_b - M_i), lanes along j; chunks in reverse so the
-      // staged one is used first.
-      for (int j0 = last_j0; j0 >= 0 && k > 0; j0 -= chunk) {
-        const int width = min(chunk, k - j0);
-        if (j0 != last_j0) {
-          __syncthreads();
-          StageBatchTile(z, a.code_length, b0, rows, j0, width, pitch, inv_s,
-                         u_s, warp, lane);
-          __syncthreads();
-        }
-        for (int j = lane; j < width; j += kWarpSize) {
-          float mv[CPW], g[CPW];
-#pragma unroll
-          for (int t = 0; t < CPW; ++t) {
-            mv[t] = m_s[(warp * CPW + t) * k + j0 + j];
-            g[t] = g_s[(warp * CPW + t) * k + j0 + j];
-          }
-          for (int r = 0; r < rows; ++r) {
-            const float uv = u_s[r * pitch + j];  // consecutive j: no conflicts
-#pragma unroll
-            for (int t = 0; t < CPW; ++t) {
-              g[t] = fmaf(w_s[(warp * CPW + t) * kTile + r], uv - mv[t], g[t]);
-            }
-          }
-#pragma unroll
-          for (int t = 0; t < CPW; ++t) g_s[(warp * CPW + t) * k + j0 + j] = g[t];
-        }
-      }
-    }
-
-    // Epilogue: grad_codes_i = scale * g_i (every row of the output written).
-    __syncwarp();
-#pragma unroll
-    for (int t = 0; t < CPW; ++t) {
-      const int64_t i = cls0 + t;
-      if (i < a.num_classes) {
-        const float* g = g_s + (warp * CPW + t) * k;
-        float* out = a.grad_codes + i * a.code_length;
-        for (int j = lane; j < k; j += kWarpSize) out[j] = a.scale * g[j];
-      }
-    }
-  }
-}
-
-// ---------------------------------------------------------------------------
-// Host side.
+enum class Pass { kForward, kCodesGrad, kRank, kNearest };
 
 struct DeviceInfo {
   int num_sms = 1;
-  int max_smem_optin = 48 * 1024;
+  int smem_optin = 48 * 1024;
+  int cc = 0;  // 10 * major + minor
 };
 
 cudaError_t GetDeviceInfo(DeviceInfo* info) {
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
-  err = cudaDeviceGetAttribute(&info->num_sms, cudaDevAttrMultiProcessorCount,
-                               device);
-  if (err != cudaSuccess) return err;
-  return cudaDeviceGetAttribute(&info->max_smem_optin,
-                                cudaDevAttrMaxSharedMemoryPerBlockOptin,
-                                device);
-}
-
-int ChunkFor(int64_t code_length) {
-  return static_cast<int>(std::max<int64_t>(
-      1, std::min<int64_t>(code_length, kMaxChunk)));
-}
-
-// Picks items-per-warp (4, 2 or 1): the largest that still gives one block
-// per SM (more items per block = more reuse of each staged tile, fewer
-// blocks = less parallelism), and whose shared memory fits.  Returns 0 if
-// even 1 does not fit (code_length too large for this device).
-template <typename SmemFn>
-int PickItemsPerWarp(int64_t items, const DeviceInfo& info, SmemFn smem_bytes) {
-  for (int per_warp : {4, 2}) {
-    const int64_t blocks = (items + kWarpsPerBlock * per_warp - 1) /
-                           (int64_t{kWarpsPerBlock} * per_warp);
-    if (blocks >= info.num_sms && smem_bytes(per_warp) <= info.max_smem_optin) {
-      return per_warp;
-    }
+  int major = 0, minor = 0;
+  if ((err = cudaDeviceGetAttribute(&info->num_sms, cudaDevAttrMultiProcessorCount,
+                                    device)) != cudaSuccess ||
+      (err = cudaDeviceGetAttribute(&info->smem_optin,
+                                    cudaDevAttrMaxSharedMemoryPerBlockOptin, device)) !=
+          cudaSuccess ||
+      (err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)) !=
+          cudaSuccess ||
+      (err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device)) !=
+          cudaSuccess) {
+    return err;
   }
-  return smem_bytes(1) <= info.max_smem_optin ? 1 : 0;
+  info->cc = 10 * major + minor;
+  return cudaSuccess;
 }
 
-unsigned GridFor(int64_t tiles) {
-  return static_cast<unsigned>(std::min<int64_t>(tiles, INT_MAX));
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+size_t AlignUp(size_t x) {
+  return (x + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
 }
 
-template <typename Kernel, typename Args>
-cudaError_t Launch(Kernel kernel, int64_t tiles, size_t smem, const Args& args,
-                   cudaStream_t stream) {
-  if (smem > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(
-        reinterpret_cast<const void*>(kernel),
-        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (err != cudaSuccess) return err;
-  }
-  kernel<<<GridFor(tiles), kThreads, smem, stream>>>(args);
-  return cudaGetLastError();
-}
+// The launch shape and workspace layout of one call. Computed identically by
+// the workspace query and the entry point.
+struct Plan {
+  int math = detail::kMathFp32;  // effective engine
+  int64_t kp = 8;                // row stride of u: k rounded up to 8 (>= 8)
+  int kc = 8;                    // columns per stage
+  int nchunks = 1;               // stages per tile (kp / kc, rounded up)
+  bool acc_in_smem = false;      // forward acc / gradient G in shared memory
+  int splits = 1;                // class splits (grad: batch splits)
+  int64_t tiles = 0;             // class tiles (grad: batch tiles) to split
+  int64_t grid_x = 0;            // batch tiles (grad: class tiles)
+  int64_t smem_bytes = 0;        // of the split kernel
+  // Workspace byte offsets.
+  size_t u = 0, rowc = 0, sqn = 0, ct = 0;
+  size_t a = 0, b = 0, c = 0, d = 0;  // pass-specific regions
+  size_t total = 0;
+};
 
-template <RowMode kMode, typename ZT>
-cudaError_t LaunchRowTyped(const RowArgs& args, cudaStream_t stream) {
-  DeviceInfo info;
-  cudaError_t err = GetDeviceInfo(&info);
-  if (err != cudaSuccess) return err;
-  auto smem_bytes = [&](int rpw) {
-    return RowSmemFloats(kMode, rpw, args.code_length, args.chunk) *
-           static_cast<int64_t>(sizeof(float));
-  };
-  const int rpw = PickItemsPerWarp(args.batch, info, smem_bytes);
-  if (rpw == 0) return cudaErrorInvalidValue;  // code_length too large
-  const size_t smem = static_cast<size_t>(smem_bytes(rpw));
-  switch (rpw) {
-    case 4: {
-      const int64_t tiles = (args.batch + 4 * kWarpsPerBlock - 1) / (4 * kWarpsPerBlock);
-      return Launch(RowStreamKernel<kMode, ZT, 4>, tiles, smem, args, stream);
-    }
-    case 2: {
-      const int64_t tiles = (args.batch + 2 * kWarpsPerBlock - 1) / (2 * kWarpsPerBlock);
-      return Launch(RowStreamKernel<kMode, ZT, 2>, tiles, smem, args, stream);
-    }
-    default: {
-      const int64_t tiles = (args.batch + kWarpsPerBlock - 1) / kWarpsPerBlock;
-      return Launch(RowStreamKernel<kMode, ZT, 1>, tiles, smem, args, stream);
-    }
-  }
-}
-
-template <RowMode kMode>
-cudaError_t LaunchRow(FloatType z_type, const RowArgs& args,
-                      cudaStream_t stream) {
-  switch (z_type) {
-    case FloatType::kFloat32:
-      return LaunchRowTyped<kMode, float>(args, stream);
-    case FloatType::kFloat16:
-      return LaunchRowTyped<kMode, __half>(args, stream);
-    case FloatType::kBFloat16:
-      return LaunchRowTyped<kMode, __nv_bfloat16>(args, stream);
-  }
-  return cudaErrorInvalidValue;
-}
-
-template <typename ZT>
-cudaError_t LaunchGradTyped(const GradArgs& args, cudaStream_t stream) {
-  DeviceInfo info;
-  cudaError_t err = GetDeviceInfo(&info);
-  if (err != cudaSuccess) return err;
-  auto smem_bytes = [&](int cpw) {
-    return GradSmemFloats(cpw, args.code_length, args.chunk) *
-           static_cast<int64_t>(sizeof(float));
-  };
-  const int cpw = PickItemsPerWarp(args.num_classes, info, smem_bytes);
-  if (cpw == 0) return cudaErrorInvalidValue;  // code_length too large
-  const size_t smem = static_cast<size_t>(smem_bytes(cpw));
-  const int64_t per_block = int64_t{kWarpsPerBlock} * cpw;
-  const int64_t tiles = (args.num_classes + per_block - 1) / per_block;
-  switch (cpw) {
-    case 4:
-      return Launch(ClassStreamKernel<ZT, 4>, tiles, smem, args, stream);
-    case 2:
-      return Launch(ClassStreamKernel<ZT, 2>, tiles, smem, args, stream);
+int64_t SplitSmemFloats(Pass pass, int kc, int64_t k, bool resident) {
+  switch (pass) {
+    case Pass::kForward:
+      return detail::ForwardSmemFloats(kRowTile, kc, k, resident);
+    case Pass::kCodesGrad:
+      return detail::CodesGradSmemFloats(kRowTile, kc, k, resident);
     default:
-      return Launch(ClassStreamKernel<ZT, 1>, tiles, smem, args, stream);
+      return detail::DecodeSmemFloats(kRowTile, kc);
   }
 }
 
-cudaError_t LaunchGrad(FloatType z_type, const GradArgs& args,
-                       cudaStream_t stream) {
-  switch (z_type) {
-    case FloatType::kFloat32:
-      return LaunchGradTyped<float>(args, stream);
-    case FloatType::kFloat16:
-      return LaunchGradTyped<__half>(args, stream);
-    case FloatType::kBFloat16:
-      return LaunchGradTyped<__nv_bfloat16>(args, stream);
+// Column chunking: the whole (padded) code row in one stage with the
+// accumulators in shared memory when that fits the target, else the whole
+// row with the accumulators in global memory, else the widest multiple of 8
+// that fits (a code length of any size runs, in several stages per tile).
+bool ChooseChunks(Pass pass, int64_t k, int64_t budget, Plan* p) {
+  const bool has_acc = pass == Pass::kForward || pass == Pass::kCodesGrad;
+  p->kp = std::max<int64_t>(8, CeilDiv(k, 8) * 8);
+  if (p->kp <= INT_MAX / 2) {
+    const int full = static_cast<int>(p->kp);
+    if (has_acc && SplitSmemFloats(pass, full, k, true) * 4 <= budget) {
+      p->kc = full;
+      p->nchunks = 1;
+      p->acc_in_smem = true;
+      return true;
+    }
+    if (SplitSmemFloats(pass, full, k, false) * 4 <= budget) {
+      p->kc = full;
+      p->nchunks = 1;
+      p->acc_in_smem = false;
+      return true;
+    }
   }
-  return cudaErrorInvalidValue;
+  // Widest kc (multiple of 8) with SplitSmemFloats(kc, no acc) <= budget:
+  // the stage term is linear in kc.
+  const int64_t fixed = SplitSmemFloats(pass, 0, k, false) * 4;
+  const int64_t per_col = 2 * int64_t{kRowTile + kClassTile} * 4;
+  const int64_t kc = (budget - fixed) / per_col / 8 * 8;
+  if (kc < 8) return false;
+  p->kc = static_cast<int>(std::min<int64_t>(kc, p->kp));
+  p->nchunks = static_cast<int>(CeilDiv(p->kp, p->kc));
+  p->acc_in_smem = false;
+  return true;
 }
 
-bool BadSizes(int64_t batch, int64_t num_classes, int64_t code_length) {
-  // code_length must also fit the int arithmetic used for shared-memory
-  // offsets; anything that large fails the shared-memory check anyway.
-  return batch < 0 || num_classes < 0 || code_length < 0 ||
-         code_length > (int64_t{1} << 24);
+bool BadSizes(const ProblemArgs& pr) {
+  return pr.batch < 0 || pr.num_classes < 0 || pr.code_length < 0 ||
+         pr.code_length > (int64_t{1} << 24) || pr.num_classes > (int64_t{1} << 40) ||
+         pr.batch > (int64_t{1} << 40);
+}
+
+bool BadTypes(const ProblemArgs& pr) {
+  return pr.z_type != FloatType::kFloat32 && pr.z_type != FloatType::kFloat16 &&
+         pr.z_type != FloatType::kBFloat16;
 }
 
 bool BadLabelType(IndexType t) {
   return t != IndexType::kInt32 && t != IndexType::kInt64;
 }
 
+cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, Plan* p) {
+  DeviceInfo info;
+  cudaError_t err = GetDeviceInfo(&info);
+  if (err != cudaSuccess) return err;
+  const int64_t B = pr.batch, n = pr.num_classes, k = pr.code_length;
+  const bool loss_pass = pass == Pass::kForward || pass == Pass::kCodesGrad;
+  p->math = detail::kMathFp32;
+  if (loss_pass && info.cc >= 80) {
+    if (math == MathMode::k3xTf32) p->math = detail::kMath3xTf32;
+    if (math == MathMode::kTf32) p->math = detail::kMathTf32;
+  }
+  const int64_t budget = std::min<int64_t>(info.smem_optin, kSmemTarget);
+  if (!ChooseChunks(pass, k, budget, p)) return cudaErrorInvalidValue;
+  p->smem_bytes = SplitSmemFloats(pass, p->kc, k, p->acc_in_smem) * 4;
+
+  // Splits: at least two blocks per SM where the work allows it.
+  const int64_t want_blocks = 2 * int64_t{info.num_sms};
+  const int64_t row_tiles = CeilDiv(B, kRowTile);
+  const int64_t class_tiles = CeilDiv(n, kClassTile);
+  int64_t other = 0;
+  if (pass == Pass::kCodesGrad) {
+    p->grid_x = class_tiles;
+    p->tiles = row_tiles;
+    other = class_tiles;
+  } else {
+    p->grid_x = row_tiles;
+    p->tiles = class_tiles;
+    other = row_tiles;
+  }
+  int64_t splits = other > 0 ? CeilDiv(want_blocks, other) : 1;
+  splits = std::max<int64_t>(1, std::min<int64_t>({splits, p->tiles, kMaxSplits}));
+  p->splits = static_cast<int>(splits);
+  if (p->grid_x > INT_MAX) return cudaErrorInvalidValue;
+
+  // Workspace: u [B, kp], rowc [B], sqn [n], ct [n], then per pass.
+  size_t off = 0;
+  auto take = [&off](size_t bytes) {
+    const size_t at = off;
+    off += AlignUp(bytes);
+    return at;
+  };
+  const size_t Bs = static_cast<size_t>(B), ns = static_cast<size_t>(n),
+               ks = static_cast<size_t>(k), S = static_cast<size_t>(splits);
+  p->u = take(Bs * static_cast<size_t>(p->kp) * 4);
+  p->rowc = take(Bs * 4);
+  p->sqn = take(ns * 4);
+  p->ct = take(ns * 4);
+  switch (pass) {
+    case Pass::kForward:
+      p->a = take(Bs * 4);           // label_logit
+      p->b = take(Bs * S * 4);       // part_lse
+      p->c = take(Bs * S * 4);       // part_sqn
+      p->d = take(Bs * S * ks * 4);  // part_acc
+      break;
+    case Pass::kCodesGrad:
+      p->a = take(S > 1 ? S * ns * ks * 4 : 0);  // per-split G
+      break;
+    case Pass::kRank:
+      p->a = take(Bs * 4);      // label_key
+      p->b = take(Bs * S * 8);  // part_count
+      p->c = take(Bs * S * 4);  // part_bad
+      break;
+    case Pass::kNearest:
+      p->a = take(Bs * S * 4);  // part_key
+      p->b = take(Bs * S * 8);  // part_index
+      p->c = take(Bs * S * 4);  // part_bad
+      break;
+  }
+  p->total = off;
+  return cudaSuccess;
+}
+
+template <typename T>
+T* At(void* base, size_t offset) {
+  return reinterpret_cast<T*>(static_cast<char*>(base) + offset);
+}
+
+unsigned GridFor(int64_t items, int64_t per_block, int64_t cap) {
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min(CeilDiv(items, per_block), cap)));
+}
+
+template <typename Kernel, typename Args>
+cudaError_t LaunchSplit(Kernel kernel, const Plan& p, const Args& args,
+                        cudaStream_t stream) {
+  if (p.smem_bytes > kDefaultSmem) {
+    const cudaError_t err = cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(p.smem_bytes));
+    if (err != cudaSuccess) return err;
+  }
+  const dim3 grid(static_cast<unsigned>(p.grid_x), static_cast<unsigned>(p.splits));
+  kernel<<<grid, kThreads, static_cast<size_t>(p.smem_bytes), stream>>>(args);
+  return cudaGetLastError();
+}
+
+// Steps 1 and 2 of every pass.
+cudaError_t LaunchPrep(const ProblemArgs& pr, const Plan& p, void* ws, float scale,
+                       bool keys, const void* labels, IndexType label_type,
+                       bool label_keys, cudaStream_t stream) {
+  detail::PrepArgs a{};
+  a.z = pr.z;
+  a.codes = pr.codes;
+  a.labels = labels;
+  a.labels_int64 = label_type == IndexType::kInt64;
+  a.scale = scale;
+  a.keys = keys;
+  a.epsilon = pr.epsilon;
+  a.batch = pr.batch;
+  a.num_classes = pr.num_classes;
+  a.code_length = pr.code_length;
+  a.kp = p.kp;
+  a.u = At<float>(ws, p.u);
+  a.rowc = At<float>(ws, p.rowc);
+  a.sqn = At<float>(ws, p.sqn);
+  a.ct = At<float>(ws, p.ct);
+  a.label_key = label_keys ? At<float>(ws, p.a) : nullptr;
+  const unsigned cap = 65535;
+  if (pr.num_classes > 0) {
+    detail::PrepClassesKernel<<<GridFor(pr.num_classes, detail::kWarps, cap), kThreads, 0,
+                                stream>>>(a);
+  }
+  if (pr.batch > 0) {
+    const unsigned grid = GridFor(pr.batch, detail::kWarps, cap);
+    switch (pr.z_type) {
+      case FloatType::kFloat32:
+        detail::PrepRowsKernel<float><<<grid, kThreads, 0, stream>>>(a);
+        break;
+      case FloatType::kFloat16:
+        detail::PrepRowsKernel<__half><<<grid, kThreads, 0, stream>>>(a);
+        break;
+      case FloatType::kBFloat16:
+        detail::PrepRowsKernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(a);
+        break;
+    }
+  }
+  return cudaGetLastError();
+}
+
+// z and codes may be null only when they have no elements (k = 0).
+bool NullInputs(const ProblemArgs& pr) {
+  return pr.code_length > 0 && (pr.z == nullptr || pr.codes == nullptr);
+}
+
+bool CodesVec(const ProblemArgs& pr) {
+  return pr.code_length % 4 == 0 && reinterpret_cast<uintptr_t>(pr.codes) % 16 == 0;
+}
+
+cudaError_t CheckWorkspace(const Plan& p, void* ws, size_t bytes) {
+  if (bytes < p.total) return cudaErrorInvalidValue;
+  if (p.total > 0 && (ws == nullptr ||
+                      reinterpret_cast<uintptr_t>(ws) % kWorkspaceAlignment != 0)) {
+    return cudaErrorInvalidValue;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t ForwardPlan(const ForwardParams& params, Plan* p) {
+  const ProblemArgs& pr = params.problem;
+  if (BadSizes(pr) || BadTypes(pr) || BadLabelType(params.label_type)) {
+    return cudaErrorInvalidValue;
+  }
+  if (pr.batch > 0 && pr.num_classes == 0) return cudaErrorInvalidValue;
+  return MakePlan(Pass::kForward, pr, params.math, p);
+}
+
+cudaError_t CodesGradPlan(const CodesGradParams& params, Plan* p) {
+  const ProblemArgs& pr = params.problem;
+  if (BadSizes(pr) || BadTypes(pr) || BadLabelType(params.label_type)) {
+    return cudaErrorInvalidValue;
+  }
+  return MakePlan(Pass::kCodesGrad, pr, params.math, p);
+}
+
+cudaError_t RankPlan(const LabelRankParams& params, Plan* p) {
+  const ProblemArgs& pr = params.problem;
+  if (BadSizes(pr) || BadTypes(pr) || BadLabelType(params.label_type)) {
+    return cudaErrorInvalidValue;
+  }
+  if (pr.batch > 0 && pr.num_classes == 0) return cudaErrorInvalidValue;
+  return MakePlan(Pass::kRank, pr, MathMode::kFp32, p);
+}
+
+cudaError_t NearestPlan(const NearestParams& params, Plan* p) {
+  const ProblemArgs& pr = params.problem;
+  if (BadSizes(pr) || BadTypes(pr)) return cudaErrorInvalidValue;
+  if (pr.batch > 0 && pr.num_classes == 0) return cudaErrorInvalidValue;
+  return MakePlan(Pass::kNearest, pr, MathMode::kFp32, p);
+}
+
+template <int kMath>
+cudaError_t LaunchForwardSplit(const Plan& p, const detail::ForwardSplitArgs& a,
+                               cudaStream_t stream) {
+  return LaunchSplit(detail::ForwardSplitKernel<kMath, kRowTile>, p, a, stream);
+}
+
+template <int kMath>
+cudaError_t LaunchCodesGradSplit(const Plan& p, const detail::CodesGradArgs& a,
+                                 cudaStream_t stream) {
+  return LaunchSplit(detail::CodesGradSplitKernel<kMath, kRowTile>, p, a, stream);
+}
+
 }  // namespace
 
-cudaError_t EcocCrossEntropyForward(
-    const void* z, FloatType z_type, const float* codes, const void* labels,
-    IndexType label_type, float scale, float epsilon, int64_t batch,
-    int64_t num_classes, int64_t code_length, float* loss, float* lse,
-    float* expected_code, float* expected_sqnorm, cudaStream_t stream) {
-  if (BadSizes(batch, num_classes, code_length) || BadLabelType(label_type)) {
-    return cudaErrorInvalidValue;
-  }
-  if (batch == 0) return cudaSuccess;
-  if (num_classes == 0) return cudaErrorInvalidValue;  // no valid label exists
-  RowArgs args{};
-  args.z = z;
-  args.codes = codes;
-  args.labels = labels;
-  args.labels_int64 = label_type == IndexType::kInt64;
-  args.scale = scale;
-  args.epsilon = epsilon;
-  args.batch = batch;
-  args.num_classes = num_classes;
-  args.code_length = code_length;
-  args.chunk = ChunkFor(code_length);
-  args.loss = loss;
-  args.lse = lse;
-  args.expected_code = expected_code;
-  args.expected_sqnorm = expected_sqnorm;
-  return LaunchRow<RowMode::kForward>(z_type, args, stream);
+cudaError_t EcocForwardWorkspaceSize(const ForwardParams& params, size_t* bytes) {
+  if (bytes == nullptr) return cudaErrorInvalidValue;
+  Plan p;
+  const cudaError_t err = ForwardPlan(params, &p);
+  *bytes = err == cudaSuccess && params.problem.batch > 0 ? p.total : 0;
+  return err;
 }
 
-cudaError_t EcocCrossEntropyCodesGrad(
-    const void* z, FloatType z_type, const float* codes, const void* labels,
-    IndexType label_type, float scale, float epsilon, const float* lse,
-    const float* grad_loss, int64_t batch, int64_t num_classes,
-    int64_t code_length, float* grad_codes, cudaStream_t stream) {
-  if (BadSizes(batch, num_classes, code_length) || BadLabelType(label_type)) {
-    return cudaErrorInvalidValue;
-  }
-  // batch == 0 still launches: grad_codes must be overwritten with zeros.
-  if (num_classes == 0 || code_length == 0) return cudaSuccess;
-  GradArgs args{};
-  args.z = z;
-  args.codes = codes;
-  args.labels = labels;
-  args.labels_int64 = label_type == IndexType::kInt64;
-  args.lse = lse;
-  args.grad_loss = grad_loss;
-  args.scale = scale;
-  args.epsilon = epsilon;
-  args.batch = batch;
-  args.num_classes = num_classes;
-  args.code_length = code_length;
-  args.chunk = ChunkFor(code_length);
-  args.grad_codes = grad_codes;
-  return LaunchGrad(z_type, args, stream);
+cudaError_t EcocCodesGradWorkspaceSize(const CodesGradParams& params, size_t* bytes) {
+  if (bytes == nullptr) return cudaErrorInvalidValue;
+  Plan p;
+  const cudaError_t err = CodesGradPlan(params, &p);
+  const ProblemArgs& pr = params.problem;
+  *bytes = err == cudaSuccess && pr.batch > 0 && pr.num_classes > 0 && pr.code_length > 0
+               ? p.total
+               : 0;
+  return err;
 }
 
-cudaError_t EcocLabelRank(const void* z, FloatType z_type, const float* codes,
-                          const void* labels, IndexType label_type,
-                          float epsilon, int64_t batch, int64_t num_classes,
-                          int64_t code_length, int32_t* rank,
-                          cudaStream_t stream) {
-  if (BadSizes(batch, num_classes, code_length) || BadLabelType(label_type)) {
-    return cudaErrorInvalidValue;
-  }
-  if (batch == 0) return cudaSuccess;
-  if (num_classes == 0) return cudaErrorInvalidValue;
-  RowArgs args{};
-  args.z = z;
-  args.codes = codes;
-  args.labels = labels;
-  args.labels_int64 = label_type == IndexType::kInt64;
-  args.scale = 1.0f;  // unused: ranks compare distances
-  args.epsilon = epsilon;
-  args.batch = batch;
-  args.num_classes = num_classes;
-  args.code_length = code_length;
-  args.chunk = ChunkFor(code_length);
-  args.rank = rank;
-  return LaunchRow<RowMode::kRank>(z_type, args, stream);
+cudaError_t EcocLabelRankWorkspaceSize(const LabelRankParams& params, size_t* bytes) {
+  if (bytes == nullptr) return cudaErrorInvalidValue;
+  Plan p;
+  const cudaError_t err = RankPlan(params, &p);
+  *bytes = err == cudaSuccess && params.problem.batch > 0 ? p.total : 0;
+  return err;
 }
 
-cudaError_t EcocNearestCodeword(const void* z, FloatType z_type,
-                                const float* codes, float epsilon,
-                                int64_t batch, int64_t num_classes,
-                                int64_t code_length, int64_t* index,
-                                cudaStream_t stream) {
-  if (BadSizes(batch, num_classes, code_length)) return cudaErrorInvalidValue;
-  if (batch == 0) return cudaSuccess;
-  if (num_classes == 0) return cudaErrorInvalidValue;
-  RowArgs args{};
-  args.z = z;
-  args.codes = codes;
-  args.labels = nullptr;
-  args.labels_int64 = false;
-  args.scale = 1.0f;
-  args.epsilon = epsilon;
-  args.batch = batch;
-  args.num_classes = num_classes;
-  args.code_length = code_length;
-  args.chunk = ChunkFor(code_length);
-  args.index = index;
-  return LaunchRow<RowMode::kNearest>(z_type, args, stream);
+cudaError_t EcocNearestWorkspaceSize(const NearestParams& params, size_t* bytes) {
+  if (bytes == nullptr) return cudaErrorInvalidValue;
+  Plan p;
+  const cudaError_t err = NearestPlan(params, &p);
+  *bytes = err == cudaSuccess && params.problem.batch > 0 ? p.total : 0;
+  return err;
+}
+
+cudaError_t EcocCrossEntropyForward(const ForwardParams& params, cudaStream_t stream) {
+  const ProblemArgs& pr = params.problem;
+  Plan p;
+  cudaError_t err = ForwardPlan(params, &p);
+  if (err != cudaSuccess) return err;
+  if (pr.batch == 0) return cudaSuccess;
+  if (NullInputs(pr) || params.labels == nullptr ||
+      params.loss == nullptr || params.lse == nullptr || params.expected_sqnorm == nullptr ||
+      (pr.code_length > 0 && params.expected_code == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  void* ws = params.workspace;
+  if ((err = CheckWorkspace(p, ws, params.workspace_bytes)) != cudaSuccess) return err;
+  if ((err = LaunchPrep(pr, p, ws, params.scale, false, nullptr, params.label_type, false,
+                        stream)) != cudaSuccess) {
+    return err;
+  }
+  detail::ForwardSplitArgs a{};
+  a.u = At<float>(ws, p.u);
+  a.rowc = At<float>(ws, p.rowc);
+  a.sqn = At<float>(ws, p.sqn);
+  a.ct = At<float>(ws, p.ct);
+  a.codes = pr.codes;
+  a.labels = params.labels;
+  a.labels_int64 = params.label_type == IndexType::kInt64;
+  a.codes_vec = CodesVec(pr);
+  a.acc_in_smem = p.acc_in_smem;
+  a.scale = params.scale;
+  a.batch = pr.batch;
+  a.num_classes = pr.num_classes;
+  a.code_length = pr.code_length;
+  a.kp = p.kp;
+  a.kc = p.kc;
+  a.nchunks = p.nchunks;
+  a.splits = p.splits;
+  a.class_tiles = p.tiles;
+  a.label_logit = At<float>(ws, p.a);
+  a.part_lse = At<float>(ws, p.b);
+  a.part_sqn = At<float>(ws, p.c);
+  a.part_acc = At<float>(ws, p.d);
+  switch (p.math) {
+    case detail::kMath3xTf32:
+      err = LaunchForwardSplit<detail::kMath3xTf32>(p, a, stream);
+      break;
+    case detail::kMathTf32:
+      err = LaunchForwardSplit<detail::kMathTf32>(p, a, stream);
+      break;
+    default:
+      err = LaunchForwardSplit<detail::kMathFp32>(p, a, stream);
+      break;
+  }
+  if (err != cudaSuccess) return err;
+  detail::ForwardCombineArgs c{};
+  c.part_lse = a.part_lse;
+  c.part_sqn = a.part_sqn;
+  c.part_acc = a.part_acc;
+  c.label_logit = a.label_logit;
+  c.labels = params.labels;
+  c.labels_int64 = a.labels_int64;
+  c.batch = pr.batch;
+  c.num_classes = pr.num_classes;
+  c.code_length = pr.code_length;
+  c.splits = p.splits;
+  c.loss = params.loss;
+  c.lse = params.lse;
+  c.expected_code = params.expected_code;
+  c.expected_sqnorm = params.expected_sqnorm;
+  detail::ForwardCombineKernel<<<GridFor(pr.batch, 1, INT_MAX), kThreads,
+                                 static_cast<size_t>(p.splits) * 4, stream>>>(c);
+  return cudaGetLastError();
+}
+
+cudaError_t EcocCrossEntropyCodesGrad(const CodesGradParams& params, cudaStream_t stream) {
+  const ProblemArgs& pr = params.problem;
+  Plan p;
+  cudaError_t err = CodesGradPlan(params, &p);
+  if (err != cudaSuccess) return err;
+  if (pr.num_classes == 0 || pr.code_length == 0) return cudaSuccess;
+  if (params.grad_codes == nullptr) return cudaErrorInvalidValue;
+  if (pr.batch == 0) {
+    // Fully overwritten, with zeros.
+    return cudaMemsetAsync(params.grad_codes, 0,
+                           static_cast<size_t>(pr.num_classes * pr.code_length) * 4, stream);
+  }
+  if (NullInputs(pr) || params.labels == nullptr ||
+      params.lse == nullptr || params.grad_loss == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  void* ws = params.workspace;
+  if ((err = CheckWorkspace(p, ws, params.workspace_bytes)) != cudaSuccess) return err;
+  if ((err = LaunchPrep(pr, p, ws, params.scale, false, nullptr, params.label_type, false,
+                        stream)) != cudaSuccess) {
+    return err;
+  }
+  detail::CodesGradArgs a{};
+  a.u = At<float>(ws, p.u);
+  a.rowc = At<float>(ws, p.rowc);
+  a.ct = At<float>(ws, p.ct);
+  a.codes = pr.codes;
+  a.labels = params.labels;
+  a.labels_int64 = params.label_type == IndexType::kInt64;
+  a.codes_vec = CodesVec(pr);
+  a.g_in_smem = p.acc_in_smem;
+  a.scale = params.scale;
+  a.lse = params.lse;
+  a.grad_loss = params.grad_loss;
+  a.batch = pr.batch;
+  a.num_classes = pr.num_classes;
+  a.code_length = pr.code_length;
+  a.kp = p.kp;
+  a.kc = p.kc;
+  a.nchunks = p.nchunks;
+  a.splits = p.splits;
+  a.batch_tiles = p.tiles;
+  a.out = p.splits > 1 ? At<float>(ws, p.a) : params.grad_codes;
+  switch (p.math) {
+    case detail::kMath3xTf32:
+      err = LaunchCodesGradSplit<detail::kMath3xTf32>(p, a, stream);
+      break;
+    case detail::kMathTf32:
+      err = LaunchCodesGradSplit<detail::kMathTf32>(p, a, stream);
+      break;
+    default:
+      err = LaunchCodesGradSplit<detail::kMathFp32>(p, a, stream);
+      break;
+  }
+  if (err != cudaSuccess || p.splits == 1) return err;
+  const int64_t elems = pr.num_classes * pr.code_length;
+  detail::CodesGradCombineKernel<<<GridFor(elems, kThreads, 65535), kThreads, 0, stream>>>(
+      a.out, p.splits, elems, params.scale, params.grad_codes);
+  return cudaGetLastError();
+}
+
+namespace {
+
+cudaError_t LaunchDecode(bool rank, const ProblemArgs& pr, const Plan& p, void* ws,
+                         const void* labels, IndexType label_type, int32_t* rank_out,
+                         int64_t* index_out, cudaStream_t stream) {
+  cudaError_t err = LaunchPrep(pr, p, ws, 1.0f, true, labels, label_type, rank, stream);
+  if (err != cudaSuccess) return err;
+  detail::DecodeSplitArgs a{};
+  a.u = At<float>(ws, p.u);
+  a.ct = At<float>(ws, p.ct);
+  a.codes = pr.codes;
+  a.label_key = rank ? At<float>(ws, p.a) : nullptr;
+  a.codes_vec = CodesVec(pr);
+  a.batch = pr.batch;
+  a.num_classes = pr.num_classes;
+  a.code_length = pr.code_length;
+  a.kp = p.kp;
+  a.kc = p.kc;
+  a.nchunks = p.nchunks;
+  a.splits = p.splits;
+  a.class_tiles = p.tiles;
+  if (rank) {
+    a.part_count = At<long long>(ws, p.b);
+    a.part_bad = At<int>(ws, p.c);
+    err = LaunchSplit(detail::DecodeSplitKernel<true, kRowTile>, p, a, stream);
+  } else {
+    a.part_key = At<float>(ws, p.a);
+    a.part_index = At<long long>(ws, p.b);
+    a.part_bad = At<int>(ws, p.c);
+    err = LaunchSplit(detail::DecodeSplitKernel<false, kRowTile>, p, a, stream);
+  }
+  if (err != cudaSuccess) return err;
+  detail::DecodeCombineArgs c{};
+  c.labels = labels;
+  c.labels_int64 = label_type == IndexType::kInt64;
+  c.batch = pr.batch;
+  c.num_classes = pr.num_classes;
+  c.splits = p.splits;
+  c.part_count = a.part_count;
+  c.part_key = a.part_key;
+  c.part_index = a.part_index;
+  c.part_bad = a.part_bad;
+  c.rank = rank_out;
+  c.index = index_out;
+  detail::DecodeCombineKernel<<<GridFor(pr.batch, kThreads, 65535), kThreads, 0, stream>>>(c);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t EcocLabelRank(const LabelRankParams& params, cudaStream_t stream) {
+  const ProblemArgs& pr = params.problem;
+  Plan p;
+  cudaError_t err = RankPlan(params, &p);
+  if (err != cudaSuccess) return err;
+  if (pr.batch == 0) return cudaSuccess;
+  if (NullInputs(pr) || params.labels == nullptr ||
+      params.rank == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  if ((err = CheckWorkspace(p, params.workspace, params.workspace_bytes)) != cudaSuccess) {
+    return err;
+  }
+  return LaunchDecode(true, pr, p, params.workspace, params.labels, params.label_type,
+                      params.rank, nullptr, stream);
+}
+
+cudaError_t EcocNearestCodeword(const NearestParams& params, cudaStream_t stream) {
+  const ProblemArgs& pr = params.problem;
+  Plan p;
+  cudaError_t err = NearestPlan(params, &p);
+  if (err != cudaSuccess) return err;
+  if (pr.batch == 0) return cudaSuccess;
+  if (NullInputs(pr) || params.index == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  if ((err = CheckWorkspace(p, params.workspace, params.workspace_bytes)) != cudaSuccess) {
+    return err;
+  }
+  return LaunchDecode(false, pr, p, params.workspace, nullptr, IndexType::kInt32, nullptr,
+                      params.index, stream);
 }
 
 }  // namespace cuda

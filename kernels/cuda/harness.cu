@@ -104,6 +104,126 @@ struct DeviceBuffer {
   }
 };
 
+// ---------------------------------------------------------------------------
+// Contract v2 behind the harness's calls: each wrapper fills the params
+// struct, asks the pass for its workspace size and hands it a slice of one
+// cudaMalloc'd buffer that only grows (outside the kernels: a check that
+// measures free device memory runs every call once before measuring).
+
+using keras_ecoc::cuda::MathMode;
+
+MathMode g_math = MathMode::k3xTf32;  // loss passes; rank / nearest are FP32
+
+const char* MathName(MathMode m) {
+  switch (m) {
+    case MathMode::kFp32: return "fp32";
+    case MathMode::k3xTf32: return "3xtf32";
+    case MathMode::kTf32: return "tf32";
+  }
+  return "?";
+}
+
+struct Workspace {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  cudaError_t Ensure(size_t want) {
+    if (want <= bytes) return cudaSuccess;
+    if (ptr != nullptr) {
+      const cudaError_t err = cudaFree(ptr);
+      if (err != cudaSuccess) return err;
+      ptr = nullptr;
+      bytes = 0;
+    }
+    const cudaError_t err = cudaMalloc(&ptr, want);  // 256-byte aligned
+    if (err == cudaSuccess) bytes = want;
+    return err;
+  }
+};
+Workspace g_ws;
+size_t g_ws_largest = 0;  // the largest size any query asked for
+
+keras_ecoc::cuda::ProblemArgs Problem(const void* z, FloatType z_type, const float* codes,
+                                      float epsilon, int64_t B, int64_t n, int64_t k) {
+  keras_ecoc::cuda::ProblemArgs pr;
+  pr.z = z;
+  pr.z_type = z_type;
+  pr.codes = codes;
+  pr.batch = B;
+  pr.num_classes = n;
+  pr.code_length = k;
+  pr.epsilon = epsilon;
+  return pr;
+}
+
+template <typename Params, typename SizeFn, typename RunFn>
+cudaError_t RunWithWorkspace(Params* params, SizeFn size_fn, RunFn run_fn,
+                             cudaStream_t stream) {
+  size_t bytes = 0;
+  cudaError_t err = size_fn(*params, &bytes);
+  if (err != cudaSuccess) return err;
+  g_ws_largest = std::max(g_ws_largest, bytes);
+  if ((err = g_ws.Ensure(bytes)) != cudaSuccess) return err;
+  params->workspace = bytes > 0 ? g_ws.ptr : nullptr;
+  params->workspace_bytes = bytes > 0 ? g_ws.bytes : 0;
+  return run_fn(*params, stream);
+}
+
+cudaError_t Forward(const void* z, FloatType z_type, const float* codes, const void* labels,
+                    IndexType label_type, float scale, float epsilon, int64_t B, int64_t n,
+                    int64_t k, float* loss, float* lse, float* expected_code,
+                    float* expected_sqnorm, cudaStream_t stream) {
+  keras_ecoc::cuda::ForwardParams p;
+  p.problem = Problem(z, z_type, codes, epsilon, B, n, k);
+  p.labels = labels;
+  p.label_type = label_type;
+  p.scale = scale;
+  p.math = g_math;
+  p.loss = loss;
+  p.lse = lse;
+  p.expected_code = expected_code;
+  p.expected_sqnorm = expected_sqnorm;
+  return RunWithWorkspace(&p, keras_ecoc::cuda::EcocForwardWorkspaceSize,
+                          keras_ecoc::cuda::EcocCrossEntropyForward, stream);
+}
+
+cudaError_t CodesGrad(const void* z, FloatType z_type, const float* codes, const void* labels,
+                      IndexType label_type, float scale, float epsilon, const float* lse,
+                      const float* grad_loss, int64_t B, int64_t n, int64_t k,
+                      float* grad_codes, cudaStream_t stream) {
+  keras_ecoc::cuda::CodesGradParams p;
+  p.problem = Problem(z, z_type, codes, epsilon, B, n, k);
+  p.labels = labels;
+  p.label_type = label_type;
+  p.scale = scale;
+  p.math = g_math;
+  p.lse = lse;
+  p.grad_loss = grad_loss;
+  p.grad_codes = grad_codes;
+  return RunWithWorkspace(&p, keras_ecoc::cuda::EcocCodesGradWorkspaceSize,
+                          keras_ecoc::cuda::EcocCrossEntropyCodesGrad, stream);
+}
+
+cudaError_t LabelRank(const void* z, FloatType z_type, const float* codes, const void* labels,
+                      IndexType label_type, float epsilon, int64_t B, int64_t n, int64_t k,
+                      int32_t* rank, cudaStream_t stream) {
+  keras_ecoc::cuda::LabelRankParams p;
+  p.problem = Problem(z, z_type, codes, epsilon, B, n, k);
+  p.labels = labels;
+  p.label_type = label_type;
+  p.rank = rank;
+  return RunWithWorkspace(&p, keras_ecoc::cuda::EcocLabelRankWorkspaceSize,
+                          keras_ecoc::cuda::EcocLabelRank, stream);
+}
+
+cudaError_t Nearest(const void* z, FloatType z_type, const float* codes, float epsilon,
+                    int64_t B, int64_t n, int64_t k, int64_t* index, cudaStream_t stream) {
+  keras_ecoc::cuda::NearestParams p;
+  p.problem = Problem(z, z_type, codes, epsilon, B, n, k);
+  p.index = index;
+  return RunWithWorkspace(&p, keras_ecoc::cuda::EcocNearestWorkspaceSize,
+                          keras_ecoc::cuda::EcocNearestCodeword, stream);
+}
+
 const char* TypeName(FloatType t) {
   switch (t) {
     case FloatType::kFloat32: return "float32";
@@ -232,6 +352,40 @@ Reference ComputeReference(const std::vector<float>& z, const std::vector<float>
 int g_failures = 0;
 int g_checks = 0;
 
+// Largest relative error per (math mode, output) over every check, printed
+// at the end: the measured error of each precision mode against float64.
+struct ModeError {
+  std::string mode, output;
+  double rel = 0.0;
+};
+std::vector<ModeError> g_mode_errors;
+
+void RecordError(const std::string& name, double rel) {
+  const size_t space = name.rfind(' ');
+  const std::string output = space == std::string::npos ? name : name.substr(space + 1);
+  const std::string mode = MathName(g_math);
+  for (ModeError& e : g_mode_errors) {
+    if (e.mode == mode && e.output == output) {
+      e.rel = std::max(e.rel, rel);
+      return;
+    }
+  }
+  g_mode_errors.push_back({mode, output, rel});
+}
+
+void PrintModeErrors() {
+  if (g_mode_errors.empty()) return;
+  std::printf("\n## Largest error against float64 per math mode (max abs err / max(1, max |ref|))\n\n");
+  std::printf("| math mode | output | max rel err |\n|---|---|---:|\n");
+  for (const ModeError& e : g_mode_errors) {
+    std::printf("| %s | %s | %.3e |\n", e.mode.c_str(), e.output.c_str(), e.rel);
+  }
+}
+
+// Tolerance of the loss passes' outputs: FP32 and 3xTF32 are held to the
+// FP32 bound; plain TF32 (10-bit mantissa products) to a looser one.
+double LossTol() { return g_math == MathMode::kTf32 ? 2e-2 : 2e-4; }
+
 void Report(const std::string& name, bool pass, const std::string& detail) {
   ++g_checks;
   if (!pass) ++g_failures;
@@ -260,6 +414,7 @@ void CompareFloat(const std::string& name, const std::vector<float>& got,
     max_ref = std::max(max_ref, std::fabs(want[i]));
   }
   const double rel = max_abs / std::max(1.0, max_ref);
+  RecordError(name, rel);
   char buf[256];
   std::snprintf(buf, sizeof(buf),
                 "max abs err %.3e, max rel err %.3e (tol %.1e), %lld NaN/inf mismatches",
@@ -319,26 +474,26 @@ void RunCase(const Case& c, FloatType z_type, IndexType label_type, uint64_t see
   d_index.Fill(0xFF);
 
   using namespace keras_ecoc::cuda;
-  CUDA_OK(EcocCrossEntropyForward(d_z.ptr, z_type, d_codes.ptr, d_lab, label_type,
+  CUDA_OK(Forward(d_z.ptr, z_type, d_codes.ptr, d_lab, label_type,
                                   c.scale, kEpsilon, B, n, k, d_loss.ptr,
                                   d_lse.ptr, d_ecode.ptr, d_esq.ptr, 0));
-  CUDA_OK(EcocCrossEntropyCodesGrad(d_z.ptr, z_type, d_codes.ptr, d_lab,
+  CUDA_OK(CodesGrad(d_z.ptr, z_type, d_codes.ptr, d_lab,
                                     label_type, c.scale, kEpsilon, d_lse.ptr,
                                     d_grad_loss.ptr, B, n, k, d_grad.ptr, 0));
-  CUDA_OK(EcocLabelRank(d_z.ptr, z_type, d_codes.ptr, d_lab, label_type,
+  CUDA_OK(LabelRank(d_z.ptr, z_type, d_codes.ptr, d_lab, label_type,
                         kEpsilon, B, n, k, d_rank.ptr, 0));
-  CUDA_OK(EcocNearestCodeword(d_z.ptr, z_type, d_codes.ptr, kEpsilon, B, n, k,
+  CUDA_OK(Nearest(d_z.ptr, z_type, d_codes.ptr, kEpsilon, B, n, k,
                               d_index.ptr, 0));
   CUDA_OK(cudaDeviceSynchronize());
 
   char prefix[160];
-  std::snprintf(prefix, sizeof(prefix), "%s [z=%s labels=%s B=%lld n=%lld k=%lld s=%g]",
-                c.name.c_str(), TypeName(z_type),
+  std::snprintf(prefix, sizeof(prefix), "%s [math=%s z=%s labels=%s B=%lld n=%lld k=%lld s=%g]",
+                c.name.c_str(), MathName(g_math), TypeName(z_type),
                 label_type == IndexType::kInt32 ? "int32" : "int64",
                 static_cast<long long>(B), static_cast<long long>(n),
                 static_cast<long long>(k), c.scale);
   const std::string p(prefix);
-  const double tol = 2e-4;
+  const double tol = LossTol();
   CompareFloat(p + " loss", d_loss.Download(), ref.loss, tol);
   CompareFloat(p + " lse", d_lse.Download(), ref.lse, tol);
   CompareFloat(p + " expected_code", d_ecode.Download(), ref.expected_code, tol);
@@ -398,15 +553,15 @@ void RunEmptyBatch() {
   DeviceBuffer<float> d_codes(n * k), d_grad(n * k);
   d_codes.Fill(0);
   d_grad.Fill(0xFF);
-  CUDA_OK(EcocCrossEntropyForward(nullptr, FloatType::kFloat32, d_codes.ptr, nullptr,
+  CUDA_OK(Forward(nullptr, FloatType::kFloat32, d_codes.ptr, nullptr,
                                   IndexType::kInt32, 5.0f, kEpsilon, 0, n, k,
                                   nullptr, nullptr, nullptr, nullptr, 0));
-  CUDA_OK(EcocCrossEntropyCodesGrad(nullptr, FloatType::kFloat32, d_codes.ptr,
+  CUDA_OK(CodesGrad(nullptr, FloatType::kFloat32, d_codes.ptr,
                                     nullptr, IndexType::kInt64, 5.0f, kEpsilon,
                                     nullptr, nullptr, 0, n, k, d_grad.ptr, 0));
-  CUDA_OK(EcocLabelRank(nullptr, FloatType::kFloat16, d_codes.ptr, nullptr,
+  CUDA_OK(LabelRank(nullptr, FloatType::kFloat16, d_codes.ptr, nullptr,
                         IndexType::kInt32, kEpsilon, 0, n, k, nullptr, 0));
-  CUDA_OK(EcocNearestCodeword(nullptr, FloatType::kBFloat16, d_codes.ptr, kEpsilon,
+  CUDA_OK(Nearest(nullptr, FloatType::kBFloat16, d_codes.ptr, kEpsilon,
                               0, n, k, nullptr, 0));
   CUDA_OK(cudaDeviceSynchronize());
   const std::vector<float> g = d_grad.Download();
@@ -416,39 +571,51 @@ void RunEmptyBatch() {
 }
 
 void RunChecks(int sms) {
-  // Shapes chosen to hit every path: B and n not multiples of the tiles,
-  // k = 1, k = 0, k > 128 (several staged column chunks, last one partial),
-  // n = 1, and batches/classes large enough that the launchers pick 2 and 4
-  // rows (classes) per warp on this device.
-  const int64_t big = 16LL * sms + 37;    // -> 4 items per warp
-  const int64_t mid = 8LL * sms + 5;      // -> 2 items per warp
+  // Shapes chosen to hit every launch variant of the split kernels on this
+  // device: B and n not multiples of the tiles (16 rows, 32 classes); k = 0
+  // and 1; k = 130 (one stage per tile, accumulators in shared memory),
+  // k = 224 (one stage, accumulators in global memory on a 100 KiB budget),
+  // k = 300 and 1000 (several column stages per tile); many class splits at
+  // small B, one split at large B; many batch splits of the codes gradient
+  // (its combine) at small n, one at large n.
+  const int64_t many_tiles = 2LL * sms * 16 + 37;  // rows > 2 blocks per SM
+  const int64_t many_classes = 2LL * sms * 32 + 5;
   std::vector<Case> cases = {
       {"basic", 37, 100, 32, 8.0f, true, true, true},
       {"k=1", 5, 3, 1, 4.0f},
       {"k=0", 4, 5, 0, 4.0f},
       {"n=1", 9, 1, 16, 6.0f},
       {"k=130", 21, 45, 130, 5.0f, false, false, true},
+      {"k=224", 18, 70, 224, 5.0f, true, false, false},
       {"k=300", 19, 77, 300, 3.0f, true, true, false},
-      {"large n", 70, 5003, 64, 10.0f},
-      {"large B, 4 rows/warp", big, 40, 24, 7.0f},
-      {"mid B and n, 2 per warp", mid, mid, 20, 7.0f},
-      {"large n, 4 classes/warp", 33, big, 48, 12.0f},
+      {"k=1000", 5, 40, 1000, 3.0f},
+      {"large n, many class splits", 3, many_classes, 64, 10.0f, false, false, true},
+      {"large B, one class split, many batch splits", many_tiles, 40, 24, 7.0f},
+      {"large B and n", 70, 5003, 64, 10.0f},
   };
   const FloatType z_types[] = {FloatType::kFloat32, FloatType::kFloat16, FloatType::kBFloat16};
   const IndexType l_types[] = {IndexType::kInt32, IndexType::kInt64};
   uint64_t seed = 20240611;
-  for (const Case& c : cases) {
-    const bool all_combos = c.name == "basic" || c.name == "k=300";
-    for (FloatType zt : z_types) {
-      for (IndexType lt : l_types) {
-        if (!all_combos && !(zt == FloatType::kFloat32 && lt == IndexType::kInt32) &&
-            !(zt == FloatType::kBFloat16 && lt == IndexType::kInt64)) {
-          continue;
+  for (MathMode math : {MathMode::k3xTf32, MathMode::kFp32, MathMode::kTf32}) {
+    g_math = math;
+    for (const Case& c : cases) {
+      // Every z / label type in the default mode for two cases; otherwise
+      // float32 / int32 and bfloat16 / int64 (default mode) or float32 /
+      // int32 only (the other modes).
+      const bool all_combos =
+          math == MathMode::k3xTf32 && (c.name == "basic" || c.name == "k=300");
+      for (FloatType zt : z_types) {
+        for (IndexType lt : l_types) {
+          const bool first = zt == FloatType::kFloat32 && lt == IndexType::kInt32;
+          const bool second = math == MathMode::k3xTf32 && zt == FloatType::kBFloat16 &&
+                              lt == IndexType::kInt64;
+          if (!all_combos && !first && !second) continue;
+          RunCase(c, zt, lt, seed++);
         }
-        RunCase(c, zt, lt, seed++);
       }
     }
   }
+  g_math = MathMode::k3xTf32;
   RunEmptyBatch();
 }
 
@@ -593,20 +760,29 @@ void RunGridCase(int64_t B, int64_t n, int64_t k, const std::vector<float>& code
   for (auto* buf : {&d_loss, &d_lse, &d_ecode, &d_esq, &d_grad}) buf->Fill(0xFF);
   d_rank.Fill(0xFF);
   d_index.Fill(0xFF);
+  auto run_all = [&]() {
+    CUDA_OK(Forward(d_z.ptr, FloatType::kFloat32, d_codes.ptr, d_labels.ptr,
+                                  IndexType::kInt32, scale, kEpsilon, B, n, k, d_loss.ptr,
+                                  d_lse.ptr, d_ecode.ptr, d_esq.ptr, 0));
+  CUDA_OK(CodesGrad(d_z.ptr, FloatType::kFloat32, d_codes.ptr, d_labels.ptr,
+                                    IndexType::kInt32, scale, kEpsilon, d_lse.ptr, d_g.ptr, B,
+                                    n, k, d_grad.ptr, 0));
+  CUDA_OK(LabelRank(d_z.ptr, FloatType::kFloat32, d_codes.ptr, d_labels.ptr,
+                        IndexType::kInt32, kEpsilon, B, n, k, d_rank.ptr, 0));
+    CUDA_OK(Nearest(d_z.ptr, FloatType::kFloat32, d_codes.ptr, kEpsilon, B, n, k,
+                              d_index.ptr, 0));
+    CUDA_OK(cudaDeviceSynchronize());
+  };
+  // The first run sizes the workspace (cudaMalloc, outside the kernels) and
+  // loads the modules; the measured second run must not lower free memory.
+  run_all();
+  for (auto* buf : {&d_loss, &d_lse, &d_ecode, &d_esq, &d_grad}) buf->Fill(0xFF);
+  d_rank.Fill(0xFF);
+  d_index.Fill(0xFF);
   CUDA_OK(cudaDeviceSynchronize());
   size_t free_before = 0, free_after = 0, total = 0;
   CUDA_OK(cudaMemGetInfo(&free_before, &total));
-  CUDA_OK(EcocCrossEntropyForward(d_z.ptr, FloatType::kFloat32, d_codes.ptr, d_labels.ptr,
-                                  IndexType::kInt32, scale, kEpsilon, B, n, k, d_loss.ptr,
-                                  d_lse.ptr, d_ecode.ptr, d_esq.ptr, 0));
-  CUDA_OK(EcocCrossEntropyCodesGrad(d_z.ptr, FloatType::kFloat32, d_codes.ptr, d_labels.ptr,
-                                    IndexType::kInt32, scale, kEpsilon, d_lse.ptr, d_g.ptr, B,
-                                    n, k, d_grad.ptr, 0));
-  CUDA_OK(EcocLabelRank(d_z.ptr, FloatType::kFloat32, d_codes.ptr, d_labels.ptr,
-                        IndexType::kInt32, kEpsilon, B, n, k, d_rank.ptr, 0));
-  CUDA_OK(EcocNearestCodeword(d_z.ptr, FloatType::kFloat32, d_codes.ptr, kEpsilon, B, n, k,
-                              d_index.ptr, 0));
-  CUDA_OK(cudaDeviceSynchronize());
+  run_all();
   CUDA_OK(cudaMemGetInfo(&free_after, &total));
 
   const GridRef ref = GridReference(z, codes, labels, g, rows, scale, n, k);
@@ -628,11 +804,11 @@ void RunGridCase(int64_t B, int64_t n, int64_t k, const std::vector<float>& code
     if (gi < 0 || gi >= n || ref.dist[s][gi] > ref.dmin[s] + 1e-5 * (1.0 + ref.dmin[s])) ++index_bad;
   }
   char prefix[160];
-  std::snprintf(prefix, sizeof(prefix), "grid [B=%lld n=%lld k=%lld, %s]",
-                static_cast<long long>(B), static_cast<long long>(n), static_cast<long long>(k),
+  std::snprintf(prefix, sizeof(prefix), "grid [math=%s B=%lld n=%lld k=%lld, %s]",
+                MathName(g_math), static_cast<long long>(B), static_cast<long long>(n), static_cast<long long>(k),
                 full ? "all rows" : "8 sampled rows");
   const std::string p(prefix);
-  const double tol = 2e-4;
+  const double tol = LossTol();
   CompareFloat(p + " loss", got_loss, ref.loss, tol);
   CompareFloat(p + " lse", got_lse, ref.lse, tol);
   CompareFloat(p + " expected_code", got_ecode, ref.ecode, tol);
@@ -655,7 +831,8 @@ void RunGridCase(int64_t B, int64_t n, int64_t k, const std::vector<float>& code
 }
 
 void RunGrid(bool small) {
-  std::vector<int64_t> Bs = {1, 7, 256}, ks = {1, 31, 128, 1000}, ns = {1, 33, 10000, 1000000};
+  std::vector<int64_t> Bs = {1, 7, 16, 256}, ks = {1, 31, 128, 1000},
+                       ns = {1, 33, 10000, 1000000};
   if (small) {
     Bs = {1, 7};
     ks = {1, 31};
@@ -674,56 +851,61 @@ void RunGrid(bool small) {
   }
 }
 
-// --smem-limit: the Python guard (keras_ecoc/ops/_gpu_guard.py) predicts the
-// largest code length from the card's opt-in shared memory with the formula
-// below; the launchers must accept that k and refuse k + 1.
-int64_t GuardSmemBytes(int64_t k, bool cross_entropy) {
-  const int64_t pitch = std::max<int64_t>(1, std::min<int64_t>(k, 128)) | 1;
-  const int64_t fixed = 32 * pitch + 32;
-  return 4 * (cross_entropy ? 2 * 4 * k + 4 * 32 + fixed : 4 * k + fixed);
+// --smem-limit: the Python guard (keras_ecoc/ops/_gpu_guard.py) predicts
+// that the kernels run every code length up to 2^24 on a card with at least
+// GuardSmemBytes() of opt-in shared memory per block (the smallest launch:
+// one 8-column stage of 16 rows + 32 classes, double-buffered, plus the
+// 16 x 36 logit tile and 2 x 16 row scalars; kernels/cuda/ecoc_kernels.cu.cc
+// ChooseChunks), and refuses k > 2^24 (the contract's limit). Checked here:
+// a long code (several column stages) runs, and k = 2^24 + 1 is refused.
+int64_t GuardSmemBytes(bool cross_entropy) {
+  const int64_t stage = 2 * (16 + 32) * (8 + 4);
+  return 4 * (stage + 16 * 36 + (cross_entropy ? 2 * 16 : 0));
 }
 
 void RunSmemLimit(int smem_optin) {
   using namespace keras_ecoc::cuda;
+  const int64_t kLimit = int64_t{1} << 24;
   for (bool ce : {true, false}) {
-    int64_t kmax = 0;
-    while (GuardSmemBytes(kmax + 1, ce) <= smem_optin) ++kmax;
-    for (int64_t k : {kmax, kmax + 1}) {
+    const bool guard_fits = GuardSmemBytes(ce) <= smem_optin;
+    for (int64_t k : {int64_t{1} << 16, kLimit + 1}) {
       const int64_t B = 1, n = 1;
-      DeviceBuffer<float> d_z(B * k), d_codes(n * k), d_loss(B), d_lse(B), d_ecode(B * k),
-          d_esq(B), d_g(B), d_grad(n * k);
+      const bool want_ok = guard_fits && k <= kLimit;
+      const int64_t alloc_k = k <= kLimit ? k : 1;  // the refused call reads nothing
+      DeviceBuffer<float> d_z(B * alloc_k), d_codes(n * alloc_k), d_loss(B), d_lse(B),
+          d_ecode(B * alloc_k), d_esq(B), d_g(B), d_grad(n * alloc_k);
       DeviceBuffer<int32_t> d_labels(B), d_rank(B);
       for (auto* buf : {&d_z, &d_codes, &d_g}) buf->Fill(0);
       d_labels.Fill(0);
       cudaError_t err;
       if (ce) {
-        err = EcocCrossEntropyForward(d_z.ptr, FloatType::kFloat32, d_codes.ptr, d_labels.ptr,
-                                      IndexType::kInt32, 1.0f, kEpsilon, B, n, k, d_loss.ptr,
-                                      d_lse.ptr, d_ecode.ptr, d_esq.ptr, 0);
+        err = Forward(d_z.ptr, FloatType::kFloat32, d_codes.ptr, d_labels.ptr,
+                      IndexType::kInt32, 1.0f, kEpsilon, B, n, k, d_loss.ptr, d_lse.ptr,
+                      d_ecode.ptr, d_esq.ptr, 0);
         if (err == cudaSuccess) {
-          err = EcocCrossEntropyCodesGrad(d_z.ptr, FloatType::kFloat32, d_codes.ptr,
-                                          d_labels.ptr, IndexType::kInt32, 1.0f, kEpsilon,
-                                          d_lse.ptr, d_g.ptr, B, n, k, d_grad.ptr, 0);
+          err = CodesGrad(d_z.ptr, FloatType::kFloat32, d_codes.ptr, d_labels.ptr,
+                          IndexType::kInt32, 1.0f, kEpsilon, d_lse.ptr, d_g.ptr, B, n, k,
+                          d_grad.ptr, 0);
         }
       } else {
-        err = EcocLabelRank(d_z.ptr, FloatType::kFloat32, d_codes.ptr, d_labels.ptr,
-                            IndexType::kInt32, kEpsilon, B, n, k, d_rank.ptr, 0);
+        err = LabelRank(d_z.ptr, FloatType::kFloat32, d_codes.ptr, d_labels.ptr,
+                        IndexType::kInt32, kEpsilon, B, n, k, d_rank.ptr, 0);
       }
       if (err == cudaSuccess) err = cudaDeviceSynchronize();
       (void)cudaGetLastError();
-      const bool want_ok = k == kmax;
       char name[160], detail[200];
       std::snprintf(name, sizeof(name), "shared-memory limit [%s, optin=%d bytes, k=%lld]",
                     ce ? "cross_entropy" : "decode", smem_optin, static_cast<long long>(k));
-      std::snprintf(detail, sizeof(detail), "%s (guard predicts %s)", cudaGetErrorName(err),
-                    want_ok ? "it fits" : "too large");
+      std::snprintf(detail, sizeof(detail), "%s (guard: needs %lld bytes, predicts %s)",
+                    cudaGetErrorName(err), static_cast<long long>(GuardSmemBytes(ce)),
+                    want_ok ? "it runs" : "refused");
       Report(name, want_ok ? err == cudaSuccess : err == cudaErrorInvalidValue, detail);
     }
   }
 }
 
 // ---------------------------------------------------------------------------
-// Benchmark.
+// Timing (--bench-only): one Markdown table per math mode from CUDA events.
 
 float MedianMs(std::vector<float> v) {
   std::sort(v.begin(), v.end());
@@ -752,81 +934,151 @@ float TimeMs(F&& launch, int warmup, int repeats) {
   return MedianMs(times);
 }
 
-void RunBench(bool quick) {
+// Dense peaks of the card from its SM count and clock: FP32 FMA lanes and
+// TF32 tensor-core rate per SM per clock (datacenter parts: A100 1024, A10 /
+// L40 512, H100 2048 TF32 flops; GeForce parts have half the TF32 rate, so
+// the % of TF32 peak is understated there). 0 = unknown / none (sm_75).
+struct Peaks {
+  double fp32 = 0.0, tf32 = 0.0;  // TFLOP/s
+};
+
+Peaks CardPeaks(const cudaDeviceProp& prop) {
+  Peaks p;
+#ifdef KERAS_ECOC_EMULATOR
+  // The CPU emulator has no clock to report (and its timings mean nothing).
+  (void)prop;
+  return p;
+#else
+  int khz = 0;
+  if (cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0) != cudaSuccess || khz <= 0) {
+    (void)cudaGetLastError();
+    return p;
+  }
+  const int cc = prop.major * 10 + prop.minor;
+  const double fp32_per_clk = (cc == 75 || cc == 80) ? 128 : 256;
+  const double tf32_per_clk = cc >= 90 ? 2048 : cc == 80 ? 1024 : cc >= 86 ? 512 : 0;
+  const double sm_ghz = prop.multiProcessorCount * (khz * 1e-6);
+  p.fp32 = sm_ghz * fp32_per_clk * 1e-3;
+  p.tf32 = sm_ghz * tf32_per_clk * 1e-3;
+  return p;
+#endif
+}
+
+void RunBench(bool quick, const cudaDeviceProp& prop) {
   using namespace keras_ecoc::cuda;
-  const int warmup = quick ? 2 : 5;
-  const int repeats = quick ? 5 : 25;
-  std::vector<int64_t> ns = {100, 1000, 10000, 100000};
-  if (quick) ns = {1000, 10000};
-  std::printf("\n## Timings (float32 z, int32 labels; median of %d after %d warm-up)\n\n",
-              repeats, warmup);
-  std::printf("| B | k | n | forward (ms) | codes grad (ms) | B x n float32 buffer (MiB) | "
-              "device memory allocated by the kernels (bytes) |\n");
-  std::printf("|---:|---:|---:|---:|---:|---:|---:|\n");
+  const int warmup = quick ? 1 : 3;
+  const int repeats = quick ? 3 : 10;
+  std::vector<int64_t> Bs = {1, 7, 16, 256, 4096}, ks = {1, 31, 32, 128, 1000},
+                       ns = {1, 33, 10000, 100000, 1000000};
+  if (quick) {
+    Bs = {16, 256};
+    ks = {32, 128};
+    ns = {10000, 100000};
+  }
+  // Skipped: codes above 2^28 floats (1 GiB), or B n k above 3e11 (seconds
+  // per call; the float64 grid covers correctness there).
+  const double kMaxWork = 3e11;
+  const int64_t kMaxCodes = int64_t{1} << 28;
+  const Peaks peaks = CardPeaks(prop);
+  std::printf("\n## Timings on %s (float32 z, int32 labels, s = 10; median of %d after %d "
+              "warm-up; CUDA events)\n\n",
+              prop.name, repeats, warmup);
+  std::printf("FLOPs counted: forward 4Bnk (logits + expected code), codes gradient 4Bnk. "
+              "Peaks: FP32 %.1f TFLOP/s, TF32 %.1f TFLOP/s (SM count x clock x per-SM rate).\n",
+              peaks.fp32, peaks.tf32);
   long long worst_delta = 0;
-  for (int64_t B : {16, 256}) {
-    for (int64_t k : {32, 128}) {
-      for (int64_t n : ns) {
+  struct Row {
+    int64_t B, k, n;
+    float fwd[3], both[3];
+  };
+  std::vector<Row> rows;
+  const MathMode modes[3] = {MathMode::kFp32, MathMode::k3xTf32, MathMode::kTf32};
+  for (int64_t n : ns) {
+    for (int64_t k : ks) {
+      if (n * k > kMaxCodes) continue;
+      std::vector<float> codes(n * k);
+      FillNormal(&codes, 99 + n + k, 1.0 / std::sqrt(double(k)));
+      DeviceBuffer<float> d_codes(n * k);
+      d_codes.Upload(codes);
+      for (int64_t B : Bs) {
+        if (double(B) * n * k > kMaxWork) continue;
         Rng rng(1234 + B + k + n);
-        std::vector<float> z(B * k), codes(n * k), g(B, 1.0f / B);
+        std::vector<float> z(B * k), g(B, 1.0f / B);
         std::vector<int32_t> labels(B);
         for (auto& v : z) v = static_cast<float>(rng.Normal());
-        for (auto& v : codes) v = static_cast<float>(rng.Normal() / std::sqrt(double(k)));
         for (auto& y : labels) y = static_cast<int32_t>(rng.Below(n));
-        DeviceBuffer<float> d_z(B * k), d_codes(n * k), d_loss(B), d_lse(B),
-            d_ecode(B * k), d_esq(B), d_g(B), d_grad(n * k);
+        DeviceBuffer<float> d_z(B * k), d_loss(B), d_lse(B), d_ecode(B * k), d_esq(B), d_g(B),
+            d_grad(n * k);
         DeviceBuffer<int32_t> d_labels(B);
         d_z.Upload(z);
-        d_codes.Upload(codes);
         d_g.Upload(g);
         d_labels.Upload(labels);
         auto forward = [&]() {
-          return EcocCrossEntropyForward(d_z.ptr, FloatType::kFloat32, d_codes.ptr,
-                                         d_labels.ptr, IndexType::kInt32, 10.0f,
-                                         kEpsilon, B, n, k, d_loss.ptr, d_lse.ptr,
-                                         d_ecode.ptr, d_esq.ptr, 0);
+          return Forward(d_z.ptr, FloatType::kFloat32, d_codes.ptr, d_labels.ptr,
+                         IndexType::kInt32, 10.0f, kEpsilon, B, n, k, d_loss.ptr, d_lse.ptr,
+                         d_ecode.ptr, d_esq.ptr, 0);
         };
-        auto grad = [&]() {
-          return EcocCrossEntropyCodesGrad(d_z.ptr, FloatType::kFloat32, d_codes.ptr,
-                                           d_labels.ptr, IndexType::kInt32, 10.0f,
-                                           kEpsilon, d_lse.ptr, d_g.ptr, B, n, k,
-                                           d_grad.ptr, 0);
+        auto both = [&]() {
+          cudaError_t err = forward();
+          if (err != cudaSuccess) return err;
+          return CodesGrad(d_z.ptr, FloatType::kFloat32, d_codes.ptr, d_labels.ptr,
+                           IndexType::kInt32, 10.0f, kEpsilon, d_lse.ptr, d_g.ptr, B, n, k,
+                           d_grad.ptr, 0);
         };
-        // One untimed call of each first: module loading may allocate.
-        CUDA_OK(forward());
-        CUDA_OK(grad());
-        CUDA_OK(cudaDeviceSynchronize());
-        size_t free_before = 0, free_after = 0, total = 0;
-        CUDA_OK(cudaMemGetInfo(&free_before, &total));
-        const float fwd_ms = TimeMs(forward, warmup, repeats);
-        const float grad_ms = TimeMs(grad, warmup, repeats);
-        CUDA_OK(cudaMemGetInfo(&free_after, &total));
-        const long long delta = static_cast<long long>(free_before) -
-                                static_cast<long long>(free_after);
-        worst_delta = std::max(worst_delta, delta);
-        std::printf("| %lld | %lld | %lld | %.4f | %.4f | %.1f | %lld |\n",
-                    static_cast<long long>(B), static_cast<long long>(k),
-                    static_cast<long long>(n), fwd_ms, grad_ms,
-                    double(B) * n * 4 / (1 << 20), delta);
-        std::fflush(stdout);
+        Row row{B, k, n, {}, {}};
+        for (int m = 0; m < 3; ++m) {
+          g_math = modes[m];
+          CUDA_OK(both());  // sizes the workspace, loads the modules
+          CUDA_OK(cudaDeviceSynchronize());
+          size_t free_before = 0, free_after = 0, total = 0;
+          CUDA_OK(cudaMemGetInfo(&free_before, &total));
+          row.fwd[m] = TimeMs(forward, warmup, repeats);
+          row.both[m] = TimeMs(both, warmup, repeats);
+          CUDA_OK(cudaMemGetInfo(&free_after, &total));
+          worst_delta = std::max(worst_delta, static_cast<long long>(free_before) -
+                                                  static_cast<long long>(free_after));
+        }
+        rows.push_back(row);
       }
     }
   }
-  std::printf("\nLargest drop in free device memory while the kernels ran: %lld bytes "
+  g_math = MathMode::k3xTf32;
+  for (int m = 0; m < 3; ++m) {
+    std::printf("\n### math mode %s\n\n", MathName(modes[m]));
+    std::printf("| B | k | n | forward ms | forward + codes grad ms | TFLOP/s | %% of FP32 peak "
+                "| %% of TF32 peak |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (const Row& r : rows) {
+      const double tflops = 8.0 * r.B * r.n * r.k / (r.both[m] * 1e-3) * 1e-12;
+      char fp32[32] = "n/a", tf32[32] = "n/a";
+      if (peaks.fp32 > 0) std::snprintf(fp32, sizeof(fp32), "%.1f", 100 * tflops / peaks.fp32);
+      if (peaks.tf32 > 0) std::snprintf(tf32, sizeof(tf32), "%.1f", 100 * tflops / peaks.tf32);
+      std::printf("| %lld | %lld | %lld | %.4f | %.4f | %.2f | %s | %s |\n",
+                  static_cast<long long>(r.B), static_cast<long long>(r.k),
+                  static_cast<long long>(r.n), r.fwd[m], r.both[m], tflops, fp32, tf32);
+    }
+  }
+  std::printf("\nSkipped: codes above %lld floats or B n k above %.0e. Largest workspace "
+              "asked for: %zu bytes.\n",
+              static_cast<long long>(kMaxCodes), kMaxWork, g_ws_largest);
+  std::printf("Largest drop in free device memory while the kernels ran: %lld bytes "
               "(cudaMemGetInfo before/after; the kernels allocate nothing).\n",
               worst_delta);
+  std::fflush(stdout);
 }
 
 }  // namespace
 
 const char kUsage[] =
     "usage: %s [--check-only | --bench-only | --grid | --small | --smem-limit] [--quick]\n"
+    "          [--math fp32|3xtf32|tf32]\n"
     "  (default)      the checks, then the benchmark table\n"
     "  --check-only   the checks over odd shapes and dtypes\n"
-    "  --bench-only   the benchmark table (--quick: fewer shapes and repeats)\n"
-    "  --grid         B in {1,7,256} x k in {1,31,128,1000} x n in {1,33,1e4,1e6}\n"
+    "  --bench-only   timing tables per math mode (--quick: fewer shapes and repeats)\n"
+    "  --grid         B in {1,7,16,256} x k in {1,31,128,1000} x n in {1,33,1e4,1e6}\n"
+    "  --math MODE    fp32 | 3xtf32 | tf32: the loss passes' mode in --grid / --small\n"
+    "                 (default 3xtf32; the checks run every mode, the timings all three)\n"
     "  --small        a small grid (for compute-sanitizer)\n"
-    "  --smem-limit   the largest code length the Python guard allows launches, +1 does not\n";
+    "  --smem-limit   the Python guard's shared-memory need and code-length limit hold\n";
 
 int main(int argc, char** argv) {
   bool check = true, bench = true, quick = false, grid = false, small = false, smem = false;
@@ -849,6 +1101,18 @@ int main(int argc, char** argv) {
       ++modes;
     } else if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
+    } else if (std::strcmp(argv[i], "--math") == 0 && i + 1 < argc) {
+      const char* m = argv[++i];
+      if (std::strcmp(m, "fp32") == 0) {
+        g_math = MathMode::kFp32;
+      } else if (std::strcmp(m, "3xtf32") == 0) {
+        g_math = MathMode::k3xTf32;
+      } else if (std::strcmp(m, "tf32") == 0) {
+        g_math = MathMode::kTf32;
+      } else {
+        std::fprintf(stderr, "--math must be fp32, 3xtf32 or tf32; got %s\n", m);
+        return 3;
+      }
     } else {
       std::fprintf(stderr, kUsage, argv[0]);
       return 3;
@@ -881,8 +1145,9 @@ int main(int argc, char** argv) {
   if (check) RunChecks(prop.multiProcessorCount);
   if (grid || small) RunGrid(small);
   if (smem) RunSmemLimit(static_cast<int>(prop.sharedMemPerBlockOptin));
+  PrintModeErrors();
   if (check || grid || small || smem) std::printf("\n%d checks, %d failed\n", g_checks, g_failures);
-  if (bench) RunBench(quick);
+  if (bench) RunBench(quick, prop);
   if (g_failures > 0) {
     std::printf("FAILED\n");
     return 1;

@@ -1,0 +1,177 @@
+// Gradient with respect to the codes on the same engine as the forward:
+//   grad_i = s * sum_b w_bi (u_b - M_i),  w_bi = g_b (p_bi - [i == y_b]),
+//   p_bi = exp(logit_bi - lse_b) with lse from the forward pass.
+// A grid of (class tiles of 32) x (batch splits). Each block streams the
+// BT-row batch tiles of its split through the double-buffered pipeline,
+// recomputes the tile's logits with the engine of the math mode (the
+// forward's numbers when the math mode is the same), and accumulates
+//   G_c += sum_r w_rc (u_r - M_c)
+// per batch tile (tile sum first, then one add). With one batch split the
+// block writes s * G straight into grad_codes; with several, each split
+// writes its G to the workspace and CodesGradCombineKernel adds the splits
+// in a fixed order. No float atomics anywhere.
+#ifndef KERAS_ECOC_KERNELS_CUDA_ECOC_CODES_GRAD_CUH_
+#define KERAS_ECOC_KERNELS_CUDA_ECOC_CODES_GRAD_CUH_
+
+#include <cstdint>
+
+#include "ecoc_common.cuh"
+#include "ecoc_engine.cuh"
+
+namespace keras_ecoc {
+namespace cuda {
+namespace detail {
+
+struct CodesGradArgs {
+  const float* u;     // [batch, kp]
+  const float* rowc;  // [batch]
+  const float* ct;    // [n]
+  const float* codes;
+  const void* labels;
+  bool labels_int64;
+  bool codes_vec;
+  bool g_in_smem;     // G in shared memory (else in `out` directly)
+  float scale;
+  const float* lse;        // [batch]
+  const float* grad_loss;  // [batch]
+  int64_t batch, num_classes, code_length, kp;
+  int kc, nchunks;
+  int splits;
+  int64_t batch_tiles;
+  // splits == 1: grad_codes [n, k] (scaled by s here);
+  // splits > 1: the workspace [splits, n, k] (unscaled).
+  float* out;
+};
+
+__host__ __device__ constexpr int64_t CodesGradSmemFloats(int bt, int kc, int64_t k,
+                                                          bool g_in_smem) {
+  return 2 * int64_t{bt + kClassTile} * TilePitch(kc)  // double-buffered stages
+         + int64_t{bt} * kSPitch                       // w of a tile
+         + (g_in_smem ? kClassTile * k : 0);           // G
+}
+
+template <int kMath, int BT>
+__global__ void __launch_bounds__(kThreads) CodesGradSplitKernel(CodesGradArgs a) {
+  extern __shared__ __align__(16) float smem[];
+  using Engine = typename EngineFor<kMath, BT>::type;
+  constexpr int CT = kClassTile;
+  constexpr int RW = BT / kWarps;
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const int pitch = TilePitch(a.kc);
+  const int stage_floats = (BT + CT) * pitch;
+  float* W_s = smem + 2 * stage_floats;
+  float* g_s = W_s + BT * kSPitch;
+
+  const int64_t k = a.code_length;
+  const int64_t c0 = int64_t{blockIdx.x} * CT;
+  const int split = blockIdx.y;
+  const int nvalid = static_cast<int>(a.num_classes - c0 < CT ? a.num_classes - c0 : CT);
+  const int64_t t_begin = split * a.batch_tiles / a.splits;
+  const int64_t t_end = (split + 1) * a.batch_tiles / a.splits;
+  const int64_t num_stages = (t_end - t_begin) * a.nchunks;
+
+  float* slot = a.out + (int64_t{split} * a.num_classes + c0) * k;
+  float* g = a.g_in_smem ? g_s : slot;  // row stride k either way
+  for (int64_t e = threadIdx.x; e < nvalid * k; e += kThreads) g[e] = 0.0f;
+
+  Engine engine;
+  engine.Init();
+  if (num_stages > 0) {
+    StageTile(smem, pitch, a.u, a.kp, t_begin * BT, a.batch, BT, 0, a.kc, a.kp, true);
+    StageTile(smem + BT * pitch, pitch, a.codes, k, c0, a.num_classes, CT, 0, a.kc, k,
+              a.codes_vec);
+    ptx::cp_async_commit();
+  }
+  for (int64_t q = 0; q < num_stages; ++q) {
+    float* cur = smem + (q & 1) * stage_floats;
+    if (q + 1 < num_stages) {
+      float* nxt = smem + ((q + 1) & 1) * stage_floats;
+      const int64_t nb0 = (t_begin + (q + 1) / a.nchunks) * BT;
+      const int64_t nj0 = ((q + 1) % a.nchunks) * a.kc;
+      StageTile(nxt, pitch, a.u, a.kp, nb0, a.batch, BT, nj0, a.kc, a.kp, true);
+      StageTile(nxt + BT * pitch, pitch, a.codes, k, c0, a.num_classes, CT, nj0, a.kc, k,
+                a.codes_vec);
+      ptx::cp_async_commit();
+      ptx::cp_async_wait<1>();
+    } else {
+      ptx::cp_async_wait<0>();
+    }
+    __syncthreads();
+
+    const int chunk = static_cast<int>(q % a.nchunks);
+    if (chunk == 0) engine.Init();
+    engine.Step(cur, cur + BT * pitch, pitch, a.kc);
+
+    if (chunk == a.nchunks - 1) {
+      const int64_t b0 = (t_begin + q / a.nchunks) * BT;
+      const int rows_valid = static_cast<int>(a.batch - b0 < BT ? a.batch - b0 : BT);
+      engine.Store(W_s);
+      __syncthreads();
+      const int64_t c = c0 + lane;
+      const bool cvalid = c < a.num_classes;
+      const float ct = cvalid ? a.ct[c] : 0.0f;
+#pragma unroll
+      for (int i = 0; i < RW; ++i) {
+        const int r = warp * RW + i;
+        const int64_t b = b0 + r;
+        float w = 0.0f;
+        if (cvalid && r < rows_valid) {
+          const float x = Logit(W_s[r * kSPitch + lane], a.scale, ct, a.rowc[b]);
+          const float p = expf(x - a.lse[b]);
+          const int64_t y = LoadLabel(a.labels, a.labels_int64, b);
+          w = a.grad_loss[b] * (p - (y == c ? 1.0f : 0.0f));
+        }
+        W_s[r * kSPitch + lane] = w;
+      }
+      // Every w of the tile is written before any thread reads another
+      // warp's rows.
+      __syncthreads();  // [barrier-mutation-test]
+      const float* usrc = a.nchunks == 1 ? cur : a.u + b0 * a.kp;
+      const int64_t ustride = a.nchunks == 1 ? pitch : a.kp;
+      const float* msrc = a.nchunks == 1 ? cur + BT * pitch : a.codes + c0 * k;
+      const int64_t mstride = a.nchunks == 1 ? pitch : k;
+      for (int64_t j = threadIdx.x; j < k; j += kThreads) {
+        float uv[BT];
+#pragma unroll
+        for (int r = 0; r < BT; ++r) uv[r] = r < rows_valid ? usrc[r * ustride + j] : 0.0f;
+        for (int cc = 0; cc < nvalid; ++cc) {
+          const float m = msrc[cc * mstride + j];
+          float t = 0.0f;
+#pragma unroll
+          for (int r = 0; r < BT; ++r) {
+            // Rows past the batch have w = 0 and u = 0: exact zeros.
+            t = fmaf(W_s[r * kSPitch + cc], r < rows_valid ? uv[r] - m : 0.0f, t);
+          }
+          g[cc * k + j] += t;
+        }
+      }
+    }
+    __syncthreads();  // buffer q & 1 and W_s are free for the next stage
+  }
+
+  const bool final = a.splits == 1;
+  if (a.g_in_smem || final) {
+    for (int64_t e = threadIdx.x; e < nvalid * k; e += kThreads) {
+      slot[e] = final ? a.scale * g[e] : g[e];
+    }
+  }
+}
+
+// grad_codes[e] = s * sum_{split} part[split][e], splits in increasing order.
+__global__ void __launch_bounds__(kThreads) CodesGradCombineKernel(
+    const float* __restrict__ part, int splits, int64_t elems, float scale,
+    float* __restrict__ grad_codes) {
+  for (int64_t e = int64_t{blockIdx.x} * kThreads + threadIdx.x; e < elems;
+       e += int64_t{gridDim.x} * kThreads) {
+    float acc = 0.0f;
+    for (int s = 0; s < splits; ++s) acc += part[s * elems + e];
+    grad_codes[e] = scale * acc;
+  }
+}
+
+}  // namespace detail
+}  // namespace cuda
+}  // namespace keras_ecoc
+
+#endif  // KERAS_ECOC_KERNELS_CUDA_ECOC_CODES_GRAD_CUH_

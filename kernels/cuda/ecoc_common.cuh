@@ -1,0 +1,196 @@
+// Device pieces shared by every pass of the fused ECOC kernels: constants,
+// conversions, warp reductions, the one expression for a logit, and the
+// per-row / per-class preparation kernel whose outputs (u, ||u||^2 term,
+// ||M||^2 terms) every later kernel of a pass reads from the workspace.
+//
+// Framework-free (CUDA C++ only) and limited to the subset listed in
+// kernels/cuda/README.md ("The CUDA subset"), so that the CPU emulator of
+// CUDA can run it.
+#ifndef KERAS_ECOC_KERNELS_CUDA_ECOC_COMMON_CUH_
+#define KERAS_ECOC_KERNELS_CUDA_ECOC_COMMON_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace keras_ecoc {
+namespace cuda {
+namespace detail {
+
+constexpr int kWarpSize = 32;
+constexpr int kWarps = 4;  // every kernel runs 4 warps per block
+constexpr int kThreads = kWarpSize * kWarps;
+constexpr unsigned kFullMask = 0xffffffffu;
+// Classes per tile: one per lane (FP32 engine), four n-tiles of 8 (MMA).
+constexpr int kClassTile = 32;
+// Row pitch of the logit tile S [rows][kSPitch]: 36 keeps the MMA
+// fragment stores at most 2-way bank conflicted, row reads conflict-free.
+constexpr int kSPitch = kClassTile + 4;
+
+template <typename T>
+__device__ __forceinline__ float ToFloat(T v);
+template <>
+__device__ __forceinline__ float ToFloat<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ float ToFloat<__half>(__half v) {
+  return __half2float(v);
+}
+template <>
+__device__ __forceinline__ float ToFloat<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+
+// Butterfly reductions: IEEE addition is commutative, so every lane ends
+// with bit-identical results (no broadcast needed, deterministic).
+__device__ __forceinline__ float WarpSum(float v) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) {
+    v += __shfl_xor_sync(kFullMask, v, offset);
+  }
+  return v;
+}
+
+__device__ __forceinline__ long long WarpSumLL(long long v) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) {
+    v += __shfl_xor_sync(kFullMask, v, offset);
+  }
+  return v;
+}
+
+// max() that returns NaN when either argument is NaN (fmaxf would drop a NaN
+// logit from the log-sum-exp).
+__device__ __forceinline__ float NanMax(float a, float b) {
+  return (a > b || a != a) ? a : b;
+}
+
+__device__ __forceinline__ float WarpNanMax(float v) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) {
+    v = NanMax(v, __shfl_xor_sync(kFullMask, v, offset));
+  }
+  return v;
+}
+
+// exp(a - b) with exp(-inf - b) = 0 even when b is -inf (nothing seen yet),
+// NaN in a or b still NaN.
+__device__ __forceinline__ float ExpDiff(float a, float b) {
+  return a == -INFINITY ? 0.0f : expf(a - b);
+}
+
+// The one expression for a logit from an inner product, as the CPU kernel
+// (FinishLogit: s * dot + ct + rowc) and the XLA lowering:
+//   logit = (s * (u . M_i) + ct_i) + rowc_b,
+//   ct_i = -s/2 ||M_i||^2,  rowc_b = -s/2 ||u_b||^2.
+// Label rank and nearest codeword use the scale-free key s = 1, rowc = 0.
+// Explicit _rn intrinsics: the compiler may not contract or reorder it
+// differently at different call sites.
+__device__ __forceinline__ float Logit(float dot, float s, float ct, float rowc) {
+  return __fadd_rn(__fmaf_rn(s, dot, ct), rowc);
+}
+
+// The FP32 inner product's chain: one sequential fma per element, in
+// increasing j, starting from +0. The FP32 engine (ecoc_engine.cuh) runs the
+// same chain on staged tiles (its zero padding adds exact zeros), so a dot
+// computed here equals the engine's bit for bit.
+__device__ __forceinline__ float DotChain(const float* __restrict__ u,
+                                          const float* __restrict__ m, int64_t k) {
+  float d = 0.0f;
+  for (int64_t j = 0; j < k; ++j) d = __fmaf_rn(u[j], m[j], d);
+  return d;
+}
+
+__device__ __forceinline__ int64_t LoadLabel(const void* labels, bool int64,
+                                             int64_t b) {
+  return int64 ? static_cast<const int64_t*>(labels)[b]
+               : static_cast<int64_t>(static_cast<const int32_t*>(labels)[b]);
+}
+
+// Inputs of the preparation kernels.
+struct PrepArgs {
+  const void* z;           // [batch, k] ZT
+  const float* codes;      // [n, k]
+  const void* labels;      // [batch] or null (no label keys)
+  bool labels_int64;
+  float scale;             // 1 for the scale-free keys
+  bool keys;               // rank / nearest: rowc = 0
+  float epsilon;
+  int64_t batch, num_classes, code_length;
+  int64_t kp;              // row stride of u: code_length rounded up to 8
+  float* u;                // [batch, kp]  z / max(||z||, sqrt(eps)), zero padded
+  float* rowc;             // [batch]      -s/2 ||u||^2 (0 for keys)
+  float* sqn;              // [n]          ||M_i||^2
+  float* ct;               // [n]          -s/2 ||M_i||^2
+  float* label_key;        // [batch] or null: the label's logit/key (FP32 chain)
+};
+
+// One warp per batch row (grid-stride): u_b, rowc_b and, when asked, the
+// label's FP32 key. Every pass of a call reads u from here, so all of them
+// see the same bits.
+template <typename ZT>
+__global__ void __launch_bounds__(kThreads) PrepRowsKernel(PrepArgs a) {
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t k = a.code_length;
+  const ZT* z = static_cast<const ZT*>(a.z);
+  for (int64_t b = int64_t{blockIdx.x} * kWarps + warp; b < a.batch;
+       b += int64_t{gridDim.x} * kWarps) {
+    const ZT* zr = z + b * k;
+    float ss = 0.0f;
+    for (int64_t j = lane; j < k; j += kWarpSize) {
+      const float v = ToFloat(zr[j]);
+      ss = __fmaf_rn(v, v, ss);
+    }
+    ss = WarpSum(ss);
+    const float inv = 1.0f / sqrtf(fmaxf(ss, a.epsilon));
+    float* ur = a.u + b * a.kp;
+    float usq = 0.0f;
+    for (int64_t j = lane; j < a.kp; j += kWarpSize) {
+      const float v = j < k ? ToFloat(zr[j]) * inv : 0.0f;
+      ur[j] = v;
+      usq = __fmaf_rn(v, v, usq);
+    }
+    usq = WarpSum(usq);
+    if (lane == 0) a.rowc[b] = a.keys ? 0.0f : -0.5f * a.scale * usq;
+    if (a.label_key != nullptr) {
+      __syncwarp();  // u_b written by all lanes before lane 0 reads it
+      if (lane == 0) {
+        const int64_t y = LoadLabel(a.labels, a.labels_int64, b);
+        float key = NAN;
+        if (y >= 0 && y < a.num_classes) {
+          // ct comes from PrepClassesKernel, launched first on the stream.
+          key = Logit(DotChain(ur, a.codes + y * k, k), a.scale, a.ct[y],
+                      a.keys ? 0.0f : -0.5f * a.scale * usq);
+        }
+        a.label_key[b] = key;
+      }
+    }
+  }
+}
+
+// One warp per class (grid-stride): ||M_i||^2 and its logit term.
+__global__ void __launch_bounds__(kThreads) PrepClassesKernel(PrepArgs a) {
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t k = a.code_length;
+  for (int64_t i = int64_t{blockIdx.x} * kWarps + warp; i < a.num_classes;
+       i += int64_t{gridDim.x} * kWarps) {
+    const float* m = a.codes + i * k;
+    float ss = 0.0f;
+    for (int64_t j = lane; j < k; j += kWarpSize) ss = __fmaf_rn(m[j], m[j], ss);
+    ss = WarpSum(ss);
+    if (lane == 0) {
+      a.sqn[i] = ss;
+      a.ct[i] = -0.5f * a.scale * ss;
+    }
+  }
+}
+
+}  // namespace detail
+}  // namespace cuda
+}  // namespace keras_ecoc
+
+#endif  // KERAS_ECOC_KERNELS_CUDA_ECOC_COMMON_CUH_

@@ -1,0 +1,203 @@
+// The inner-product engine shared by every pass: staging of row tiles (u)
+// and class tiles (codes) into shared memory, and the tile product
+//   S[r][c] = u_{b0 + r} . M_{c0 + c}     (BT rows x kClassTile classes)
+// accumulated over column chunks of width kc (a multiple of 8).
+//
+// Two engines with one interface (Init / Step / Store):
+//  * Fp32Engine: register-blocked FP32 FMAs, every architecture. Thread
+//    (warp w, lane l) owns class l and rows w*BT/4 ... w*BT/4 + BT/4 - 1;
+//    each (row, class) product is ONE sequential fma chain in increasing j
+//    (the same chain as DotChain in ecoc_common.cuh), so a label's product
+//    computed anywhere equals the tile's bit for bit and identical codewords
+//    tie exactly.
+//  * MmaEngine: TF32 mma.sync.m16n8k8 on sm_80 and later; warp w owns the
+//    8 classes 8w .. 8w + 7 and all BT/16 row tiles. kSplit = true is
+//    3xTF32: x = big + small with big = tf32(x), small = tf32(x - big), and
+//    d += a_small*b_big + a_big*b_small + a_big*b_big (the small products
+//    first), close to FP32 accuracy; kSplit = false is plain TF32.
+// Both read the tiles at a row pitch of kc + 4 floats (kc a multiple of 8,
+// so the pitch is 4 mod 8): the FP32 engine's float4 reads (8 classes per
+// quarter warp) and the MMA fragment reads (8 rows x 4 columns per warp)
+// then hit 32 distinct banks.
+#ifndef KERAS_ECOC_KERNELS_CUDA_ECOC_ENGINE_CUH_
+#define KERAS_ECOC_KERNELS_CUDA_ECOC_ENGINE_CUH_
+
+#include <cstdint>
+
+#include "ecoc_common.cuh"
+#include "ecoc_ptx.cuh"
+
+namespace keras_ecoc {
+namespace cuda {
+namespace detail {
+
+// MathMode as a template argument (0 = FP32, 1 = 3xTF32, 2 = TF32).
+constexpr int kMathFp32 = 0;
+constexpr int kMath3xTf32 = 1;
+constexpr int kMathTf32 = 2;
+
+__host__ __device__ constexpr int TilePitch(int kc) { return kc + 4; }
+
+// Copies rows [row0, row0 + rows) x columns [j0, j0 + kc) of a row-major
+// matrix (row stride `stride`, `nrows` x `ncols` valid) into dst[r * pitch + j],
+// zero-filling what lies outside. `vec` = 16-byte copies (cp.async on sm_80
+// and later): needs ncols and stride multiples of 4 and a 16-byte aligned
+// base; otherwise element copies. All threads of the block take part; the
+// caller commits / waits and synchronizes.
+__device__ __forceinline__ void StageTile(float* dst, int pitch,
+                                          const float* __restrict__ src,
+                                          int64_t stride, int64_t row0,
+                                          int64_t nrows, int rows, int64_t j0,
+                                          int kc, int64_t ncols, bool vec) {
+  if (vec) {
+    const int per_row = kc / 4;
+    for (int v = threadIdx.x; v < rows * per_row; v += kThreads) {
+      const int r = v / per_row;
+      const int jj = (v % per_row) * 4;
+      const int64_t gr = row0 + r;
+      const int64_t gj = j0 + jj;
+      const bool ok = gr < nrows && gj < ncols;
+      // ncols is a multiple of 4: a vector is all in or all out.
+      ptx::cp_async_16(dst + r * pitch + jj, ok ? src + gr * stride + gj : src,
+                       ok ? 16 : 0);
+    }
+  } else {
+    for (int e = threadIdx.x; e < rows * kc; e += kThreads) {
+      const int r = e / kc;
+      const int jj = e % kc;
+      const int64_t gr = row0 + r;
+      const int64_t gj = j0 + jj;
+      dst[r * pitch + jj] = (gr < nrows && gj < ncols) ? src[gr * stride + gj] : 0.0f;
+    }
+  }
+}
+
+template <int BT>
+struct Fp32Engine {
+  static constexpr int kRowsPerThread = BT / kWarps;
+  float acc[kRowsPerThread];
+
+  __device__ __forceinline__ void Init() {
+#pragma unroll
+    for (int i = 0; i < kRowsPerThread; ++i) acc[i] = 0.0f;
+  }
+
+  // R: [BT][pitch] rows, C: [kClassTile][pitch] classes, kc columns.
+  __device__ __forceinline__ void Step(const float* R, const float* C, int pitch,
+                                       int kc) {
+    const int warp = threadIdx.x / kWarpSize;
+    const int lane = threadIdx.x % kWarpSize;
+    const float* m = C + lane * pitch;
+    const float* u = R + warp * kRowsPerThread * pitch;
+    for (int j = 0; j < kc; j += 4) {
+      const float4 mv = *reinterpret_cast<const float4*>(m + j);
+#pragma unroll
+      for (int i = 0; i < kRowsPerThread; ++i) {
+        // Broadcast: every lane of the warp reads the same row.
+        const float4 uv = *reinterpret_cast<const float4*>(u + i * pitch + j);
+        float d = acc[i];
+        d = __fmaf_rn(uv.x, mv.x, d);
+        d = __fmaf_rn(uv.y, mv.y, d);
+        d = __fmaf_rn(uv.z, mv.z, d);
+        d = __fmaf_rn(uv.w, mv.w, d);
+        acc[i] = d;
+      }
+    }
+  }
+
+  __device__ __forceinline__ void Store(float* S) const {
+    const int warp = threadIdx.x / kWarpSize;
+    const int lane = threadIdx.x % kWarpSize;
+#pragma unroll
+    for (int i = 0; i < kRowsPerThread; ++i) {
+      S[(warp * kRowsPerThread + i) * kSPitch + lane] = acc[i];
+    }
+  }
+};
+
+template <int BT, bool kSplit>
+struct MmaEngine {
+  static_assert(BT % 16 == 0, "row tile must be a multiple of 16");
+  static constexpr int kMTiles = BT / 16;
+  float d[kMTiles][4];
+
+  __device__ __forceinline__ void Init() {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) d[mt][e] = 0.0f;
+    }
+  }
+
+  __device__ __forceinline__ static void Split(float x, uint32_t* big,
+                                               uint32_t* small) {
+    *big = ptx::cvt_rna_tf32(x);
+    *small = ptx::cvt_rna_tf32(x - __uint_as_float(*big));
+  }
+
+  __device__ __forceinline__ void Step(const float* R, const float* C, int pitch,
+                                       int kc) {
+    const int warp = threadIdx.x / kWarpSize;
+    const int lane = threadIdx.x % kWarpSize;
+    const int g = lane / 4;
+    const int t = lane % 4;
+    const float* cb = C + (warp * 8 + g) * pitch + t;
+    for (int ks = 0; ks < kc; ks += 8) {
+      uint32_t b_big[2], b_small[2];
+      Split(cb[ks], &b_big[0], &b_small[0]);
+      Split(cb[ks + 4], &b_big[1], &b_small[1]);
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        const float* ra = R + (mt * 16 + g) * pitch + ks + t;
+        const float av[4] = {ra[0], ra[8 * pitch], ra[4], ra[8 * pitch + 4]};
+        uint32_t a_big[4], a_small[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) Split(av[e], &a_big[e], &a_small[e]);
+        if (kSplit) {
+          ptx::mma_m16n8k8_tf32(d[mt], a_small, b_big, d[mt]);
+          ptx::mma_m16n8k8_tf32(d[mt], a_big, b_small, d[mt]);
+        }
+        ptx::mma_m16n8k8_tf32(d[mt], a_big, b_big, d[mt]);
+      }
+    }
+  }
+
+  __device__ __forceinline__ void Store(float* S) const {
+    const int warp = threadIdx.x / kWarpSize;
+    const int lane = threadIdx.x % kWarpSize;
+    const int g = lane / 4;
+    const int t = lane % 4;
+    const int c = warp * 8 + 2 * t;
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+      S[(mt * 16 + g) * kSPitch + c] = d[mt][0];
+      S[(mt * 16 + g) * kSPitch + c + 1] = d[mt][1];
+      S[(mt * 16 + g + 8) * kSPitch + c] = d[mt][2];
+      S[(mt * 16 + g + 8) * kSPitch + c + 1] = d[mt][3];
+    }
+  }
+};
+
+// The engine of a math mode on the architecture being compiled: below
+// sm_80 there is no TF32 mma and every mode is the FP32 engine (the host
+// launchers also ask for kMathFp32 there).
+template <int kMath, int BT>
+struct EngineFor {
+  using type = Fp32Engine<BT>;
+};
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+template <int BT>
+struct EngineFor<kMath3xTf32, BT> {
+  using type = MmaEngine<BT, true>;
+};
+template <int BT>
+struct EngineFor<kMathTf32, BT> {
+  using type = MmaEngine<BT, false>;
+};
+#endif
+
+}  // namespace detail
+}  // namespace cuda
+}  // namespace keras_ecoc
+
+#endif  // KERAS_ECOC_KERNELS_CUDA_ECOC_ENGINE_CUH_
