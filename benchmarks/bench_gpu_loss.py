@@ -96,8 +96,8 @@ past a (method, cell) that crashes or runs longer than --item-timeout.
 `--time-limit` is hard: the JAX worker gets 35% of it (what it leaves goes
 on), a worker still running at the deadline is killed, and what did not run
 is listed as skipped. (For the tests, the environment variable
-BENCH_GPU_LOSS_FAULT=crash:METHOD or hang:METHOD makes a worker exit or
-hang when it starts METHOD.) After every result the Markdown table (--out) and the
+BENCH_GPU_LOSS_FAULT=crash:METHOD[:B] or hang:METHOD[:B] makes a worker
+exit or hang when it starts METHOD, on every cell or on those with batch B.) After every result the Markdown table (--out) and the
 JSON (--out with .json) are rewritten, so a killed run leaves what it had.
 
 Usage:
@@ -271,6 +271,7 @@ class _TorchEnv:
         self.compile_backend = compile_backend
         self.device = torch.device("cpu" if simulate else "cuda")
         self._compiled = None
+        self._cell = self._tensors = None
         for name in ("recompile_limit", "cache_size_limit"):
             if hasattr(torch._dynamo.config, name):
                 setattr(torch._dynamo.config, name, 64)
@@ -310,6 +311,14 @@ class _TorchEnv:
         peak = torch.cuda.max_memory_allocated() - base
         del out
         return peak
+
+    def inputs(self, cell):
+        """z, codes, labels of `cell` on the device (kept for the cell's other methods)."""
+        if self._cell != cell:
+            self._tensors = None  # frees the last cell's arrays before the next upload
+            self._tensors = tuple(self.torch.from_numpy(a).to(self.device) for a in problem(*cell))
+            self._cell = cell
+        return self._tensors
 
     def compiled_dense(self):
         if self._compiled is None:
@@ -423,10 +432,7 @@ def _time_step(block_ms, call, args):
 def torch_measure(env, method, cell, args):
     torch = env.torch
     b, k, n = cell
-    z_np, c_np, y_np = problem(b, k, n)
-    z = torch.from_numpy(z_np).to(env.device)
-    codes = torch.from_numpy(c_np).to(env.device)
-    labels = torch.from_numpy(y_np).to(env.device)
+    z, codes, labels = env.inputs(cell)
     row = {"method": method}
     try:
         if method == "ref":
@@ -468,7 +474,9 @@ def torch_measure(env, method, cell, args):
         row["fwd_peak_bytes"] = env.peak_bytes(fwd)
         if method == "liger":
             row["liger_chunks"] = liger_chunks(b, k, n)
-    except Exception as e:  # noqa: BLE001 - reported in the row (OOM, missing package, ...)
+    except ImportError as e:  # cut cross-entropy or Liger not installed (or no Triton)
+        row["skipped"] = f"not importable ({type(e).__name__}: {e})"[:300]
+    except Exception as e:  # noqa: BLE001 - reported in the row (OOM, a kernel error, ...)
         row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
     finally:
         torch.set_float32_matmul_precision("highest")
@@ -614,10 +622,10 @@ def worker_main(args):
     fault = os.environ.get("BENCH_GPU_LOSS_FAULT", "")
     for cell, method in items:
         print(json.dumps({"event": "start", "method": method, "cell": cell}), flush=True)
-        if fault == f"crash:{method}":
+        if fault in (f"crash:{method}", f"crash:{method}:{cell[0]}"):
             print(f"BENCH_GPU_LOSS_FAULT: exiting at {method}", file=sys.stderr, flush=True)
             os._exit(3)
-        if fault == f"hang:{method}":
+        if fault in (f"hang:{method}", f"hang:{method}:{cell[0]}"):
             time.sleep(3600)
         row = measure(method, tuple(cell), args)
         row.update(B=cell[0], k=cell[1], n=cell[2], framework=framework)
@@ -663,10 +671,12 @@ def run_worker(framework, items, deadline, args, state, save):
         for t in threads:
             t.start()
         current, started, open_streams, err_tail = None, time.time(), 2, []
-        killed = None
+        killed, begun = None, False
         while open_streams:
             now = time.time()
-            limit = min(deadline, started + args.item_timeout)
+            # Until its first item starts, a worker is importing its framework.
+            limit = min(deadline, started + (args.item_timeout if begun else
+                                             args.startup_timeout))
             try:
                 tag, line = q.get(timeout=max(0.05, min(1.0, limit - now)))
             except queue.Empty:
@@ -693,6 +703,7 @@ def run_worker(framework, items, deadline, args, state, save):
                 save()
             elif ev == "start":
                 current, started = (tuple(msg["cell"]), msg["method"]), time.time()
+                begun = True
             elif ev == "row":
                 state["rows"].append(msg)
                 key = (tuple((msg["B"], msg["k"], msg["n"])), msg["method"])
@@ -714,7 +725,8 @@ def run_worker(framework, items, deadline, args, state, save):
             save()
             continue
         if todo:  # exited before starting anything (no GPU, import error)
-            why = " / ".join(err_tail)[-300:] or f"exit code {rc}"
+            why = (f"start-up ran past --startup-timeout={args.startup_timeout:.0f} s"
+                   if killed else " / ".join(err_tail)[-300:] or f"exit code {rc}")
             state["notes"].append(f"{framework} worker: {why}; not run: "
                                   f"{len(todo)} (method, cell) pairs")
             return rc
@@ -975,8 +987,12 @@ def main_run(args, harness_rows):
         print("bench_gpu_loss: no GPU: neither PyTorch nor JAX sees one; nothing was measured. "
               + " ".join(state["notes"]), file=sys.stderr)
         return 2
-    state["status"] = "complete" if not (state["notes"] or state["skipped"]) else \
-        "finished; see 'Not measured'"
+    if state["notes"] or state["skipped"]:
+        state["status"] = "finished; see 'Not measured'"
+    elif any(r.get("error") for r in state["rows"]):
+        state["status"] = "finished with errors; see the table"
+    else:
+        state["status"] = "complete"
     save()
     print(render(state, harness_rows))
     if args.out:
@@ -1005,6 +1021,8 @@ def main(argv=None):
     p.add_argument("--max-calls", type=int, default=100, help="calls per timed block at most")
     p.add_argument("--item-timeout", type=float, default=120.0,
                    help="seconds one (method, cell) may take, compilation included")
+    p.add_argument("--startup-timeout", type=float, default=120.0,
+                   help="seconds a worker may take to import its framework")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--items", default=None, help=argparse.SUPPRESS)
     # The GPU code path on the CPU with tiny shapes (tests without a GPU).

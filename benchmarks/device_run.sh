@@ -221,7 +221,7 @@ print("keras", keras.__version__, keras.__file__, "| backend", keras.backend.bac
 print(ops.backend_status(100000))'
 for backend in jax torch; do
   PHASE_NOTE="KERAS_BACKEND=$backend" KERAS_BACKEND=$backend \
-    phase "import-$backend" 30 "$LOG" "$PY" -c "$IMPORT_CHECK"
+    phase "import-$backend" 40 "$LOG" "$PY" -c "$IMPORT_CHECK"
 done
 
 # --- kernels: the CUDA harness -------------------------------------------------
