@@ -467,3 +467,71 @@ def test_liger_and_cut_cross_entropy_compute_the_ecoc_loss_where_installed():
         assert r["dm_norm"] == pytest.approx(np.linalg.norm(dm), rel=1e-5), name
         assert abs(r["dz_proj"] - np.sum(dz * z[:, ::-1])) <= 1e-5 * r["dz_norm"] * r["pz_norm"]
         assert abs(r["dm_proj"] - np.sum(dm * codes[:, ::-1])) <= 1e-5 * r["dm_norm"] * r["pm_norm"]
+
+
+_FAKE_NVIDIA_SMI = """#!/bin/sh
+case "$*" in
+  *compute_cap*--format=csv,noheader*) case "$*" in
+      *name*) echo "NVIDIA H100 80GB HBM3, 9.0, 580.00" ;;
+      *) echo "9.0" ;; esac ;;
+  *) echo "fake nvidia-smi: NVIDIA H100 80GB HBM3" ;;
+esac
+"""
+# A stand-in for nvcc whose "harness" answers every mode device_check.sh uses and, in its
+# timing mode, writes the rows where device_run.sh says ($ECOC_HARNESS_JSON): the
+# connection the real harness is to make.
+_FAKE_NVCC = r"""#!/bin/sh
+if [ "$1" = "--version" ]; then echo "fake nvcc"; echo "Build fake_13.0"; exit 0; fi
+while [ $# -gt 0 ]; do [ "$1" = "-o" ] && out="$2"; shift; done
+cat > "$out" <<'HARNESS'
+#!/bin/sh
+case "$1" in
+  --bench-only)
+    printf '[{"B": 4, "k": 8, "n": 100, "mode": "3xtf32", "fwd_ms": 0.01, "fwdbwd_ms": 0.02, "peak_bytes": 4096}]' > "$ECOC_HARNESS_JSON"
+    echo "## Timings"; echo "Largest drop: 0" ;;
+  *) echo "7 checks, 0 failed" ;;
+esac
+HARNESS
+chmod +x "$out"
+"""
+_FAKE_SANITIZER = """#!/bin/sh
+while [ "$1" != "${1#-}" ] || [ "$1" = memcheck ] || [ "$1" = racecheck ] || [ "$1" = 1 ]; do shift; done
+"$@" && echo "========= ERROR SUMMARY: 0 errors"
+"""
+
+
+@pytest.mark.slow
+def test_device_run_on_a_fake_gpu_merges_the_harness_rows_into_the_loss_table(tmp_path):
+    # About 90 s: the whole run with stand-ins for nvidia-smi, nvcc and compute-sanitizer
+    # and bench_gpu_loss on the CPU (--simulate-gpu); the streaming benchmark is left out.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("nvidia-smi", _FAKE_NVIDIA_SMI), ("nvcc", _FAKE_NVCC),
+                       ("compute-sanitizer", _FAKE_SANITIZER)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out), PYTHON=sys.executable, WHEEL_DIR=str(tmp_path / "none"),
+               SITE_DIR=str(tmp_path / "site"), JAX_PLATFORMS="cpu",
+               PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+               COMPUTE_SANITIZER=str(bin_dir / "compute-sanitizer"),
+               ECOC_HARNESS_JSON=str(tmp_path / "harness" / "timing.json"),
+               DEVICE_RUN_STREAMING_MIN="100000",
+               DEVICE_RUN_GPULOSS_ARGS="--simulate-gpu --methods jax_default --reps 1 "
+                                       "--block-ms 1 --assume-card NVIDIA_H100")
+    proc = subprocess.run(["bash", str(DEVICE_RUN)], capture_output=True, text=True,
+                          timeout=400, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    summary = (out / "summary.md").read_text()
+    rows = {line.split(" | ")[0][2:]: line.split(" | ")[1]
+            for line in summary.splitlines() if line.startswith("| ") and "---" not in line}
+    assert rows["kernels"] == "pass" and rows["gpuloss"] == "pass", summary
+    assert rows["bench"] == "SKIPPED", summary
+    assert "harness rows merged" in summary
+    check = (out / "device_check.md").read_text()
+    assert "| grid | pass |" in check and "| racecheck | pass |" in check
+    table = (out / "bench_gpu_loss.md").read_text()
+    assert "| 4 | 8 | 100 | keras-ecoc CUDA, 3xtf32 | fp32 | 0.01 | 0.02 | 0.0039 |" in table
+    assert "| 4 | 8 | 100 | 3xtf32 | 0.02 | " in table  # the targets table
+    assert json.loads((out / "bench_gpu_loss.json").read_text())["harness_rows"][0]["B"] == 4
+    assert len([p for p in out.rglob("*") if p.is_file()]) <= 8
