@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""One GPU timing table for the ECOC loss: JAX, PyTorch, cut cross-entropy, Liger, and the keras-ecoc CUDA kernels.
+"""One GPU timing table of the ECOC loss: JAX, PyTorch, cut cross-entropy, Liger, keras-ecoc CUDA.
 
 The loss (issue 16), for z of shape (B, k), codes M of shape (n, k), integer
 labels y of shape (B,) and scale s (default 16):
@@ -97,7 +97,8 @@ past a (method, cell) that crashes or runs longer than --item-timeout.
 on), a worker still running at the deadline is killed, and what did not run
 is listed as skipped. (For the tests, the environment variable
 BENCH_GPU_LOSS_FAULT=crash:METHOD[:B] or hang:METHOD[:B] makes a worker
-exit or hang when it starts METHOD, on every cell or on those with batch B.) After every result the Markdown table (--out) and the
+exit or hang when it starts METHOD, on every cell or on those with batch B.)
+After every result the Markdown table (--out) and the
 JSON (--out with .json) are rewritten, so a killed run leaves what it had.
 
 Usage:
@@ -332,6 +333,10 @@ class _TorchEnv:
 
 
 def _torch_dense_loss(z, codes, labels, scale):
+    """Mean ECOC cross-entropy: z (B, k), codes (n, k), labels (B,) int64 -> scalar.
+
+    Dense: materialises the (B, n) logits (torch.compile fuses what it can).
+    """
     import torch.nn.functional as F
 
     u = z / z.norm(dim=1, keepdim=True)
@@ -340,6 +345,11 @@ def _torch_dense_loss(z, codes, labels, scale):
 
 
 def _torch_linear_inputs(z, codes, scale):
+    """(e, bias) for a linear cross-entropy CE(e.codes^T + bias) equal to the ECOC loss.
+
+    e = s * z/||z|| (B, k); bias = -s/2 ||codes_j||^2 (n,). The ECOC logits'
+    -s/2 ||u||^2 = -s/2 is the same in every class, so CE does not see it.
+    """
     u = z / z.norm(dim=1, keepdim=True)
     return scale * u, -(0.5 * scale) * (codes * codes).sum(1)
 
@@ -485,6 +495,7 @@ def torch_measure(env, method, cell, args):
 
 
 def jax_loss(z, codes, labels, scale, precision):
+    """_torch_dense_loss in JAX: z (B, k), codes (n, k), labels (B,) int32 -> scalar."""
     import jax
     import jax.numpy as jnp
 
@@ -515,7 +526,8 @@ def jax_measure(method, cell, args):
         t = time.perf_counter()
         fwd_c = jax.jit(loss_fn).lower(z, codes, labels).compile()
         row["compile_s"] = time.perf_counter() - t
-        fb_c = jax.jit(jax.value_and_grad(loss_fn, argnums=(0, 1))).lower(z, codes, labels).compile()
+        fb_c = jax.jit(jax.value_and_grad(loss_fn, argnums=(0, 1))).lower(
+            z, codes, labels).compile()
         row["compile_bwd_s"] = time.perf_counter() - t - row["compile_s"]
 
         def fwd():
@@ -783,9 +795,11 @@ def machine_line(state):
     if tp:
         parts.append(f"PyTorch {tp.get('torch', '?')} (CUDA {tp.get('torch_cuda', '?')}), "
                      f"Triton {tp.get('triton', '?')}, cut-cross-entropy "
-                     f"{tp.get('cut_cross_entropy', '?')}, liger-kernel {tp.get('liger_kernel', '?')}")
+                     f"{tp.get('cut_cross_entropy', '?')}, liger-kernel "
+                     f"{tp.get('liger_kernel', '?')}")
     if jp:
-        parts.append(f"JAX {jp.get('jax', '?')} ({jp.get('backend', '?')}: {jp.get('device', '?')})")
+        parts.append(f"JAX {jp.get('jax', '?')} ({jp.get('backend', '?')}: "
+                     f"{jp.get('device', '?')})")
     if tp.get("cc"):
         parts.append(f"compute capability {tp['cc']}, {tp['sms']} SMs, {tp['mem_gib']} GiB")
     return "; ".join(parts)
@@ -868,7 +882,8 @@ def render(state, harness_rows=()):
     if targets:
         lines += ["", "### Issue 16's targets (keras-ecoc CUDA rows)", "",
                   "| B | k | n | mode | fwd+bwd ms | / JAX DEFAULT (target) | / CCE same precision "
-                  "(≤ 1) | / codes once (B = 16: ≤ 3) |", "|---:|---:|---:|---|---:|---|---|---|"]
+                  "(≤ 1) | / codes once (B = 16: ≤ 3) |",
+                  "|---:|---:|---:|---|---:|---|---|---|"]
         lines += targets
     notes = list(state["notes"])
     if state["skipped"]:

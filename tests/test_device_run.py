@@ -1,5 +1,6 @@
 """The GPU-run plumbing without a GPU: benchmarks/device_run.sh (its dry run
-and budget), `bench_streaming.py --device gpu`, benchmarks/bench_gpu_loss.py
+and budget; the whole run on stand-ins for nvidia-smi, nvcc and
+compute-sanitizer), `bench_streaming.py --device gpu`, benchmarks/bench_gpu_loss.py
 (its simulated GPU path against a float64 NumPy reference, the harness JSON
 merge, worker crashes and hangs), the wheel list, and the DEVICE_CHECK_T_*
 step limits of kernels/cuda/device_check.sh.
@@ -97,7 +98,8 @@ def test_device_run_without_a_gpu_reports_every_phase_and_exits_zero(tmp_path):
     _no_gpu_or_skip()
     out = tmp_path / "out"
     env = dict(os.environ, OUT=str(out), PYTHON=sys.executable, WHEEL_DIR=str(tmp_path / "none"),
-               SITE_DIR=str(tmp_path / "site"), JAX_PLATFORMS="cpu")
+               SITE_DIR=str(tmp_path / "site"), JAX_PLATFORMS="cpu",
+               DEVICE_RUN_IMPORT_LIMIT="150")  # a loaded 2-core machine, not the GPU one
     proc = subprocess.run(["bash", str(DEVICE_RUN)], capture_output=True, text=True,
                           timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -340,7 +342,8 @@ def test_harness_json_merges_into_the_table_and_the_targets():
     assert ("| 256 | 128 | 100,000 | keras-ecoc CUDA, 3xtf32 | fp32 | 1.000 | 4.000 | 1.0 | "
             "4.9 | 7.3 | 1.0 | 0.0153 | n/a | n/a |") in text
     # At n = 10^5 and B = 256 the target is half JAX DEFAULT's time; CCE at equal precision.
-    assert "| 3xtf32 | 4.000 | 0.40 (≤ 0.5: met) | 0.67 vs cce_exact: met | (B = 16 only) |" in text
+    assert ("| 3xtf32 | 4.000 | 0.40 (≤ 0.5: met) | 0.67 vs cce_exact: met | (B = 16 only) |"
+            in text)
     assert "| tf32 | 6.000 | 0.60 (≤ 0.5: MISSED) | 2.00 vs cce_tf32: MISSED |" in text
     # Rows come in a fixed order: the CUDA kernels first, then JAX, then CCE.
     table = text.split("### Issue 16's targets")[0]
@@ -512,7 +515,7 @@ def test_device_run_on_a_fake_gpu_merges_the_harness_rows_into_the_loss_table(tm
         (bin_dir / name).chmod(0o755)
     out = tmp_path / "out"
     env = dict(os.environ, OUT=str(out), PYTHON=sys.executable, WHEEL_DIR=str(tmp_path / "none"),
-               SITE_DIR=str(tmp_path / "site"), JAX_PLATFORMS="cpu",
+               SITE_DIR=str(tmp_path / "site"), JAX_PLATFORMS="cpu", DEVICE_RUN_IMPORT_LIMIT="150",
                PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
                COMPUTE_SANITIZER=str(bin_dir / "compute-sanitizer"),
                ECOC_HARNESS_JSON=str(tmp_path / "harness" / "timing.json"),
