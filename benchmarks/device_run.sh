@@ -1,61 +1,110 @@
 #!/usr/bin/env bash
 # The one command for a lent GPU machine (see /work/.library/device there):
+# issue 16's measurements in one run of at most 8 minutes.
 #
-#   OUT=$OUT bash benchmarks/device_run.sh        (from the repository root;
-#                                                  carry .whl, timeout_s >= 480)
+#   bash benchmarks/device_wheels.sh               (here, once: fills .whl/)
+#   OUT=$OUT bash benchmarks/device_run.sh         (there, from the repository
+#                                                   root; carry .whl,
+#                                                   timeout_s >= 500)
+#   bash benchmarks/device_run.sh --dry-run        (prints the phases, limits
+#                                                   and commands; runs nothing)
 #
 # Phases, each under a hard `timeout`, none stopping the next:
 #   info     nvidia-smi, nvcc, Python / PyTorch / JAX versions and devices
-#   wheels   pip-installs the carried keras wheels (.whl/*.whl) into
-#            /tmp/site, exactly as the device README says
+#   wheels   pip-installs the carried wheels (.whl/*.whl) into /tmp/site,
+#            exactly as the device README says, and names every wheel of
+#            benchmarks/device_wheels.txt that is missing
 #   import   `import keras, keras_ecoc` with KERAS_BACKEND=jax and =torch
 #            (keras_ecoc must import without TensorFlow; the image has none)
-#   kernels  kernels/cuda/device_check.sh with shorter step limits
-#   bench    benchmarks/bench_streaming.py --device gpu, given what is left
-#            of the budget (it skips and lists what does not fit)
-# The CUDA check runs before the benchmark because its steps have fixed
-# limits, while the benchmark saves each finished part and adapts to the time
-# left, so together they use the budget best.
+#   kernels  kernels/cuda/device_check.sh: build, checks, the grid against
+#            float64, memcheck, racecheck, the harness's timing mode; its
+#            step limits are fitted into the time the later phases leave
+#   gpuloss  benchmarks/bench_gpu_loss.py: the timing table of the loss
+#            (JAX, torch.compile, cut cross-entropy, Liger) with the CUDA
+#            kernels' rows merged from the harness's JSON, given the rest of
+#            the budget (it writes after each cell and skips what does not fit)
+#   bench    benchmarks/bench_streaming.py --device gpu, only if at least
+#            DEVICE_RUN_STREAMING_MIN (60) seconds are left
 #
-# Budget: DEVICE_RUN_BUDGET seconds in all (default 420); the last phase ends
-# at most ~15 s after it. DEVICE_RUN_QUICK=1 runs the benchmark with --quick;
-# DEVICE_RUN_BENCH_ARGS adds benchmark arguments (its hidden --simulate-gpu
-# runs the GPU code path on CPU devices: how this script is tested without a
-# GPU). DEVICE_CHECK_T_* override the CUDA check's step limits set below.
-# Files under $OUT (at most 8, as the device tool returns them):
+# Budget: DEVICE_RUN_BUDGET seconds in all (default 465); the last phase ends
+# at most ~15 s after it. The kernels phase gets at most 320 s and leaves at
+# least DEVICE_RUN_GPULOSS_MIN (140) s for gpuloss; DEVICE_RUN_IMPORT_LIMIT
+# (40) s for each import check. DEVICE_CHECK_T_* set a
+# step limit of device_check.sh outright (else the defaults below, scaled
+# down to fit). DEVICE_RUN_GPULOSS_ARGS and DEVICE_RUN_BENCH_ARGS add
+# arguments to the two benchmarks (word-split; their hidden --simulate-gpu
+# runs the GPU code path on the CPU: how this script is tested without a
+# GPU); DEVICE_RUN_QUICK=1 runs both benchmarks with --quick.
+#
+# The CUDA kernels' timing rows: this script exports ECOC_HARNESS_JSON (a
+# file outside $OUT; default /tmp/ecoc_device_run/harness_timing.json) before
+# the kernels phase. Where the harness's timing mode has written its rows
+# there (format: the docstring of benchmarks/bench_gpu_loss.py), they are
+# checked and merged into the gpuloss table (and its JSON keeps them).
+#
+# Files under $OUT (8, the most the device tool returns):
 #   summary.md                 each phase: status, seconds, note
-#   device_run.log             everything the info/wheels/import phases printed
+#   device_run.log             what the info/wheels/import/gpuloss/bench
+#                              phases printed
 #   device_check.md / .log     written by kernels/cuda/device_check.sh
-#   bench_streaming_gpu.md / .json / .log   the benchmark (section, rows, output)
+#   bench_gpu_loss.md / .json  the loss timing table (and every row)
+#   bench_streaming_gpu.md / .json   the streaming benchmark
 # Without a GPU every phase that needs one says so; the script never exits
-# early and always exits 0 (the summary holds the statuses).
+# early and always exits 0 (the summary holds the statuses), except for a bad
+# command line (3).
 set -u -o pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO" || exit 1
+DRY_RUN=0
+for arg in "$@"; do
+  case "$arg" in
+    --dry-run) DRY_RUN=1 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "device_run: unknown argument '$arg' (usage: device_run.sh [--dry-run])" >&2; exit 3 ;;
+  esac
+done
 OUT="${OUT:-$REPO/build/device_run}"
-mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
 # nvcc and compute-sanitizer, if the image keeps them only in the toolkit folder.
 [[ -d /usr/local/cuda/bin ]] && export PATH="$PATH:/usr/local/cuda/bin"
 WHEELS="${WHEEL_DIR:-.whl}"
 SITE="${SITE_DIR:-/tmp/site}"
-BUDGET="${DEVICE_RUN_BUDGET:-420}"
-if [[ ! "$BUDGET" =~ ^[1-9][0-9]*$ ]]; then
-  echo "device_run: DEVICE_RUN_BUDGET must be a positive integer number of seconds." \
-       "Received: DEVICE_RUN_BUDGET=$BUDGET" >&2
-  BUDGET=420
-fi
+WHEEL_LIST="$REPO/benchmarks/device_wheels.txt"
+positive_int() {  # name value default -> echoes value, or default with a warning
+  if [[ "$2" =~ ^[1-9][0-9]*$ ]]; then echo "$2"; else
+    echo "device_run: $1 must be a positive integer number of seconds. Received: $1=$2" >&2
+    echo "$3"; fi
+}
+BUDGET=$(positive_int DEVICE_RUN_BUDGET "${DEVICE_RUN_BUDGET:-465}" 465)
+GPULOSS_MIN=$(positive_int DEVICE_RUN_GPULOSS_MIN "${DEVICE_RUN_GPULOSS_MIN:-140}" 140)
+STREAMING_MIN=$(positive_int DEVICE_RUN_STREAMING_MIN "${DEVICE_RUN_STREAMING_MIN:-60}" 60)
+# Each import check's limit: 11 s was seen on an H200 machine; a loaded
+# machine without a GPU (the tests) may need more.
+IMPORT_LIMIT=$(positive_int DEVICE_RUN_IMPORT_LIMIT "${DEVICE_RUN_IMPORT_LIMIT:-40}" 40)
+export ECOC_HARNESS_JSON="${ECOC_HARNESS_JSON:-/tmp/ecoc_device_run/harness_timing.json}"
 START=$SECONDS
 LOG="$OUT/device_run.log"
 SUMMARY="$OUT/summary.md"
-: >"$LOG"
+if ((DRY_RUN)); then
+  LOG=/dev/null
+  echo "device_run --dry-run: budget ${BUDGET} s; would write under $OUT:" \
+       "summary.md device_run.log device_check.md device_check.log bench_gpu_loss.md" \
+       "bench_gpu_loss.json bench_streaming_gpu.md bench_streaming_gpu.json"
+else
+  mkdir -p "$OUT" "$(dirname "$ECOC_HARNESS_JSON")"
+  : >"$LOG"
+  rm -f "$ECOC_HARNESS_JSON"  # a stale file must not pass as this run's rows
+fi
 ROWS=()
 export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3
 
-left() { echo $((BUDGET - (SECONDS - START))); }
+# --dry-run charges every phase its whole limit: it shows the worst case.
+DRY_ELAPSED=0
+left() { echo $((BUDGET - (SECONDS - START) - DRY_ELAPSED)); }
 
 write_summary() {
+  ((DRY_RUN)) && return
   {
     echo "# device_run $(date -u +%FT%TZ): $((SECONDS - START)) s of a ${BUDGET} s budget"
     echo
@@ -66,18 +115,32 @@ write_summary() {
 }
 
 # phase NAME LIMIT LOGFILE COMMAND...: runs COMMAND under `timeout LIMIT`,
-# appends its output to LOGFILE and a row to the summary. Never exits.
+# appends its output to LOGFILE and a row to the summary (note: PHASE_NOTE,
+# then the last line of the phase's output that matches the extended regex
+# PHASE_NOTE_GREP, if set). Never exits. With --dry-run it prints the phase
+# instead and returns 0.
 phase() {
   local name="$1" limit="$2" log="$3"; shift 3
+  if ((DRY_RUN)); then
+    local cmd="$*"
+    echo "phase $name (<= ${limit} s, starts by $((BUDGET - $(left))) s): ${cmd//$'\n'/ }"
+    DRY_ELAPSED=$((DRY_ELAPSED + limit))
+    ROWS+=("| $name | DRY RUN | 0 | |"); return 0
+  fi
   if ((limit < 5)); then
     ROWS+=("| $name | SKIPPED | 0 | no time left in the ${BUDGET} s budget |")
     echo "## phase $name: SKIPPED (no time left)" >>"$log"; write_summary; return 99
   fi
   echo "## phase $name (limit ${limit} s) $(date -u +%T): $*" >>"$log"
-  local t0=$SECONDS rc
+  local t0=$SECONDS rc from
+  from=$(wc -l <"$log")
   timeout --kill-after=5 "$limit" "$@" >>"$log" 2>&1
   rc=$?
-  local dt=$((SECONDS - t0)) status=pass note="${PHASE_NOTE:-}"
+  local dt=$((SECONDS - t0)) status=pass note="${PHASE_NOTE:-}" found=""
+  if [[ -n "${PHASE_NOTE_GREP:-}" ]]; then
+    found="$(tail -n +"$((from + 1))" "$log" | grep -E "$PHASE_NOTE_GREP" | tail -n1)"
+    [[ -n "$found" ]] && note="${note:+$note; }$found"
+  fi
   if [[ $rc == 124 || $rc == 137 ]]; then status=FAIL; note="timed out after ${limit} s; $note"
   elif [[ $rc != 0 ]]; then status=FAIL; note="exit code $rc; $note"; fi
   ROWS+=("| $name | $status | $dt | ${note//|//} |")
@@ -89,6 +152,7 @@ phase() {
 # no_gpu_row NAME SECONDS NOTE: replaces the last summary row (a phase that
 # found no GPU ran nothing; that is neither a pass nor a failure of the code).
 no_gpu_row() {
+  ((DRY_RUN)) && return
   ROWS[${#ROWS[@]}-1]="| $1 | NO GPU | $2 | $3 |"
   write_summary
 }
@@ -118,26 +182,40 @@ except Exception as e:
     print("jax: not usable:", type(e).__name__, e)
 EOF
 }
-export PY WHEELS SITE
+export PY WHEELS SITE WHEEL_LIST
 export -f info
-PHASE_NOTE="" phase info 45 "$LOG" bash -c info
+PHASE_NOTE="" phase info 30 "$LOG" bash -c info
 
 # --- wheels -------------------------------------------------------------------
+# Installs every wheel that is there (so keras still imports when, say, the
+# cut cross-entropy wheel is missing), then fails naming the missing ones.
 install_wheels() {
   shopt -s nullglob
-  local whl=("$WHEELS"/*.whl)
+  local whl=("$WHEELS"/*.whl) missing=() spec name version found
   if ((${#whl[@]} == 0)); then
-    echo "no wheels in $WHEELS/ (carry .whl)"; return 1
+    echo "no wheels in $WHEELS/ (build them with benchmarks/device_wheels.sh and carry .whl)"; return 1
   fi
+  while read -r spec _; do
+    [[ -z "$spec" || "$spec" == \#* ]] && continue
+    name="${spec%%==*}" version="${spec##*==}"
+    found=("$WHEELS/${name//-/_}-$version-"*.whl)
+    ((${#found[@]} == 1)) || missing+=("$spec")
+  done <"$WHEEL_LIST"
   ls -l "${whl[@]}"
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$SITE" "${whl[@]}"
+    --target "$SITE" "${whl[@]}" || return 1
+  if ((${#missing[@]})); then
+    echo "missing wheels (benchmarks/device_wheels.txt): ${missing[*]}"; return 1
+  fi
 }
 export -f install_wheels
-PHASE_NOTE="into $SITE" phase wheels 60 "$LOG" bash -c install_wheels
+PHASE_NOTE="into $SITE" PHASE_NOTE_GREP='^(missing wheels|no wheels in)' \
+  phase wheels 45 "$LOG" bash -c install_wheels
 WHEELS_RC=$?
 export PYTHONPATH="$SITE:$REPO${PYTHONPATH:+:$PYTHONPATH}"
-[[ $WHEELS_RC == 0 ]] || echo "wheels failed (exit $WHEELS_RC): the import checks show what is missing" >>"$LOG"
+if ((!DRY_RUN)) && [[ $WHEELS_RC != 0 ]]; then
+  echo "wheels failed (exit $WHEELS_RC): the import checks and the benchmarks show what is missing" >>"$LOG"
+fi
 
 # --- import ------------------------------------------------------------------
 IMPORT_CHECK='import sys, keras, keras_ecoc
@@ -147,37 +225,84 @@ print("keras", keras.__version__, keras.__file__, "| backend", keras.backend.bac
 print(ops.backend_status(100000))'
 for backend in jax torch; do
   PHASE_NOTE="KERAS_BACKEND=$backend" KERAS_BACKEND=$backend \
-    phase "import-$backend" 40 "$LOG" "$PY" -c "$IMPORT_CHECK"
+    phase "import-$backend" "$IMPORT_LIMIT" "$LOG" "$PY" -c "$IMPORT_CHECK"
 done
 
-# --- kernels: the CUDA harness (fixed step limits, 215 s together) -----------
-export DEVICE_CHECK_T_BUILD="${DEVICE_CHECK_T_BUILD:-60}" DEVICE_CHECK_T_CHECK="${DEVICE_CHECK_T_CHECK:-25}" \
-  DEVICE_CHECK_T_GRID="${DEVICE_CHECK_T_GRID:-60}" DEVICE_CHECK_T_SMEM="${DEVICE_CHECK_T_SMEM:-10}" \
-  DEVICE_CHECK_T_MEMCHECK="${DEVICE_CHECK_T_MEMCHECK:-25}" \
-  DEVICE_CHECK_T_RACECHECK="${DEVICE_CHECK_T_RACECHECK:-25}" DEVICE_CHECK_T_BENCH="${DEVICE_CHECK_T_BENCH:-10}"
-# Keep at least 120 s of the budget for the benchmark.
-KLIMIT=$(( $(left) - 120 )); ((KLIMIT > 235)) && KLIMIT=235
+# --- kernels: the CUDA harness -------------------------------------------------
+# Step limits (seconds) that sum to 305: the H200 run of 2026-11-26 took 23 s
+# to build and found 60 s too short for the grid (n = 10^6). Scaled down when
+# less time is left, so that device_check.sh always finishes (it writes
+# device_check.md at its end) and gpuloss keeps DEVICE_RUN_GPULOSS_MIN.
+KLIMIT=$(( $(left) - GPULOSS_MIN )); ((KLIMIT > 320)) && KLIMIT=320
+STEP_DEFAULTS=(BUILD:60 CHECK:25 GRID:120 SMEM:10 MEMCHECK:25 RACECHECK:25 BENCH:40)
+STEP_SUM=305 STEP_ROOM=$((KLIMIT - 15))
+for pair in "${STEP_DEFAULTS[@]}"; do
+  var="DEVICE_CHECK_T_${pair%%:*}" t="${pair##*:}"
+  ((STEP_ROOM < STEP_SUM)) && t=$(( t * STEP_ROOM / STEP_SUM )) && ((t < 5)) && t=5
+  export "$var=${!var:-$t}"
+done
 T0=$SECONDS
+if ((DRY_RUN)); then
+  bash kernels/cuda/device_check.sh --dry-run | sed 's/^/  /'
+fi
 PHASE_NOTE="steps and results in device_check.md" OUT="$OUT" \
   phase kernels "$KLIMIT" "$LOG" bash kernels/cuda/device_check.sh
-if [[ $? == 0 ]] && tail -n 3 "$LOG" | grep -q "device_check: no GPU"; then
+if [[ $? == 0 ]] && ((!DRY_RUN)) && tail -n 3 "$LOG" | grep -q "device_check: no GPU"; then
   no_gpu_row kernels $((SECONDS - T0)) "device_check.sh found no GPU (nvidia-smi) and ran nothing"
 fi
 
-# --- bench -------------------------------------------------------------------
-T0=$SECONDS
-BLIMIT=$(( $(left) - 5 )); ((BLIMIT > 400)) && BLIMIT=400
+# --- gpuloss: the loss timing table --------------------------------------------
 QUICK=(); [[ "${DEVICE_RUN_QUICK:-0}" == 1 ]] && QUICK=(--quick)
-# Extra arguments for the benchmark, e.g. "--backends torch" (word-split).
-read -r -a BENCH_EXTRA <<<"${DEVICE_RUN_BENCH_ARGS:-}"
-PHASE_NOTE="tables in bench_streaming_gpu.md" \
-  phase bench "$BLIMIT" "$OUT/bench_streaming_gpu.log" "$PY" benchmarks/bench_streaming.py \
-  --device gpu "${QUICK[@]}" "${BENCH_EXTRA[@]}" --time-limit "$((BLIMIT > 30 ? BLIMIT - 15 : BLIMIT))" \
-  --out "$OUT/bench_streaming_gpu.md"
-if [[ $? == 2 ]]; then
-  no_gpu_row bench $((SECONDS - T0)) "neither PyTorch nor JAX sees a GPU; see bench_streaming_gpu.log"
+HARNESS_ARGS=()
+if ((DRY_RUN)); then
+  echo "  (--harness-json $ECOC_HARNESS_JSON if the kernels phase wrote it and it passes --check-harness-json)"
+elif [[ -s "$ECOC_HARNESS_JSON" ]]; then
+  if "$PY" benchmarks/bench_gpu_loss.py --check-harness-json "$ECOC_HARNESS_JSON" >>"$LOG" 2>&1; then
+    HARNESS_ARGS=(--harness-json "$ECOC_HARNESS_JSON")
+  else
+    echo "the harness JSON $ECOC_HARNESS_JSON is malformed (above): its rows are left out" >>"$LOG"
+  fi
+else
+  echo "no harness timing JSON at $ECOC_HARNESS_JSON: the table has no keras-ecoc CUDA rows" >>"$LOG"
+fi
+read -r -a GL_EXTRA <<<"${DEVICE_RUN_GPULOSS_ARGS:-}"
+T0=$SECONDS
+GLIMIT=$(( $(left) - 5 ))
+PHASE_NOTE="table in bench_gpu_loss.md${HARNESS_ARGS[*]:+, harness rows merged}" \
+  phase gpuloss "$GLIMIT" "$LOG" "$PY" benchmarks/bench_gpu_loss.py "${QUICK[@]}" \
+  "${HARNESS_ARGS[@]}" "${GL_EXTRA[@]}" --time-limit "$((GLIMIT > 30 ? GLIMIT - 10 : GLIMIT))" \
+  --out "$OUT/bench_gpu_loss.md"
+if [[ $? == 2 ]] && ((!DRY_RUN)); then
+  no_gpu_row gpuloss $((SECONDS - T0)) "neither PyTorch nor JAX sees a GPU, or bad arguments; see device_run.log"
 fi
 
+# --- bench: the streaming benchmark, if time is left ----------------------------
+read -r -a BENCH_EXTRA <<<"${DEVICE_RUN_BENCH_ARGS:-}"
+T0=$SECONDS
+BLIMIT=$(( $(left) - 5 )); ((BLIMIT > 400)) && BLIMIT=400
+if ((BLIMIT < STREAMING_MIN)); then
+  ROWS+=("| bench | SKIPPED | 0 | ${BLIMIT} s left, under DEVICE_RUN_STREAMING_MIN=${STREAMING_MIN} |")
+  ((DRY_RUN)) && echo "phase bench: SKIPPED (${BLIMIT} s left, under DEVICE_RUN_STREAMING_MIN=${STREAMING_MIN})"
+  write_summary
+else
+  PHASE_NOTE="tables in bench_streaming_gpu.md" \
+    phase bench "$BLIMIT" "$LOG" "$PY" benchmarks/bench_streaming.py \
+    --device gpu "${QUICK[@]}" "${BENCH_EXTRA[@]}" --time-limit "$((BLIMIT > 30 ? BLIMIT - 15 : BLIMIT))" \
+    --out "$OUT/bench_streaming_gpu.md"
+  if [[ $? == 2 ]] && ((!DRY_RUN)); then
+    no_gpu_row bench $((SECONDS - T0)) "neither PyTorch nor JAX sees a GPU; see device_run.log"
+  fi
+fi
+
+if ((DRY_RUN)); then
+  echo "worst case (every phase runs to its limit): $((BUDGET - $(left))) s of the ${BUDGET} s budget;" \
+       "typical runs leave the kernels phase up to 320 s and the benchmarks more"
+  exit 0
+fi
+NFILES=$(find "$OUT" -type f | wc -l)
+if ((NFILES > 8)); then
+  ROWS+=("| files | WARN | 0 | $NFILES files under \$OUT: the device tool returns 8 |")
+fi
 write_summary
 cat "$SUMMARY"
 exit 0
