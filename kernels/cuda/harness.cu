@@ -141,6 +141,7 @@ struct Workspace {
 };
 Workspace g_ws;
 size_t g_ws_largest = 0;  // the largest size any query asked for
+size_t g_ws_cell = 0;     // the same, since the timing loop last reset it
 
 keras_ecoc::cuda::ProblemArgs Problem(const void* z, FloatType z_type, const float* codes,
                                       float epsilon, int64_t B, int64_t n, int64_t k) {
@@ -162,6 +163,7 @@ cudaError_t RunWithWorkspace(Params* params, SizeFn size_fn, RunFn run_fn,
   cudaError_t err = size_fn(*params, &bytes);
   if (err != cudaSuccess) return err;
   g_ws_largest = std::max(g_ws_largest, bytes);
+  g_ws_cell = std::max(g_ws_cell, bytes);
   if ((err = g_ws.Ensure(bytes)) != cudaSuccess) return err;
   params->workspace = bytes > 0 ? g_ws.ptr : nullptr;
   params->workspace_bytes = bytes > 0 ? g_ws.bytes : 0;
@@ -971,9 +973,10 @@ void RunBench(bool quick, const cudaDeviceProp& prop) {
   std::vector<int64_t> Bs = {1, 7, 16, 256, 4096}, ks = {1, 31, 32, 128, 1000},
                        ns = {1, 33, 10000, 100000, 1000000};
   if (quick) {
-    Bs = {16, 256};
+    // The cells of benchmarks/bench_gpu_loss.py (issue 16's targets).
+    Bs = {16, 256, 4096};
     ks = {32, 128};
-    ns = {10000, 100000};
+    ns = {10000, 100000, 1000000};
   }
   // Skipped: codes above 2^28 floats (1 GiB), or B n k above 3e11 (seconds
   // per call; the float64 grid covers correctness there).
@@ -990,6 +993,7 @@ void RunBench(bool quick, const cudaDeviceProp& prop) {
   struct Row {
     int64_t B, k, n;
     float fwd[3], both[3];
+    size_t peak[3];  // workspace + outputs, bytes
   };
   std::vector<Row> rows;
   const MathMode modes[3] = {MathMode::kFp32, MathMode::k3xTf32, MathMode::kTf32};
@@ -1025,10 +1029,15 @@ void RunBench(bool quick, const cudaDeviceProp& prop) {
                            IndexType::kInt32, 10.0f, kEpsilon, d_lse.ptr, d_g.ptr, B, n, k,
                            d_grad.ptr, 0);
         };
-        Row row{B, k, n, {}, {}};
+        Row row{B, k, n, {}, {}, {}};
         for (int m = 0; m < 3; ++m) {
           g_math = modes[m];
+          g_ws_cell = 0;
           CUDA_OK(both());  // sizes the workspace, loads the modules
+          // Device bytes beyond the inputs: the larger workspace of the two
+          // passes plus the outputs (loss, lse, expected code and squared
+          // norm, codes gradient).
+          row.peak[m] = g_ws_cell + sizeof(float) * size_t(B * (k + 3) + n * k);
           CUDA_OK(cudaDeviceSynchronize());
           size_t free_before = 0, free_after = 0, total = 0;
           CUDA_OK(cudaMemGetInfo(&free_before, &total));
@@ -1055,6 +1064,30 @@ void RunBench(bool quick, const cudaDeviceProp& prop) {
       std::printf("| %lld | %lld | %lld | %.4f | %.4f | %.2f | %s | %s |\n",
                   static_cast<long long>(r.B), static_cast<long long>(r.k),
                   static_cast<long long>(r.n), r.fwd[m], r.both[m], tflops, fp32, tf32);
+    }
+  }
+  // $ECOC_HARNESS_JSON: the same rows for benchmarks/bench_gpu_loss.py
+  // --harness-json (format in its docstring; fwdbwd_ms is forward + codes
+  // gradient: the z gradient is elementwise on the forward's outputs).
+  if (const char* path = std::getenv("ECOC_HARNESS_JSON"); path != nullptr && *path) {
+    if (FILE* f = std::fopen(path, "w")) {
+      std::fprintf(f, "[");
+      bool first = true;
+      for (const Row& r : rows) {
+        for (int m = 0; m < 3; ++m) {
+          std::fprintf(f, "%s\n {\"B\": %lld, \"k\": %lld, \"n\": %lld, \"mode\": \"%s\", "
+                       "\"fwd_ms\": %.6g, \"fwdbwd_ms\": %.6g, \"peak_bytes\": %zu}",
+                       first ? "" : ",", static_cast<long long>(r.B),
+                       static_cast<long long>(r.k), static_cast<long long>(r.n),
+                       MathName(modes[m]), r.fwd[m], r.both[m], r.peak[m]);
+          first = false;
+        }
+      }
+      std::fprintf(f, "\n]\n");
+      std::fclose(f);
+      std::printf("\nTiming rows written to %s (ECOC_HARNESS_JSON).\n", path);
+    } else {
+      std::printf("\nCould not write ECOC_HARNESS_JSON=%s\n", path);
     }
   }
   std::printf("\nSkipped: codes above %lld floats or B n k above %.0e. Largest workspace "
