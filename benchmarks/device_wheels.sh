@@ -10,13 +10,18 @@
 # /work/.mirror/apple+ml-cross-entropy/repo). The pinned commit is built if
 # the mirror has it, else its HEAD (said on stderr). PyPI wheels come as the
 # device README says (CPython 3.12, manylinux x86-64, --no-deps).
-# Env: PYTHON (default python3), WHEEL_DIR (default .whl).
+# Env: PYTHON (default .venv/bin/python when present, else python3), WHEEL_DIR (default .whl).
 # Exit codes: 0 every wheel of the list is in WHEEL_DIR; 1 a download or
 # build failed or a wheel is missing; 3 bad command line.
 set -u -o pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 LIST="$REPO/benchmarks/device_wheels.txt"
-PY="${PYTHON:-python3}"
+# The project's venv when there is one: building the cut cross-entropy wheel
+# without build isolation needs setuptools and wheel, which a bare python3
+# lacks ("invalid command 'bdist_wheel'").
+DEFAULT_PY=python3
+[[ -x "$REPO/.venv/bin/python" ]] && DEFAULT_PY="$REPO/.venv/bin/python"
+PY="${PYTHON:-$DEFAULT_PY}"
 DEST="${WHEEL_DIR:-$REPO/.whl}"
 DRY=0 MIRROR=/work/.mirror/apple+ml-cross-entropy/repo
 for arg in "$@"; do
