@@ -6,7 +6,7 @@
 //       -Ikernels -x cu kernels/cuda/harness.cu kernels/cuda/ecoc_kernels.cu.cc
 //       -o build/ecoc_harness
 //   build/ecoc_harness [--check-only | --bench-only | --grid | --small |
-//                       --smem-limit] [--quick]
+//                       --smem-limit] [--quick] [--math fp32|3xtf32|tf32]
 // (add -Xcompiler -fopenmp to spread the host reference of --grid over cores)
 // (one command; "-x cu" is needed because nvcc would hand a .cc file to the
 // host compiler.)
@@ -17,7 +17,11 @@
 //
 // Checks compare every output of the four entry points against a float64 CPU
 // reference computed from the same inputs (fp16/bf16 z are rounded on the
-// host first, so the reference sees exactly the values the kernels load).
+// host first, so the reference sees exactly the values the kernels load), in
+// each math mode of the loss passes, and print the largest error per mode.
+// The kernels run on contract v2: each call's workspace comes from one
+// cudaMalloc'd buffer sized by the pass's query (see Forward() below).
+// Also runs on the CPU under the CUDA emulator (kernels/cuda/emu/run.py).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
