@@ -54,6 +54,7 @@ dim3 gridDim = dim3(1, 1, 1);
 // Linked in by run.py: the __CUDA_ARCH__ the kernels were compiled for, the
 // default compute capability of the simulated device.
 extern "C" int keras_ecoc_emu_compiled_arch __attribute__((weak));
+extern "C" char __executable_start;  // defined by the GNU linker
 
 namespace keras_ecoc_emu {
 namespace {
@@ -71,19 +72,21 @@ struct DeviceModel {
   int max_threads_per_sm;
   int bus_width;
   int max_blocks_per_sm;
+  int clock_khz;      // boost clock
+  int mem_clock_khz;  // memory clock
 };
 
 constexpr size_t kKiB = 1024, kMiB = 1024 * kKiB, kGiB = 1024 * kMiB;
 const DeviceModel kModels[] = {
-    {750, "Tesla T4 (emulated)", 40, 64 * kKiB, 64 * kKiB, 15 * kGiB, 4 * int(kMiB), 1024, 256, 16},
+    {750, "Tesla T4 (emulated)", 40, 64 * kKiB, 64 * kKiB, 15 * kGiB, 4 * int(kMiB), 1024, 256, 16, 1590000, 5001000},
     {800, "NVIDIA A100-SXM4-80GB (emulated)", 108, 163 * kKiB, 164 * kKiB, 80 * kGiB,
-     40 * int(kMiB), 2048, 5120, 32},
+     40 * int(kMiB), 2048, 5120, 32, 1410000, 1593000},
     {860, "NVIDIA A10 (emulated)", 72, 99 * kKiB, 100 * kKiB, 24 * kGiB, 6 * int(kMiB), 1536, 384,
-     16},
+     16, 1695000, 6251000},
     {890, "NVIDIA L4 (emulated)", 58, 99 * kKiB, 100 * kKiB, 24 * kGiB, 48 * int(kMiB), 1536, 192,
-     24},
+     24, 2040000, 6251000},
     {900, "NVIDIA H100 80GB HBM3 (emulated)", 132, 227 * kKiB, 228 * kKiB, 80 * kGiB,
-     50 * int(kMiB), 2048, 5120, 32},
+     50 * int(kMiB), 2048, 5120, 32, 1980000, 2619000},
 };
 constexpr size_t kDefaultSmem = 48 * kKiB;
 
@@ -124,6 +127,7 @@ struct Device {
   long shuffle_blocks = -1;
   unsigned schedule_seed = 1;
   std::string schedule = "random";
+  bool random_schedule = true;
   size_t stack_bytes = 256 * kKiB;
 };
 
@@ -163,6 +167,7 @@ Device& Dev() {
                       s);
       }
     }
+    d->random_schedule = d->schedule == "random";
     if (const char* p = std::getenv("KERAS_ECOC_EMU_LAUNCH_LOG")) {
       d->launch_log = std::fopen(p, "a");
       if (d->launch_log == nullptr) FatalNoLaunch("cannot open KERAS_ECOC_EMU_LAUNCH_LOG=%s", p);
@@ -304,6 +309,20 @@ void FatalInBlock(const char* fmt, ...) {
   Fatal("%s", msg);
 }
 
+// Fills [p, p + bytes) with the float NaN 0x7fc00000 (whole words).
+void FillNaN(char* p, size_t bytes) {
+  const uint32_t nan_bits = 0x7fc00000u;
+  const size_t words = bytes / 4;
+  if (words == 0) return;
+  std::memcpy(p, &nan_bits, 4);
+  size_t done = 1;
+  while (done < words) {
+    const size_t n = std::min(done, words - done);
+    std::memcpy(p + 4 * done, p, 4 * n);
+    done += n;
+  }
+}
+
 void RunCopies(std::vector<Copy>& copies) {
   for (const Copy& c : copies) {
     char buf[16] = {0};
@@ -353,12 +372,23 @@ void InitFiber(Fiber* f, size_t stack_bytes) {
     f->stack_lo = static_cast<char*>(mem) + page;
     f->stack_size = stack_bytes;
   }
-  // A finished fiber may leave poisoned stack redzones behind.
-  ASAN_UNPOISON_MEMORY_REGION(f->stack_lo, f->stack_size);
+  // A finished fiber leaves the poisoned redzones of the frames that were
+  // live at its last switch (FiberMain's and the switch's own) behind; every
+  // other frame unpoisoned itself on return. So only the stack above its
+  // last stack pointer needs clearing (clearing all of it was a tenth of the
+  // emulator's time).
+  char* const top = f->stack_lo + f->stack_size;
+#if defined(__x86_64__)
+  char* low = f->sp != nullptr ? static_cast<char*>(f->sp) - 4096 : top;
+  if (low < f->stack_lo) low = f->stack_lo;
+#else
+  char* low = f->stack_lo;
+#endif
+  ASAN_UNPOISON_MEMORY_REGION(low, static_cast<size_t>(top - low));
   f->fake_stack = nullptr;
 #if defined(__x86_64__)
-  uintptr_t top = reinterpret_cast<uintptr_t>(f->stack_lo + f->stack_size) & ~uintptr_t{15};
-  uint64_t* sp = reinterpret_cast<uint64_t*>(top);
+  const uintptr_t aligned_top = reinterpret_cast<uintptr_t>(top) & ~uintptr_t{15};
+  uint64_t* sp = reinterpret_cast<uint64_t*>(aligned_top);
   *--sp = 0;                                            // fake return address of FiberMain
   *--sp = reinterpret_cast<uint64_t>(&FiberMain);       // ret target
   for (int i = 0; i < 6; ++i) *--sp = 0;                // rbp rbx r12 r13 r14 r15
@@ -418,7 +448,7 @@ const char* Where(const Fiber* f, char* buf, size_t n) {
 
 bool SameOp(const Fiber* a, const Fiber* b) {
   return a->kind == b->kind && a->mask == b->mask && a->width == b->width && a->line == b->line &&
-         std::strcmp(a->file, b->file) == 0 && a->fn == b->fn &&
+         (a->file == b->file || std::strcmp(a->file, b->file) == 0) && a->fn == b->fn &&
          (a->kind != WarpOpKind::kShflXor || a->arg == b->arg) &&
          ((a->kind != WarpOpKind::kShflUp && a->kind != WarpOpKind::kShflDown) || a->arg == b->arg);
 }
@@ -565,7 +595,7 @@ void RunBlock(LaunchState& L, const std::vector<unsigned>& order_base, std::mt19
   std::vector<unsigned> order = order_base;
   const Device& d = Dev();
   for (;;) {
-    if (d.schedule == "random") std::shuffle(order.begin(), order.end(), rng);
+    if (d.random_schedule) std::shuffle(order.begin(), order.end(), rng);
     for (unsigned t : order) {
       Fiber* f = g_fibers[t];
       if (f->state == State::kRunnable) SwitchTo(f);
@@ -597,7 +627,8 @@ void RunBlock(LaunchState& L, const std::vector<unsigned>& order_base, std::mt19
       }
       for (unsigned t = 0; t < L.nthreads; ++t) {
         const Fiber* f = g_fibers[t];
-        if (f->line != first_block->line || std::strcmp(f->file, first_block->file) != 0)
+        if (f->line != first_block->line ||
+            (f->file != first_block->file && std::strcmp(f->file, first_block->file) != 0))
           FatalInBlock("threads of the block meet at different __syncthreads(): thread %u at "
                        "%s:%d, thread %u at %s:%d",
                        first_block->tid, first_block->file, first_block->line, f->tid, f->file,
@@ -725,9 +756,15 @@ cudaError_t LaunchKernel(const void* func, const char* name, const char* file, i
   auto lim = d.func_smem_limit.find(func);
   const size_t limit = lim == d.func_smem_limit.end() ? kDefaultSmem : lim->second;
   if (d.launch_log != nullptr) {
-    std::fprintf(d.launch_log, "%s\tgrid=%u,%u,%u\tblock=%u,%u,%u\tsmem=%zu\tlimit=%zu\tarch=%d\tsms=%d\t%s\n",
+    // func: the kernel's address relative to the executable's start, which
+    // `nm` of the binary maps to the template instantiation.
+    const unsigned long offset = static_cast<unsigned long>(
+        reinterpret_cast<uintptr_t>(func) - reinterpret_cast<uintptr_t>(&__executable_start));
+    std::fprintf(d.launch_log,
+                 "%s\tgrid=%u,%u,%u\tblock=%u,%u,%u\tsmem=%zu\tlimit=%zu\tarch=%d\tsms=%d\t"
+                 "func=%#lx\t%s\n",
                  name, grid.x, grid.y, grid.z, block.x, block.y, block.z, smem, limit,
-                 d.model.arch, d.model.sms, smem > limit ? "refused" : "ok");
+                 d.model.arch, d.model.sms, offset, smem > limit ? "refused" : "ok");
     std::fflush(d.launch_log);
   }
   if (smem > limit) return SetError(cudaErrorInvalidValue);
@@ -773,8 +810,7 @@ cudaError_t LaunchKernel(const void* func, const char* name, const char* file, i
                      static_cast<unsigned>(b / (static_cast<unsigned long long>(grid.x) * grid.y))};
     // Fresh shared memory is garbage on a GPU: NaN makes a read before a
     // write visible in any float result.
-    const uint32_t nan_bits = 0x7fc00000u;
-    for (size_t i = 0; i + 4 <= smem; i += 4) std::memcpy(L.smem + i, &nan_bits, 4);
+    FillNaN(L.smem, smem);
     for (unsigned t = 0; t < L.nthreads; ++t) {
       Fiber* f = g_fibers[t];
       InitFiber(f, d.stack_bytes);
@@ -879,6 +915,9 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
     case cudaDevAttrMaxRegistersPerBlock: *value = p.regsPerBlock; break;
     case cudaDevAttrMultiProcessorCount: *value = p.multiProcessorCount; break;
     case cudaDevAttrL2CacheSize: *value = p.l2CacheSize; break;
+    case cudaDevAttrClockRate: *value = Dev().model.clock_khz; break;
+    case cudaDevAttrMemoryClockRate: *value = Dev().model.mem_clock_khz; break;
+    case cudaDevAttrGlobalMemoryBusWidth: *value = p.memoryBusWidth; break;
     case cudaDevAttrMaxThreadsPerMultiProcessor: *value = p.maxThreadsPerMultiProcessor; break;
     case cudaDevAttrComputeCapabilityMajor: *value = p.major; break;
     case cudaDevAttrComputeCapabilityMinor: *value = p.minor; break;

@@ -62,10 +62,12 @@ struct Term {
   int exp;        // exponent of the leading bit position (normalised, or -126 for subnormals)
   int frac_bits;  // sig has frac_bits bits below the binary point
   bool zero;
+  bool special;  // inf or NaN (after dropping the low bits)
+  double value;  // the value itself, for the IEEE path of inf and NaN
 };
 
 // Decomposes a float32 whose low `drop` mantissa bits are ignored.
-inline Term Decompose(uint32_t u, int drop) {
+inline __attribute__((no_sanitize("address", "undefined"))) Term Decompose(uint32_t u, int drop) {
   u &= ~((1u << drop) - 1u);
   Term t;
   t.neg = (u >> 31) != 0;
@@ -80,23 +82,27 @@ inline Term Decompose(uint32_t u, int drop) {
     t.exp = e - 127;
   }
   t.zero = t.sig == 0;
+  t.special = e == 0xff;
+  t.value = static_cast<double>(FromBits(u));
   return t;
 }
 
-// One fused chunk: c + sum_i a_i * b_i (a, b TF32 bit patterns, c float32).
-inline float FusedChunk(const uint32_t* a, const uint32_t* b, int n, float c, const MmaModel& m) {
+// The model's pure arithmetic is not instrumented: it touches only its own
+// locals, and it is most of the emulator's time in the TF32 kernels.
+#define KERAS_ECOC_EMU_MODEL_FN \
+  inline __attribute__((no_sanitize("address", "undefined"), optimize("O2")))
+
+// One fused chunk: c + sum_i a_i * b_i for n TF32 operand pairs given
+// decomposed (significand 11 bits with 10 fraction bits, exponent, sign).
+KERAS_ECOC_EMU_MODEL_FN float FusedChunk(const Term* a, const Term* b, int n, float c,
+                                         const MmaModel& m) {
   // Inf and NaN follow IEEE arithmetic (the products of TF32 values are exact
   // in double, and finite terms cannot overflow it).
   bool special = !std::isfinite(c);
-  for (int i = 0; i < n; ++i) {
-    const uint32_t ta = a[i] & 0xffffe000u, tb = b[i] & 0xffffe000u;
-    if ((ta & 0x7f800000u) == 0x7f800000u || (tb & 0x7f800000u) == 0x7f800000u) special = true;
-  }
+  for (int i = 0; i < n; ++i) special |= a[i].special || b[i].special;
   if (special) {
     double s = static_cast<double>(c);
-    for (int i = 0; i < n; ++i)
-      s += static_cast<double>(FromBits(a[i] & 0xffffe000u)) *
-           static_cast<double>(FromBits(b[i] & 0xffffe000u));
+    for (int i = 0; i < n; ++i) s += a[i].value * b[i].value;
     if (std::isnan(s)) return FromBits(0x7fffffffu);
     return static_cast<float>(s);
   }
@@ -106,39 +112,32 @@ inline float FusedChunk(const uint32_t* a, const uint32_t* b, int n, float c, co
   bool negs[17];
   uint64_t sigs[17];
   int fracs[17];
-  bool zeros[17];
   int count = 0;
   for (int i = 0; i < n; ++i) {
-    const Term ta = Decompose(a[i], 13), tb = Decompose(b[i], 13);
-    negs[count] = ta.neg != tb.neg;
-    sigs[count] = ta.sig * tb.sig;
-    exps[count] = ta.exp + tb.exp;
-    fracs[count] = ta.frac_bits + tb.frac_bits;
-    zeros[count] = sigs[count] == 0;
+    negs[count] = a[i].neg != b[i].neg;
+    sigs[count] = a[i].sig * b[i].sig;
+    exps[count] = sigs[count] == 0 ? m.e_zero : a[i].exp + b[i].exp;
+    fracs[count] = 20;
     ++count;
   }
   {
     const Term tc = Decompose(Bits(c), 0);
     negs[count] = tc.neg;
     sigs[count] = tc.sig;
-    exps[count] = tc.exp;
-    fracs[count] = tc.frac_bits;
-    zeros[count] = tc.zero;
+    exps[count] = tc.zero ? m.e_zero : tc.exp;
+    fracs[count] = 23;
     ++count;
   }
-  int e_max = -100000;
-  for (int i = 0; i < count; ++i) {
-    if (zeros[i]) exps[i] = m.e_zero;
-    e_max = exps[i] > e_max ? exps[i] : e_max;
-  }
+  int e_max = exps[0];
+  for (int i = 1; i < count; ++i) e_max = exps[i] > e_max ? exps[i] : e_max;
   // Each term in units of 2^(e_max - F), truncated toward zero.
   int64_t sum = 0;
   for (int i = 0; i < count; ++i) {
-    if (zeros[i]) continue;
+    if (sigs[i] == 0) continue;
     const int shift = exps[i] - e_max + m.F - fracs[i];  // left shift of sig
     uint64_t v;
     if (shift >= 0) {
-      v = sigs[i] << shift;  // shift <= F - 20 <= 5, sig < 2^22: no overflow
+      v = sigs[i] << shift;  // shift <= F - 20 <= 5, sig < 2^24: no overflow
     } else if (-shift >= 64) {
       v = 0;
     } else {
@@ -168,10 +167,23 @@ inline float FusedChunk(const uint32_t* a, const uint32_t* b, int n, float c, co
   return neg ? -f : f;
 }
 
-// d = a * b + c for one output element; a and b hold K = 8 TF32 patterns.
-inline float MmaDot8(const uint32_t a[8], const uint32_t b[8], float c, const MmaModel& m) {
+// d = a * b + c for one output element; a and b hold K = 8 decomposed TF32
+// operands.
+KERAS_ECOC_EMU_MODEL_FN float MmaDot8(const Term a[8], const Term b[8], float c,
+                                      const MmaModel& m) {
   for (int k0 = 0; k0 < 8; k0 += m.L) c = FusedChunk(a + k0, b + k0, m.L, c, m);
   return c;
+}
+
+// The same on raw bit patterns (for tests and single products).
+KERAS_ECOC_EMU_MODEL_FN float MmaDot8Bits(const uint32_t a[8], const uint32_t b[8], float c,
+                                          const MmaModel& m) {
+  Term ta[8], tb[8];
+  for (int k = 0; k < 8; ++k) {
+    ta[k] = Decompose(a[k], 13);
+    tb[k] = Decompose(b[k], 13);
+  }
+  return MmaDot8(ta, tb, c, m);
 }
 
 struct MmaLaneIn {
@@ -185,18 +197,18 @@ struct MmaLaneOut {
 
 // The warp-collective step: gathers the fragments of the 32 lanes (layout
 // of ecoc_ptx.cuh, g = lane / 4, t = lane % 4), multiplies, scatters.
-inline void MmaM16N8K8Collective(const void* const* in, void* const* out) {
-  uint32_t A[16][8], B[8][8];
+KERAS_ECOC_EMU_MODEL_FN void MmaM16N8K8Collective(const void* const* in, void* const* out) {
+  Term A[16][8], Bt[8][8];  // Bt[j][k] = B[k][j]
   float C[16][8];
   for (int lane = 0; lane < 32; ++lane) {
     const MmaLaneIn& f = *static_cast<const MmaLaneIn*>(in[lane]);
     const int g = lane / 4, t = lane % 4;
-    A[g][t] = f.a[0];
-    A[g + 8][t] = f.a[1];
-    A[g][t + 4] = f.a[2];
-    A[g + 8][t + 4] = f.a[3];
-    B[t][g] = f.b[0];
-    B[t + 4][g] = f.b[1];
+    A[g][t] = Decompose(f.a[0], 13);
+    A[g + 8][t] = Decompose(f.a[1], 13);
+    A[g][t + 4] = Decompose(f.a[2], 13);
+    A[g + 8][t + 4] = Decompose(f.a[3], 13);
+    Bt[g][t] = Decompose(f.b[0], 13);
+    Bt[g][t + 4] = Decompose(f.b[1], 13);
     C[g][2 * t] = f.c[0];
     C[g][2 * t + 1] = f.c[1];
     C[g + 8][2 * t] = f.c[2];
@@ -205,11 +217,7 @@ inline void MmaM16N8K8Collective(const void* const* in, void* const* out) {
   const MmaModel m = ModelForArch(DeviceArch());
   float D[16][8];
   for (int i = 0; i < 16; ++i)
-    for (int j = 0; j < 8; ++j) {
-      uint32_t col[8];
-      for (int k = 0; k < 8; ++k) col[k] = B[k][j];
-      D[i][j] = MmaDot8(A[i], col, C[i][j], m);
-    }
+    for (int j = 0; j < 8; ++j) D[i][j] = MmaDot8(A[i], Bt[j], C[i][j], m);
   for (int lane = 0; lane < 32; ++lane) {
     MmaLaneOut& o = *static_cast<MmaLaneOut*>(out[lane]);
     const int g = lane / 4, t = lane % 4;

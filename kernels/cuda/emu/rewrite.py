@@ -202,6 +202,20 @@ def _rewrite_shared(text: str, path: str) -> str:
     return text
 
 
+def kernel_names(text: str) -> list[str]:
+    """Names of the __global__ functions (or function templates) defined in ``text``."""
+    mask = code_mask(text)
+    names = []
+    for m in re.finditer(r"\b__global__\b", text):
+        if not mask[m.start()]:
+            continue
+        head = re.sub(r"__launch_bounds__\s*\([^)]*\)", " ", text[m.end():m.end() + 400])
+        nm = re.match(r"\s*(?:static\s+|inline\s+)*void\s+(?:__\w+\s+)*([A-Za-z_]\w*)\s*\(", head)
+        if nm:
+            names.append(nm.group(1))
+    return names
+
+
 def marked_barriers(text: str) -> list[tuple[int, str]]:
     """(line number, line) of each line carrying the barrier-mutation marker."""
     return [(i + 1, line) for i, line in enumerate(text.split("\n")) if MARKER in line]

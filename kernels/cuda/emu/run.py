@@ -13,7 +13,7 @@ a second run with the same sources only runs.
 
 Exit status: the program's own (the harness: 0 = all checks passed, 1 = a
 check failed); 66 = AddressSanitizer report, 67 = UndefinedBehaviorSanitizer
-report; -6 / 134 = the emulator aborted (divergence, deadlock, a barrier
+report; 134 (SIGABRT) = the emulator aborted (divergence, deadlock, a barrier
 reached by part of a block, ...; the message is on stderr); 3 = build error.
 """
 
@@ -76,7 +76,7 @@ def list_marked_barriers(cuda_dir: Path) -> list[tuple[str, int, str]]:
 
 
 def stage_sources(cuda_dir: Path, stage_root: Path, delete_marked: int | None,
-                  extra: list[Path]) -> tuple[Path, dict[str, str]]:
+                  extra: list[Path], headers_only: bool = False) -> tuple[Path, dict[str, str]]:
     """Copies and rewrites the sources; returns (staged kernels/cuda dir, name -> text)."""
     texts: dict[str, str] = {}
     marked = list_marked_barriers(cuda_dir) if cuda_dir.is_dir() else []
@@ -89,7 +89,8 @@ def stage_sources(cuda_dir: Path, stage_root: Path, delete_marked: int | None,
     sources = []
     if cuda_dir.is_dir():
         sources = [p for p in sorted(cuda_dir.iterdir())
-                   if p.is_file() and p.name.endswith(SOURCE_SUFFIXES)]
+                   if p.is_file() and p.name.endswith(SOURCE_SUFFIXES)
+                   and not (headers_only and p.name.endswith((".cu", ".cc")))]
     sources += extra
     for path in sources:
         text = path.read_text()
@@ -111,7 +112,6 @@ def stage_sources(cuda_dir: Path, stage_root: Path, delete_marked: int | None,
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_text(text)
         try:
-            (tmp / "kernels").rename(stage.parent.parent / "kernels") if False else None
             stage.parent.parent.mkdir(parents=True, exist_ok=True)
             os.rename(tmp / "kernels", stage.parent)
         except OSError:
@@ -158,8 +158,10 @@ def build(args: argparse.Namespace) -> Path:
     build_dir = Path(args.build_dir).resolve() if args.build_dir else REPO_ROOT / "build" / "emu"
     build_dir.mkdir(parents=True, exist_ok=True)
     programs = [Path(p).resolve() for p in args.program]
-    stage, texts = stage_sources(cuda_dir if not programs else Path("/nonexistent"), build_dir,
-                                 args.delete_marked_barrier, programs)
+    # Programs see the headers of kernels/cuda (ecoc_ptx.cuh, ...) but not
+    # the harness or the kernels' translation unit.
+    stage, texts = stage_sources(cuda_dir, build_dir, args.delete_marked_barrier, programs,
+                                 headers_only=bool(programs))
     include = ["-I" + str(EMU_DIR / "include"), "-I" + str(stage.parent), "-I" + str(stage)]
     headers = "".join(f"{k}\n{v}" for k, v in sorted(texts.items())
                       if not k.endswith((".cu", ".cc")))
@@ -177,7 +179,7 @@ def build(args: argparse.Namespace) -> Path:
     if not arch_src.exists():
         arch_src.write_text(f'extern "C" {{ int keras_ecoc_emu_compiled_arch = {args.arch * 10}; }}\n')
     jobs.append((arch_src, ["-O0"], obj_dir / f"arch{args.arch}-{_hash(compiler, arch_src.read_text())}.o"))
-    units = [n for n in texts if n.endswith((".cu", ".cc"))]
+    units = [p.name for p in programs]
     if not programs:
         units = [u for u in (HARNESS, KERNELS) if u in texts]
         missing = {HARNESS, KERNELS} - set(units)
@@ -187,7 +189,7 @@ def build(args: argparse.Namespace) -> Path:
         flags = ["-x", "c++"] + CXXFLAGS + include
         if unit != HARNESS:  # host-only code is compiled without __CUDA_ARCH__
             flags.append(arch_flag)
-        key = _hash(compiler, *flags[:-len(include)] if False else flags, texts[unit], headers, emu_files)
+        key = _hash(compiler, *flags, texts[unit], headers, emu_files)
         jobs.append((stage / unit, flags, obj_dir / f"{unit.replace('.', '_')}-{key}.o"))
     compile_objects(jobs)
     objs = [j[2] for j in jobs]
@@ -249,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="delete the barrier on the I-th [barrier-mutation-test] line (build copy only)")
     p.add_argument("--list-marked-barriers", action="store_true",
                    help="print the [barrier-mutation-test] lines and exit")
+    p.add_argument("--list-kernels", action="store_true",
+                   help="print the names of the __global__ functions of the sources and exit")
     p.add_argument("--program", action="append", default=[], metavar="FILE.cu",
                    help="build these self-contained CUDA files instead of the harness")
     p.add_argument("--build-dir", help="cache directory (default: <repo>/build/emu)")
@@ -261,6 +265,13 @@ def main(argv: list[str] | None = None) -> int:
         for name, line, text in list_marked_barriers(Path(args.src_root).resolve() / "kernels" / "cuda"):
             print(f"{name}:{line}: {text}")
         return 0
+    if args.list_kernels:
+        cuda_dir = Path(args.src_root).resolve() / "kernels" / "cuda"
+        for path in sorted(cuda_dir.iterdir()):
+            if path.is_file() and (path.name == KERNELS or path.name.endswith((".h", ".cuh"))):
+                for name in rewrite.kernel_names(path.read_text()):
+                    print(name)
+        return 0
     binary = build(args)
     if args.build_only:
         print(binary)
@@ -268,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     env = run_env(args)
     log(f"running {binary.name} {' '.join(rest)} (device sm_{env['KERAS_ECOC_EMU_ARCH']}"
         + (f", {args.sms} SMs" if args.sms else "") + ")")
-    return subprocess.run([str(binary), *rest], env=env).returncode
+    rc = subprocess.run([str(binary), *rest], env=env).returncode
+    return 128 - rc if rc < 0 else rc  # killed by signal N: 128 + N, as a shell says
 
 
 if __name__ == "__main__":
