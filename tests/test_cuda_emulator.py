@@ -35,10 +35,18 @@ CUDA_DIR = SRC_ROOT / "kernels" / "cuda"
 ASAN_EXIT, UBSAN_EXIT = 66, 67
 SIGABRT_CODES = (134,)  # run.py reports death by signal N as 128 + N
 
-pytestmark = pytest.mark.skipif(
-    shutil.which(os.environ.get("CXX", "g++")) is None or not sys.platform.startswith("linux"),
-    reason="the CUDA emulator needs g++ with AddressSanitizer on Linux",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        shutil.which(os.environ.get("CXX", "g++")) is None or not sys.platform.startswith("linux"),
+        reason="the CUDA emulator needs g++ with AddressSanitizer on Linux",
+    ),
+    # Nothing here depends on the Keras backend: `make test` runs the suite
+    # once per backend, and these run in its TensorFlow pass only.
+    pytest.mark.skipif(
+        os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow",
+        reason="backend-independent; runs in the TensorFlow pass of make test",
+    ),
+]
 
 
 def run_emu(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
