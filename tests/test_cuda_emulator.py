@@ -208,6 +208,12 @@ def test_a_shared_memory_write_past_the_launch_size_trips_asan():
     assert "AddressSanitizer" in res.stderr and "shared_memory.cu:" in res.stderr
 
 
+def test_a_cp_async_read_past_a_global_buffer_trips_asan():
+    res = run_selftest("shared_memory.cu", "cp_async_oob")
+    assert res.returncode == ASAN_EXIT, _fail_message(res)
+    assert "AddressSanitizer: heap-buffer-overflow" in res.stderr
+
+
 @pytest.mark.parametrize("case", ["limits", "nan", "cp_async"])
 def test_shared_memory_limits_nan_fill_and_deferred_cp_async(case):
     res = run_selftest("shared_memory.cu", case)

@@ -172,7 +172,10 @@ def build(args: argparse.Namespace) -> Path:
     obj_dir = build_dir / "obj"
     jobs = []
     runtime_src = EMU_DIR / "emu_runtime.cc"
-    runtime_flags = CXXFLAGS + ["-I" + str(EMU_DIR / "include")]
+    # The runtime: linked with ASan but not instrumented (see emu_runtime.cc).
+    runtime_flags = [f for f in CXXFLAGS if f not in SANITIZE and f != "-O1"] + [
+        "-O2", "-fsanitize=undefined", "-fno-sanitize-recover=undefined",
+        "-DKERAS_ECOC_EMU_ASAN=1", "-I" + str(EMU_DIR / "include")]
     jobs.append((runtime_src, runtime_flags,
                  obj_dir / f"runtime-{_hash(compiler, *runtime_flags, emu_files, runtime_src.read_text())}.o"))
     arch_src = build_dir / f"arch{args.arch}.cc"

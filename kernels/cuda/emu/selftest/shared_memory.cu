@@ -7,6 +7,8 @@
 //   nan         fresh shared memory reads as NaN, exit 0
 //   cp_async    a cp.async destination read before its wait is stale; after
 //               the wait it holds the data (zero-filled past src_bytes), exit 0
+//   cp_async_oob  a cp.async reads 4 bytes past its global buffer: ASan
+//               must stop it (the copy runs inside the emulator's runtime)
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -92,6 +94,13 @@ int main(int argc, char** argv) {
       bad += ho[8 + i] != want;
     }
     std::printf("cp_async: %d wrong values\n", bad);
+  } else if (std::strcmp(c, "cp_async_oob") == 0) {
+    float* small = nullptr;
+    cudaMalloc(&small, 29 * sizeof(float));  // 116 bytes: thread 7 reads bytes 112-119
+    CpAsyncStale<<<1, 8, 32 * sizeof(float)>>>(small, d);
+    cudaDeviceSynchronize();
+    std::printf("cp_async_oob: the read past the end was not caught\n");
+    bad = 1;
   } else {
     return 3;
   }
