@@ -411,3 +411,25 @@ def test_emulated_mma_is_bit_exact_against_mmasim(tmp_path, mma_inputs):
             diff = np.flatnonzero(ref.view(np.uint32) != d[t].view(np.uint32))
             assert diff.size == 0, (f"{name}: tile {t}, {diff.size} outputs differ from mmasim, "
                                     f"first {ref.flat[diff[0]]!r} vs {d[t].flat[diff[0]]!r}")
+
+
+# SHA-256 of the dump of selftest/mma_random.cu on an NVIDIA H100 80GB HBM3
+# (driver 580.159.04, nvcc 13.0, -arch=sm_90), 2026-11-26: the inputs (A, B,
+# C, x) and the results (512 mma tiles = 65536 outputs, 65536 cvt values).
+H100_MMA_RANDOM_INPUTS = "bd1ede737a4b51ebfe2c030b1bd749f330b052c096d3df4ab813f739c5c0a082"
+H100_MMA_RANDOM_RESULTS = "1fa89e543a8602a5f5e38aa631cb0aa61b52bf2d42e100e9a4a007eca580eda9"
+
+
+def test_emulated_sm90_mma_and_cvt_reproduce_a_real_h100_bit_for_bit(tmp_path):
+    import hashlib
+
+    dump = tmp_path / "mma_random.bin"
+    env = dict(os.environ, R=str(dump))
+    res = subprocess.run([sys.executable, str(RUN), "--arch", "90", "--program",
+                          str(SELFTEST / "mma_random.cu")],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert res.returncode == 0, _fail_message(res)
+    data = dump.read_bytes()
+    split = (512 * 320 + 65536) * 4
+    assert hashlib.sha256(data[:split]).hexdigest() == H100_MMA_RANDOM_INPUTS
+    assert hashlib.sha256(data[split:]).hexdigest() == H100_MMA_RANDOM_RESULTS
