@@ -179,8 +179,10 @@ def build(args: argparse.Namespace) -> Path:
     jobs.append((runtime_src, runtime_flags,
                  obj_dir / f"runtime-{_hash(compiler, *runtime_flags, emu_files, runtime_src.read_text())}.o"))
     arch_src = build_dir / f"arch{args.arch}.cc"
-    if not arch_src.exists():
-        arch_src.write_text(f'extern "C" {{ int keras_ecoc_emu_compiled_arch = {args.arch * 10}; }}\n')
+    if not arch_src.exists():  # written atomically: parallel test workers share build/emu
+        tmp_src = arch_src.with_name(f"{arch_src.name}.tmp{os.getpid()}")
+        tmp_src.write_text(f'extern "C" {{ int keras_ecoc_emu_compiled_arch = {args.arch * 10}; }}\n')
+        os.replace(tmp_src, arch_src)
     jobs.append((arch_src, ["-O0"], obj_dir / f"arch{args.arch}-{_hash(compiler, arch_src.read_text())}.o"))
     units = [p.name for p in programs]
     if not programs:
