@@ -139,6 +139,9 @@ setup(
             "ipykernel",
             "jax[cpu]==0.10.2",
             "torch==2.13.0",
+            # Bit-exact TF32 mma model the CUDA emulator is checked against
+            # (tests/test_cuda_emulator.py); a 15 kB pure-Python wheel.
+            "mmasim==2.1.1",
             "tensorflow-datasets>=4.9",
             "matplotlib>=3.8",
             "scikit-learn>=1.3",

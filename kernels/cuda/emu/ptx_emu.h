@@ -1,0 +1,299 @@
+// CPU versions of the PTX wrappers of kernels/cuda/ecoc_ptx.cuh, with the
+// same names and signatures (plus defaulted call-site arguments), included
+// by that header under -DKERAS_ECOC_EMULATOR. Architecture rules as there:
+// below __CUDA_ARCH__ 800 cvt_rna_tf32 returns its input bits, cp_async_16
+// copies at once and mma_m16n8k8_tf32 traps.
+//
+// mma.sync.m16n8k8 TF32 follows the tensor-core arithmetic measured by
+// mmasim (PyPI; Xie et al.), bit for bit: operands truncated to TF32 (low 13
+// bits ignored); per output, the K products are taken in chunks of L (4 on
+// Ampere/Ada, 8 on Hopper) together with the accumulator: each product and
+// the accumulator are aligned to the largest exponent among them (a zero
+// counts as exponent e_zero), truncated toward zero to F fraction bits
+// (F = 24 Ampere/Ada, 25 Hopper; e_zero = -132 / -133), summed exactly, and
+// the sum is rounded toward zero to float32 (-0 becomes +0, NaN is
+// 0x7fffffff). The chunk's result is the next chunk's accumulator.
+#ifndef KERAS_ECOC_KERNELS_CUDA_EMU_PTX_EMU_H_
+#define KERAS_ECOC_KERNELS_CUDA_EMU_PTX_EMU_H_
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include <cuda_runtime.h>
+
+namespace keras_ecoc_emu {
+namespace tf32 {
+
+struct MmaModel {
+  int F;       // fraction bits kept after alignment
+  int L;       // products per fused chunk
+  int e_zero;  // exponent given to a zero term
+};
+
+inline MmaModel ModelForArch(int arch) {
+  return arch >= 900 ? MmaModel{25, 8, -133} : MmaModel{24, 4, -132};
+}
+
+inline uint32_t Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float FromBits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// cvt.rna.tf32.f32: round to nearest, ties away from zero, to 10 fraction
+// bits; NaN gives the canonical 0x7fffffff. A finite value may round to inf.
+inline uint32_t CvtRna(float x) {
+  const uint32_t u = Bits(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fffffffu;
+  if ((u & 0x7f800000u) == 0x7f800000u) return u;  // +-inf
+  return (u + 0x1000u) & 0xffffe000u;
+}
+
+// value = sig * 2^(exp - frac_bits), sig >= 0; is_zero when the value is 0.
+struct Term {
+  bool neg;
+  uint64_t sig;
+  int exp;        // exponent of the leading bit position (normalised, or -126 for subnormals)
+  int frac_bits;  // sig has frac_bits bits below the binary point
+  bool zero;
+  bool special;  // inf or NaN (after dropping the low bits)
+  double value;  // the value itself, for the IEEE path of inf and NaN
+};
+
+// Decomposes a float32 whose low `drop` mantissa bits are ignored.
+inline __attribute__((no_sanitize("address", "undefined"))) Term Decompose(uint32_t u, int drop) {
+  u &= ~((1u << drop) - 1u);
+  Term t;
+  t.neg = (u >> 31) != 0;
+  const int e = static_cast<int>((u >> 23) & 0xffu);
+  const uint32_t m = (u & 0x7fffffu) >> drop;
+  t.frac_bits = 23 - drop;
+  if (e == 0) {
+    t.sig = m;
+    t.exp = -126;
+  } else {
+    t.sig = m | (1u << (23 - drop));
+    t.exp = e - 127;
+  }
+  t.zero = t.sig == 0;
+  t.special = e == 0xff;
+  t.value = static_cast<double>(FromBits(u));
+  return t;
+}
+
+// The model's pure arithmetic is not instrumented: it touches only its own
+// locals, and it is most of the emulator's time in the TF32 kernels.
+#define KERAS_ECOC_EMU_MODEL_FN \
+  inline __attribute__((no_sanitize("address", "undefined"), optimize("O2")))
+
+// One fused chunk: c + sum_i a_i * b_i for n TF32 operand pairs given
+// decomposed (significand 11 bits with 10 fraction bits, exponent, sign).
+KERAS_ECOC_EMU_MODEL_FN float FusedChunk(const Term* a, const Term* b, int n, float c,
+                                         const MmaModel& m) {
+  // Inf and NaN follow IEEE arithmetic (the products of TF32 values are exact
+  // in double, and finite terms cannot overflow it).
+  bool special = !std::isfinite(c);
+  for (int i = 0; i < n; ++i) special |= a[i].special || b[i].special;
+  if (special) {
+    double s = static_cast<double>(c);
+    for (int i = 0; i < n; ++i) s += a[i].value * b[i].value;
+    if (std::isnan(s)) return FromBits(0x7fffffffu);
+    return static_cast<float>(s);
+  }
+  // Terms as (sign, integer significand, exponent): products have 20
+  // fraction bits, c has 23.
+  int exps[17];
+  bool negs[17];
+  uint64_t sigs[17];
+  int fracs[17];
+  int count = 0;
+  for (int i = 0; i < n; ++i) {
+    negs[count] = a[i].neg != b[i].neg;
+    sigs[count] = a[i].sig * b[i].sig;
+    exps[count] = sigs[count] == 0 ? m.e_zero : a[i].exp + b[i].exp;
+    fracs[count] = 20;
+    ++count;
+  }
+  {
+    const Term tc = Decompose(Bits(c), 0);
+    negs[count] = tc.neg;
+    sigs[count] = tc.sig;
+    exps[count] = tc.zero ? m.e_zero : tc.exp;
+    fracs[count] = 23;
+    ++count;
+  }
+  int e_max = exps[0];
+  for (int i = 1; i < count; ++i) e_max = exps[i] > e_max ? exps[i] : e_max;
+  // Each term in units of 2^(e_max - F), truncated toward zero.
+  int64_t sum = 0;
+  for (int i = 0; i < count; ++i) {
+    if (sigs[i] == 0) continue;
+    const int shift = exps[i] - e_max + m.F - fracs[i];  // left shift of sig
+    uint64_t v;
+    if (shift >= 0) {
+      v = sigs[i] << shift;  // shift <= F - 20 <= 5, sig < 2^24: no overflow
+    } else if (-shift >= 64) {
+      v = 0;
+    } else {
+      v = sigs[i] >> (-shift);
+    }
+    sum += negs[i] ? -static_cast<int64_t>(v) : static_cast<int64_t>(v);
+  }
+  if (sum == 0) return 0.0f;
+  const bool neg = sum < 0;
+  uint64_t mag = neg ? static_cast<uint64_t>(-sum) : static_cast<uint64_t>(sum);
+  // Round toward zero to float32: value = mag * 2^(e_max - F).
+  int scale = e_max - m.F;
+  const int msb = 63 - __builtin_clzll(mag);
+  const int lead_exp = msb + scale;
+  int keep_from;  // lowest bit position of mag that survives
+  if (lead_exp >= -126) {
+    keep_from = msb - 23;  // 24 significant bits
+  } else {
+    keep_from = -149 - scale;  // subnormal: quantum 2^-149
+  }
+  if (keep_from > 0) {
+    mag = keep_from >= 64 ? 0 : (mag >> keep_from);
+    scale += keep_from;
+  }
+  const double r = std::ldexp(static_cast<double>(mag), scale);  // exact
+  const float f = static_cast<float>(r);                           // inf past FLT_MAX
+  return neg ? -f : f;
+}
+
+// d = a * b + c for one output element; a and b hold K = 8 decomposed TF32
+// operands.
+KERAS_ECOC_EMU_MODEL_FN float MmaDot8(const Term a[8], const Term b[8], float c,
+                                      const MmaModel& m) {
+  for (int k0 = 0; k0 < 8; k0 += m.L) c = FusedChunk(a + k0, b + k0, m.L, c, m);
+  return c;
+}
+
+// The same on raw bit patterns (for tests and single products).
+KERAS_ECOC_EMU_MODEL_FN float MmaDot8Bits(const uint32_t a[8], const uint32_t b[8], float c,
+                                          const MmaModel& m) {
+  Term ta[8], tb[8];
+  for (int k = 0; k < 8; ++k) {
+    ta[k] = Decompose(a[k], 13);
+    tb[k] = Decompose(b[k], 13);
+  }
+  return MmaDot8(ta, tb, c, m);
+}
+
+struct MmaLaneIn {
+  uint32_t a[4];
+  uint32_t b[2];
+  float c[4];
+};
+struct MmaLaneOut {
+  float d[4];
+};
+
+// The warp-collective step: gathers the fragments of the 32 lanes (layout
+// of ecoc_ptx.cuh, g = lane / 4, t = lane % 4), multiplies, scatters.
+KERAS_ECOC_EMU_MODEL_FN void MmaM16N8K8Collective(const void* const* in, void* const* out) {
+  Term A[16][8], Bt[8][8];  // Bt[j][k] = B[k][j]
+  float C[16][8];
+  for (int lane = 0; lane < 32; ++lane) {
+    const MmaLaneIn& f = *static_cast<const MmaLaneIn*>(in[lane]);
+    const int g = lane / 4, t = lane % 4;
+    A[g][t] = Decompose(f.a[0], 13);
+    A[g + 8][t] = Decompose(f.a[1], 13);
+    A[g][t + 4] = Decompose(f.a[2], 13);
+    A[g + 8][t + 4] = Decompose(f.a[3], 13);
+    Bt[g][t] = Decompose(f.b[0], 13);
+    Bt[g][t + 4] = Decompose(f.b[1], 13);
+    C[g][2 * t] = f.c[0];
+    C[g][2 * t + 1] = f.c[1];
+    C[g + 8][2 * t] = f.c[2];
+    C[g + 8][2 * t + 1] = f.c[3];
+  }
+  const MmaModel m = ModelForArch(DeviceArch());
+  float D[16][8];
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 8; ++j) D[i][j] = MmaDot8(A[i], Bt[j], C[i][j], m);
+  for (int lane = 0; lane < 32; ++lane) {
+    MmaLaneOut& o = *static_cast<MmaLaneOut*>(out[lane]);
+    const int g = lane / 4, t = lane % 4;
+    o.d[0] = D[g][2 * t];
+    o.d[1] = D[g][2 * t + 1];
+    o.d[2] = D[g + 8][2 * t];
+    o.d[3] = D[g + 8][2 * t + 1];
+  }
+}
+
+}  // namespace tf32
+}  // namespace keras_ecoc_emu
+
+namespace keras_ecoc {
+namespace cuda {
+namespace ptx {
+
+__device__ __forceinline__ uint32_t cvt_rna_tf32(float x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  return ::keras_ecoc_emu::tf32::CvtRna(x);
+#else
+  return __float_as_uint(x);
+#endif
+}
+
+__device__ __forceinline__ void mma_m16n8k8_tf32(float d[4], const uint32_t a[4],
+                                                 const uint32_t b[2], const float c[4],
+                                                 const char* file = __builtin_FILE(),
+                                                 int line = __builtin_LINE()) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  ::keras_ecoc_emu::tf32::MmaLaneIn in;
+  for (int i = 0; i < 4; ++i) in.a[i] = a[i];
+  in.b[0] = b[0];
+  in.b[1] = b[1];
+  for (int i = 0; i < 4; ++i) in.c[i] = c[i];
+  ::keras_ecoc_emu::tf32::MmaLaneOut out;
+  ::keras_ecoc_emu::WarpCollective("mma.sync.m16n8k8.tf32",
+                                   &::keras_ecoc_emu::tf32::MmaM16N8K8Collective, &in, &out, file,
+                                   line);
+  for (int i = 0; i < 4; ++i) d[i] = out.d[i];
+#else
+  (void)d, (void)a, (void)b, (void)c;
+  ::keras_ecoc_emu::Fatal("mma_m16n8k8_tf32 (%s:%d) reached below sm_80 (__trap on a GPU)", file,
+                          line);
+#endif
+}
+
+__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src,
+                                            int src_bytes = 16,
+                                            const char* file = __builtin_FILE(),
+                                            int line = __builtin_LINE()) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  ::keras_ecoc_emu::CpAsync16(smem_dst, gmem_src, src_bytes, file, line);
+#else
+  // The real header's pre-sm_80 path: a plain 16-byte load and store.
+  char buf[16] = {0};
+  if (src_bytes > 0) std::memcpy(buf, gmem_src, static_cast<size_t>(src_bytes < 16 ? src_bytes : 16));
+  std::memcpy(smem_dst, buf, 16);
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  ::keras_ecoc_emu::CpAsyncCommit();
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  ::keras_ecoc_emu::CpAsyncWait(N);
+#endif
+}
+
+}  // namespace ptx
+}  // namespace cuda
+}  // namespace keras_ecoc
+
+#endif  // KERAS_ECOC_KERNELS_CUDA_EMU_PTX_EMU_H_

@@ -1,0 +1,435 @@
+"""The CUDA kernels and their harness, run on the CPU emulator (kernels/cuda/emu).
+
+No GPU is needed: kernels/cuda/emu/run.py compiles the real kernel source and
+harness with g++ (-fsanitize=address,undefined) against the emulator, whose
+threads are fibers, whose barriers and warp intrinsics are rendezvous that
+abort on divergence, and whose shared memory is NaN-filled and guarded by
+ASan redzones. Builds are cached under build/emu/ by content hash.
+
+KERAS_ECOC_EMU_SRC_ROOT=DIR runs the harness tests on DIR/kernels/cuda
+instead of this checkout's (for instance a branch extracted with git archive).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+EMU = REPO / "kernels" / "cuda" / "emu"
+RUN = EMU / "run.py"
+SELFTEST = EMU / "selftest"
+SRC_ROOT = Path(os.environ.get("KERAS_ECOC_EMU_SRC_ROOT", str(REPO))).resolve()
+CUDA_DIR = SRC_ROOT / "kernels" / "cuda"
+
+ASAN_EXIT, UBSAN_EXIT = 66, 67
+SIGABRT_CODES = (134,)  # run.py reports death by signal N as 128 + N
+
+pytestmark = [
+    pytest.mark.skipif(
+        shutil.which(os.environ.get("CXX", "g++")) is None or not sys.platform.startswith("linux"),
+        reason="the CUDA emulator needs g++ with AddressSanitizer on Linux",
+    ),
+    # Nothing here depends on the Keras backend: `make test` runs the suite
+    # once per backend, and these run in its TensorFlow pass only.
+    pytest.mark.skipif(
+        os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow",
+        reason="backend-independent; runs in the TensorFlow pass of make test",
+    ),
+]
+
+
+def run_emu(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(RUN), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def _fail_message(res: subprocess.CompletedProcess) -> str:
+    failed = [line for line in res.stdout.splitlines() if line.startswith("FAIL")]
+    return (f"exit {res.returncode}\nfailed checks:\n" + "\n".join(failed[:20])
+            + f"\nstdout tail:\n{res.stdout[-3000:]}\nstderr tail:\n{res.stderr[-5000:]}")
+
+
+def _kernel_tree_problem() -> str | None:
+    """Why this tree's kernel sources cannot be built, or None."""
+    kernels, header = CUDA_DIR / "ecoc_kernels.cu.cc", CUDA_DIR / "ecoc_kernels.h"
+    if not kernels.is_file() or not (CUDA_DIR / "harness.cu").is_file():
+        return f"no kernel sources under {CUDA_DIR}"
+    if "struct ForwardParams" in header.read_text() and "ForwardParams" not in kernels.read_text():
+        return ("ecoc_kernels.cu.cc still implements contract v1 while ecoc_kernels.h is v2 "
+                "(the v2 kernels land from branch k16kern)")
+    return None
+
+
+needs_kernels = pytest.mark.skipif(_kernel_tree_problem() is not None,
+                                   reason=str(_kernel_tree_problem()))
+
+
+# ---------------------------------------------------------------------------
+# The harness's checks under several simulated devices.
+
+# (id, run.py options, harness arguments). Together they run every
+# kernel instantiation of the launchers, the >48 KiB dynamic shared memory
+# path, several SM counts (grid-stride loops, split counts) and the three
+# architecture branches (sm_75 without cp.async/mma, Ampere, Hopper).
+HARNESS_RUNS = [
+    ("sm90-h100-2sms-checks", ["--arch", "90", "--sms", "2"], ["--check-only"]),
+    ("sm80-on-a10-3sms-small", ["--arch", "80", "--device-arch", "86", "--sms", "3"],
+     ["--small", "--math", "3xtf32"]),
+    ("sm80-a100-smem-limit", ["--arch", "80"], ["--smem-limit"]),
+    ("sm75-t4-2sms-small-fp32", ["--arch", "75", "--sms", "2"], ["--small", "--math", "fp32"]),
+    ("sm90-l4-like-optin-shuffled", ["--arch", "90", "--device-arch", "89", "--sms", "5",
+                                     "--shuffle-blocks", "7", "--schedule", "reverse"],
+     ["--small", "--math", "tf32"]),
+]
+
+_LAUNCH_LOGS: dict[str, Path] = {}
+
+
+@needs_kernels
+@pytest.mark.parametrize("run_id,options,harness_args", HARNESS_RUNS,
+                         ids=[r[0] for r in HARNESS_RUNS])
+def test_harness_checks_pass_under_the_emulator(run_id, options, harness_args, tmp_path):
+    log = tmp_path / "launches.tsv"
+    res = run_emu("--src-root", str(SRC_ROOT), *options, "--launch-log", str(log), "--",
+                  *harness_args)
+    assert res.returncode == 0, _fail_message(res)
+    summary = re.search(r"(\d+) checks, (\d+) failed", res.stdout)
+    assert summary is not None, res.stdout[-2000:]
+    assert int(summary.group(1)) > 0 and int(summary.group(2)) == 0
+    assert log.is_file() and log.stat().st_size > 0
+    _LAUNCH_LOGS[run_id] = (log, options)
+
+
+def _binary_symbols(options: list[str]) -> dict[int, str]:
+    res = run_emu("--src-root", str(SRC_ROOT), *options, "--build-only")
+    assert res.returncode == 0, res.stderr[-3000:]
+    binary = res.stdout.strip().splitlines()[-1]
+    nm = subprocess.run(["nm", "-C", "--defined-only", binary], capture_output=True, text=True,
+                        check=True)
+    out = {}
+    for line in nm.stdout.splitlines():
+        parts = line.split(" ", 2)
+        if len(parts) == 3 and parts[1] in "tTwW":
+            out[int(parts[0], 16)] = parts[2]
+    return out
+
+
+@needs_kernels
+def test_harness_runs_launch_every_kernel_variant_and_the_large_shared_memory_path():
+    missing_runs = [r[0] for r in HARNESS_RUNS if r[0] not in _LAUNCH_LOGS]
+    if missing_runs:
+        pytest.skip(f"needs the harness runs first (missing: {missing_runs})")
+    res = run_emu("--src-root", str(SRC_ROOT), "--list-kernels")
+    kernel_names = set(res.stdout.split())
+    assert kernel_names, "no __global__ functions found in the kernel sources"
+    pattern = re.compile(r"(?:^|::)(" + "|".join(map(re.escape, sorted(kernel_names)))
+                         + r")(?:<.*>)?\(")
+    launched: set[str] = set()
+    instantiated: set[str] = set()
+    large_smem = 0
+    by_options: dict[tuple, list[Path]] = {}
+    for log, options in _LAUNCH_LOGS.values():
+        compile_opts = tuple(options[:2])  # --arch N: one binary per architecture
+        by_options.setdefault(compile_opts, []).append(log)
+    for compile_opts, logs in by_options.items():
+        symbols = _binary_symbols(list(compile_opts))
+        instantiated |= {name for name in symbols.values() if pattern.search(name)}
+        for log in logs:
+            for line in log.read_text().splitlines():
+                fields = dict(f.split("=", 1) for f in line.split("\t")[1:] if "=" in f)
+                name = symbols.get(int(fields["func"], 16), line.split("\t")[0])
+                launched.add(name)
+                if int(fields["smem"]) > 48 * 1024 and line.endswith("\tok"):
+                    large_smem += 1
+    assert instantiated, "no kernel instantiation found in the binaries"
+    not_run = sorted(instantiated - launched)
+    assert not not_run, f"kernel variants never launched by the emulated harness: {not_run}"
+    assert large_smem > 0, "no launch used more than 48 KiB of dynamic shared memory"
+
+
+@needs_kernels
+def test_deleting_a_marked_barrier_makes_the_harness_fail():
+    res = run_emu("--src-root", str(SRC_ROOT), "--list-marked-barriers")
+    marked = [line for line in res.stdout.splitlines() if line.strip()]
+    assert len(marked) >= 2, ("the kernel source must mark at least two barriers with "
+                              f"// [barrier-mutation-test]; found {marked}")
+    for index, where in enumerate(marked):
+        res = run_emu("--src-root", str(SRC_ROOT), "--arch", "90", "--sms", "2",
+                      "--delete-marked-barrier", str(index), "--", "--small", "--math", "3xtf32")
+        caught = (res.returncode in (1, ASAN_EXIT, UBSAN_EXIT, *SIGABRT_CODES)
+                  and ("FAIL" in res.stdout or "keras-ecoc CUDA emulator" in res.stderr
+                       or "Sanitizer" in res.stderr))
+        assert caught, f"deleting the barrier at {where} went unnoticed:\n{_fail_message(res)}"
+
+
+# ---------------------------------------------------------------------------
+# Purpose-written kernels: what the emulator must catch.
+
+def run_selftest(name: str, *args: str, arch: str = "90") -> subprocess.CompletedProcess:
+    return run_emu("--arch", arch, "--program", str(SELFTEST / name), "--", *args)
+
+
+def test_correct_warp_and_block_synchronisation_runs_and_gives_the_right_values():
+    res = run_selftest("divergence.cu", "ok")
+    assert res.returncode == 0, _fail_message(res)
+    assert "0 wrong values" in res.stdout
+
+
+@pytest.mark.parametrize("case,expected", [
+    ("shuffle", r"warp divergence: .*__shfl_xor_sync \(.*divergence\.cu:\d+\).* but thread 16 "
+                r"\(lane 16\) of the same warp waits at __shfl_xor_sync \(.*divergence\.cu:\d+\)"),
+    ("syncwarp", r"warp divergence: .*__syncwarp .* but thread 16 \(lane 16\) of the same warp "
+                 r"has exited"),
+    ("syncthreads", r"__syncthreads\(\) \(.*divergence\.cu:\d+\) is reached by only 64 of the "
+                    r"block's 128 threads"),
+    ("mask", r"mask 0xffff0001, but thread 0 \(lane 0\) of the same warp has exited"),
+])
+def test_divergent_synchronisation_aborts_with_the_call_sites(case, expected):
+    res = run_selftest("divergence.cu", case)
+    assert res.returncode in SIGABRT_CODES, _fail_message(res)
+    assert re.search(expected, res.stderr), res.stderr[-3000:]
+    assert "in kernel " in res.stderr
+
+
+def test_a_shared_memory_write_past_the_launch_size_trips_asan():
+    res = run_selftest("shared_memory.cu", "oob")
+    assert res.returncode == ASAN_EXIT, _fail_message(res)
+    assert "AddressSanitizer" in res.stderr and "shared_memory.cu:" in res.stderr
+
+
+def test_a_cp_async_read_past_a_global_buffer_trips_asan():
+    res = run_selftest("shared_memory.cu", "cp_async_oob")
+    assert res.returncode == ASAN_EXIT, _fail_message(res)
+    assert "AddressSanitizer: heap-buffer-overflow" in res.stderr
+
+
+@pytest.mark.parametrize("case", ["limits", "nan", "cp_async"])
+def test_shared_memory_limits_nan_fill_and_deferred_cp_async(case):
+    res = run_selftest("shared_memory.cu", case)
+    assert res.returncode == 0, _fail_message(res)
+
+
+# ---------------------------------------------------------------------------
+# cvt.rna.tf32 and mma.sync.m16n8k8 TF32.
+
+def _f32(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", bits & 0xFFFFFFFF))[0]
+
+
+def _exp2_floor(x: Fraction) -> int:
+    """floor(log2(|x|)) for x != 0, exactly."""
+    x = abs(x)
+    e = x.numerator.bit_length() - x.denominator.bit_length()
+    if Fraction(2) ** e > x:
+        e -= 1
+    return e
+
+
+def _round_f32_toward_zero(s: Fraction) -> float:
+    if s == 0:
+        return 0.0
+    e = max(_exp2_floor(s), -126)
+    q = Fraction(2) ** (e - 23)
+    r = math.trunc(s / q) * q
+    if abs(r) >= 2 ** 128:
+        return math.copysign(math.inf, r)
+    return float(r)
+
+
+def reference_mma_element(a: list[int], b: list[int], c: float, F: int, L: int,
+                          e_zero: int) -> float:
+    """One output of the TF32 mma in exact rational arithmetic (finite inputs).
+
+    Written independently of kernels/cuda/emu/ptx_emu.h from the model of
+    mmasim: operands truncated to TF32; per chunk of L products plus the
+    accumulator, every term is truncated toward zero at 2^(e_max - F), where
+    e_max is the largest term exponent (product: sum of the operands'
+    exponents, at least -126 each; zero: e_zero); the exact sum is rounded
+    toward zero to float32 and feeds the next chunk.
+    """
+    for k0 in range(0, 8, L):
+        terms = []
+        for k in range(k0, k0 + L):
+            va = Fraction(_f32(a[k] & 0xFFFFE000))
+            vb = Fraction(_f32(b[k] & 0xFFFFE000))
+            if va == 0 or vb == 0:
+                terms.append((Fraction(0), e_zero))
+            else:
+                terms.append((va * vb, max(_exp2_floor(va), -126) + max(_exp2_floor(vb), -126)))
+        vc = Fraction(c)
+        terms.append((vc, e_zero if vc == 0 else max(_exp2_floor(vc), -126)))
+        e_max = max(e for _, e in terms)
+        unit = Fraction(2) ** (e_max - F)
+        total = sum(math.trunc(v / unit) * unit for v, _ in terms)
+        c = _round_f32_toward_zero(total) + 0.0
+    return c
+
+
+def reference_cvt_rna_tf32(x_bits: int) -> int:
+    """Nearest TF32 value (10 fraction bits) with ties away from zero, as bits."""
+    if (x_bits & 0x7FFFFFFF) > 0x7F800000:
+        return 0x7FFFFFFF
+    if (x_bits & 0x7F800000) == 0x7F800000:
+        return x_bits
+    lo = x_bits & 0xFFFFE000  # same sign, magnitude truncated
+    hi = lo + 0x2000          # next TF32 magnitude (may be inf)
+
+    def mag(bits):
+        if (bits & 0x7F800000) == 0x7F800000:
+            return Fraction(2) ** 128
+        return abs(Fraction(_f32(bits)))
+
+    x = mag(x_bits)
+    return hi if mag(hi) - x <= x - mag(lo) else lo
+
+
+def _random_operands(rng: np.random.Generator, count: int, spread: int) -> np.ndarray:
+    """float32 bit patterns: normals over 2^-spread..2^spread, zeros, subnormals, ties."""
+    x = rng.standard_normal(count) * np.exp2(rng.integers(-spread, spread + 1, count))
+    bits = x.astype(np.float32).view(np.uint32).copy()
+    kind = rng.random(count)
+    bits[kind < 0.05] = 0
+    bits[(kind >= 0.05) & (kind < 0.08)] = rng.integers(1, 1 << 23, int(((kind >= 0.05) & (kind < 0.08)).sum()), dtype=np.uint32)
+    tie = (kind >= 0.08) & (kind < 0.15)  # exactly halfway between two TF32 values
+    bits[tie] = (bits[tie] & np.uint32(0xFFFFE000)) | np.uint32(0x1000)
+    return bits
+
+
+def _run_mma(tmp_path: Path, a: np.ndarray, b: np.ndarray, c: np.ndarray, x: np.ndarray,
+             arch: str, device_arch: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    tiles = a.shape[0]
+    inp, out = tmp_path / f"in{arch}", tmp_path / f"out{arch}"
+    with open(inp, "wb") as f:
+        for arr in (a, b, c.view(np.uint32), x.view(np.uint32)):
+            f.write(np.ascontiguousarray(arr).astype("<u4").tobytes())
+    extra = ["--device-arch", device_arch] if device_arch else []
+    res = run_emu("--arch", arch, *extra, "--program", str(SELFTEST / "mma.cu"), "--",
+                  str(inp), str(out), str(tiles), str(x.size))
+    assert res.returncode == 0, _fail_message(res)
+    raw = np.fromfile(out, dtype="<u4")
+    d = raw[:tiles * 128].view(np.float32).reshape(tiles, 16, 8)
+    y = raw[tiles * 128:]
+    return d, y
+
+
+MODELS = {"80": (24, 4, -132), "86": (24, 4, -132), "89": (24, 4, -132), "90": (25, 8, -133)}
+
+
+@pytest.fixture(scope="module")
+def mma_inputs():
+    rng = np.random.default_rng(1234)
+    tiles = 24
+    a = _random_operands(rng, tiles * 128, 12).reshape(tiles, 16, 8)
+    b = _random_operands(rng, tiles * 64, 12).reshape(tiles, 8, 8)
+    c = _random_operands(rng, tiles * 128, 20).view(np.float32).reshape(tiles, 16, 8)
+    # Cancellation: C = -(A B) rounded, so the result is the rounding residue.
+    exact = a.view(np.float32).astype(np.float64) @ b.view(np.float32).astype(np.float64)
+    c[:4] = (-exact[:4]).astype(np.float32)
+    x = _random_operands(rng, 4000, 60).view(np.float32)
+    specials = np.array([0x7F800000, 0xFF800000, 0x7FC00000, 0x7F800001, 0x7F7FFFFF, 0x7F7FF000,
+                         0x00000001, 0x80001000, 0x3F801000, 0x3F803000, 0xBF801000],
+                        dtype=np.uint32).view(np.float32)
+    return a, b, c, np.concatenate([x, specials])
+
+
+@pytest.mark.parametrize("arch,device_arch", [("80", None), ("80", "86"), ("90", None)])
+def test_emulated_tf32_mma_and_cvt_match_an_exact_reference(tmp_path, mma_inputs, arch,
+                                                            device_arch):
+    a, b, c, x = mma_inputs
+    d, y = _run_mma(tmp_path, a, b, c, x, arch, device_arch)
+    F, L, e_zero = MODELS[device_arch or arch]
+    mismatches = []
+    for t in range(a.shape[0]):
+        for i in range(16):
+            for j in range(8):
+                want = reference_mma_element([int(v) for v in a[t, i]], [int(v) for v in b[t, :, j]],
+                                             float(c[t, i, j]), F, L, e_zero)
+                got = float(d[t, i, j])
+                if np.float32(want).view(np.uint32) != np.float32(got).view(np.uint32):
+                    mismatches.append((t, i, j, want, got))
+    assert not mismatches, f"{len(mismatches)} of {d.size} mma outputs differ: {mismatches[:5]}"
+    # The model is also close to float64: within the truncation bound of
+    # 2 chunks x (9 terms x 2^(e_max - F) + rounding) relative to the largest
+    # term, well below 2^-17.
+    a64 = (a & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64)
+    b64 = (b & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64)
+    exact = a64 @ b64 + c.astype(np.float64)
+    scale = np.maximum(np.abs(a64)[:, :, :, None] * np.abs(b64)[:, None, :, :], 0).max(axis=2)
+    scale = np.maximum(scale, np.abs(c.astype(np.float64)))
+    assert np.all(np.abs(d - exact) <= scale * 2.0 ** -17 + 1e-37)
+    want_y = [reference_cvt_rna_tf32(int(v)) for v in x.view(np.uint32)]
+    bad = [(hex(int(v)), hex(w), hex(int(g))) for v, w, g in zip(x.view(np.uint32), want_y, y)
+           if w != int(g)]
+    assert not bad, f"cvt.rna.tf32 differs on {len(bad)} of {x.size} values: {bad[:5]}"
+
+
+def test_emulated_mma_on_special_values_follows_ieee_with_a_canonical_nan(tmp_path):
+    def tile(av, bv, cv):
+        a = np.zeros((1, 16, 8), np.float32)
+        b = np.zeros((1, 8, 8), np.float32)
+        c = np.zeros((1, 16, 8), np.float32)
+        a[0, 0, 0], b[0, 0, 0], c[0, 0, 0] = av, bv, cv
+        a[0, 0, 1], b[0, 1, 0] = 1.0, 1.0  # a finite term next to the special one
+        return a, b, c
+    cases = [(np.inf, 2.0, 1.0, np.inf), (np.inf, 0.0, 1.0, np.nan), (1.0, 1.0, -np.inf, -np.inf),
+             (np.inf, 1.0, -np.inf, np.nan), (np.nan, 1.0, 0.0, np.nan), (-3.0, 1.0, 3.0, 1.0)]
+    arrays = [tile(*cs[:3]) for cs in cases]
+    a = np.concatenate([t[0] for t in arrays]).view(np.uint32)
+    b = np.concatenate([t[1] for t in arrays]).view(np.uint32)
+    c = np.concatenate([t[2] for t in arrays])
+    d, _ = _run_mma(tmp_path, a, b, c, np.zeros(0, np.float32), "90")
+    for t, (_, _, _, want) in enumerate(cases):
+        got = d[t, 0, 0]
+        if np.isnan(want):
+            assert np.float32(got).view(np.uint32) == 0x7FFFFFFF, (cases[t], got)
+        else:
+            assert got == want, (cases[t], got)
+
+
+def test_emulated_mma_is_bit_exact_against_mmasim(tmp_path, mma_inputs):
+    torch = pytest.importorskip("torch")
+    mmasim_nv = pytest.importorskip("mmasim.nv_ptx")
+    a, b, c, _ = mma_inputs
+    for arch, name in (("80", "Ampere"), ("90", "Hopper")):
+        d, _ = _run_mma(tmp_path, a, b, c, np.zeros(0, np.float32), arch)
+        op = mmasim_nv.MMA(name, "m16n8k8.f32.tf32.tf32.f32")
+        for t in range(a.shape[0]):
+            ref = op(torch.from_numpy(a[t].view(np.float32).copy()),
+                     torch.from_numpy(b[t].view(np.float32).copy()),
+                     torch.from_numpy(c[t].copy())).numpy()
+            diff = np.flatnonzero(ref.view(np.uint32) != d[t].view(np.uint32))
+            assert diff.size == 0, (f"{name}: tile {t}, {diff.size} outputs differ from mmasim, "
+                                    f"first {ref.flat[diff[0]]!r} vs {d[t].flat[diff[0]]!r}")
+
+
+# SHA-256 of the dump of selftest/mma_random.cu on an NVIDIA H100 80GB HBM3
+# (driver 580.159.04, nvcc 13.0, -arch=sm_90), 2026-11-26: the inputs (A, B,
+# C, x) and the results (512 mma tiles = 65536 outputs, 65536 cvt values).
+H100_MMA_RANDOM_INPUTS = "bd1ede737a4b51ebfe2c030b1bd749f330b052c096d3df4ab813f739c5c0a082"
+H100_MMA_RANDOM_RESULTS = "1fa89e543a8602a5f5e38aa631cb0aa61b52bf2d42e100e9a4a007eca580eda9"
+
+
+def test_emulated_sm90_mma_and_cvt_reproduce_a_real_h100_bit_for_bit(tmp_path):
+    import hashlib
+
+    dump = tmp_path / "mma_random.bin"
+    env = dict(os.environ, R=str(dump))
+    res = subprocess.run([sys.executable, str(RUN), "--arch", "90", "--program",
+                          str(SELFTEST / "mma_random.cu")],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert res.returncode == 0, _fail_message(res)
+    data = dump.read_bytes()
+    split = (512 * 320 + 65536) * 4
+    assert hashlib.sha256(data[:split]).hexdigest() == H100_MMA_RANDOM_INPUTS
+    assert hashlib.sha256(data[split:]).hexdigest() == H100_MMA_RANDOM_RESULTS
