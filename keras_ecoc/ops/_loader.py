@@ -1,4 +1,12 @@
-"""Loads the fused-op library once and registers its gradients.
+"""Finds, loads and checks the two libraries of keras-ecoc (once per process).
+
+* ``keras_ecoc/_lib/_ecoc_kernels.so``, the framework-free kernel library
+  (kernels/ffi/): loaded with ctypes by `load_kernels()` on any backend; JAX
+  registers its XLA FFI handlers, PyTorch calls its C entry points, and the
+  TensorFlow op library registers its handlers with TensorFlow's XLA.
+* ``keras_ecoc/_lib/_ecoc_ops.so``, the TensorFlow op library, described below.
+  (The fused TensorFlow calls and their gradient live in
+  :mod:`keras_ecoc.ops._fused_tf`.)
 
 This is the only place that calls ``tf.load_op_library`` on
 ``keras_ecoc/_lib/_ecoc_ops.so`` (loading an op library twice gives a module
@@ -31,6 +39,16 @@ _ENV_DISABLE = "KERAS_ECOC_DISABLE_FUSED"
 FALLBACK = "using the non-fused path (keras_ecoc.ops.backend_status(n) says which: streaming or dense)"
 _ENV_LIBRARY = "KERAS_ECOC_OPS_LIBRARY"
 _LIB_NAME = "_ecoc_ops.so"
+_ENV_KERNELS = "KERAS_ECOC_KERNELS_LIBRARY"
+_KERNELS_NAME = "_ecoc_kernels.so"
+# The XLA FFI handlers of the kernel library: custom-call target name ->
+# exported symbol (suffix "Cuda" for the CUDA platform's handler).
+FFI_TARGETS = {
+    "keras_ecoc_forward": "KerasEcocFfiForward",
+    "keras_ecoc_codes_grad": "KerasEcocFfiCodesGrad",
+    "keras_ecoc_label_rank": "KerasEcocFfiLabelRank",
+    "keras_ecoc_nearest": "KerasEcocFfiNearest",
+}
 OP_NAMES = (
     "EcocCrossEntropy",
     "EcocCrossEntropyCodesGrad",
@@ -39,6 +57,7 @@ OP_NAMES = (
 )
 
 _lock = threading.Lock()
+_kernels = {"attempted": False, "lib": None, "error": None, "path": None, "cuda": False}
 _state = {"attempted": False, "lib": None, "error": None, "path": None, "xla": None, "gpu": None}
 _warned_reasons: set = set()
 _info_cache: dict = {}
@@ -58,6 +77,68 @@ def library_path() -> str:
         return override
     package_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return os.path.join(package_dir, "_lib", _LIB_NAME)
+
+
+def kernels_path() -> str:
+    """Where the kernel library is looked for (``$KERAS_ECOC_KERNELS_LIBRARY`` overrides)."""
+    override = os.environ.get(_ENV_KERNELS)
+    if override:
+        return override
+    package_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.path.join(package_dir, "_lib", _KERNELS_NAME)
+
+
+def load_kernels():
+    """The kernel library as a ctypes.CDLL, or None (the reason: `kernels_error()`).
+
+    Never raises; tries once per process; imports no framework. Checks that
+    the library exports every FFI handler and C entry point used here.
+    """
+    if _kernels["attempted"]:
+        return _kernels["lib"]
+    import ctypes  # noqa: PLC0415
+
+    with _lock:
+        if _kernels["attempted"]:
+            return _kernels["lib"]
+        path = kernels_path()
+        _kernels["path"] = path
+        try:
+            if not os.path.exists(path):
+                raise FileNotFoundError(
+                    f"{path} does not exist (build it with `python kernels/build.py` "
+                    "or reinstall with `pip install --no-build-isolation -e .`)")
+            lib = ctypes.CDLL(path)
+            for name in (*FFI_TARGETS.values(), "KerasEcocCpuForward", "KerasEcocCpuCodesGrad",
+                         "KerasEcocCpuLabelRank", "KerasEcocCpuNearest", "KerasEcocCpuIsa"):
+                getattr(lib, name)  # AttributeError names the missing symbol
+            lib.KerasEcocCpuIsa.restype = ctypes.c_char_p
+            _kernels["cuda"] = hasattr(lib, "KerasEcocHasCuda")
+            _kernels["lib"] = lib
+        except Exception as e:  # noqa: BLE001 - a failed load must never break import
+            _kernels["error"] = f"{type(e).__name__}: {e}".strip()
+        finally:
+            _kernels["attempted"] = True
+    return _kernels["lib"]
+
+
+def kernels_error() -> str | None:
+    return _kernels["error"]
+
+
+def kernels_have_cuda() -> bool:
+    """Whether the loaded kernel library holds the CUDA handlers and entry points."""
+    return load_kernels() is not None and _kernels["cuda"]
+
+
+def kernels_status() -> str:
+    """One line: the kernel library, where it was loaded from and what it holds."""
+    lib = load_kernels()
+    if lib is None:
+        return f"kernel library not built or not loadable: {kernels_error()}"
+    isa = lib.KerasEcocCpuIsa().decode()
+    cuda = "and CUDA kernels" if _kernels["cuda"] else "no CUDA kernels"
+    return f"kernel library {_kernels['path']} (CPU kernels, {isa}; {cuda})"
 
 
 def backend() -> str:
@@ -107,7 +188,9 @@ def load_library():
                     f"{path} loaded but lacks the op wrappers {missing} (was an op "
                     "library with the same op names loaded before?)"
                 )
-            _register_gradients(tf, lib)
+            from keras_ecoc.ops import _fused_tf  # noqa: PLC0415 - the op's gradient lives there
+
+            _fused_tf.register_gradients(tf, lib)
             _state["xla"] = _ensure_xla_kernels(path)
             _state["gpu"] = _probe_gpus(tf, path)
             _state["lib"] = lib
@@ -368,100 +451,3 @@ def fused_status() -> str:
         return (f"fused op loaded from {_state['path']} but its CUDA kernels cannot run here: "
                 f"{gpu['reason']}{archs}; {FALLBACK}")
     return f"fused op loaded from {_state['path']} ({devices} kernels, {xla}{archs})"
-
-
-# ---------------------------------------------------------------------------
-# Gradients.
-
-def _register_gradients(tf, lib) -> None:
-    def register(name, fn):
-        try:
-            tf.RegisterGradient(name)(fn)
-        except KeyError:  # already registered (e.g. module reloaded)
-            pass
-
-    def cross_entropy_grad(op, g_loss, g_lse, g_ec, g_esq):
-        # Gradients of the auxiliary outputs expected_code / expected_sqnorm
-        # are not propagated (they are inputs to this very gradient).
-        del g_ec, g_esq
-        return _cross_entropy_grad(tf, lib, op, g_loss, g_lse)
-
-    register("EcocCrossEntropy", cross_entropy_grad)
-    for name in ("EcocLabelRank", "EcocNearestCodeword"):
-        try:
-            tf.no_gradient(name)
-        except KeyError:
-            pass
-
-
-def _is_all_zero_eager(tf, x) -> bool:
-    return tf.executing_eagerly() and not bool(tf.reduce_any(tf.not_equal(x, 0.0)))
-
-
-def _cross_entropy_grad(tf, lib, op, g_loss, g_lse):
-    """Gradient of EcocCrossEntropy (see kernels/ecoc_ops.cc for the math).
-
-    With u = z r, r = rsqrt(max(||z||^2, eps)), p = softmax of the logits,
-    E = sum_i p_i M_i (expected_code), Q = sum_i p_i ||M_i||^2:
-      dloss/du = s (E - M_y)              dlse/du = s (E - u)
-      dloss/ds = -0.5 (Q - ||M_y||^2) + (E - M_y).u
-      dlse/ds  = -0.5 Q + E.u - 0.5 ||u||^2
-      dz = r (du - (u.du) u) if ||z||^2 > eps else r du
-      dcodes via the EcocCrossEntropyCodesGrad op (streams over the batch).
-    """
-    z, codes, labels, scale = op.inputs
-    _, lse, expected_code, expected_sqnorm = op.outputs
-    eps = op.get_attr("epsilon")
-    skip = set(getattr(op, "skip_input_indices", None) or ())
-    if g_lse is not None and _is_all_zero_eager(tf, g_lse):
-        g_lse = None
-    if g_loss is None:
-        g_loss = tf.zeros_like(lse)
-    # A label outside [0, n) has a NaN loss (under XLA; it raises elsewhere)
-    # and must give a zero gradient, as on the pure-Keras path; tf.gather
-    # below would otherwise clamp it to class 0 or n - 1 under XLA.
-    n = tf.shape(codes, out_type=labels.dtype)[0]
-    label_ok = tf.logical_and(labels >= 0, labels < n)
-    g_loss = tf.where(label_ok, g_loss, tf.zeros_like(g_loss))
-    if g_lse is not None:
-        g_lse = tf.where(label_ok, g_lse, tf.zeros_like(g_lse))
-
-    zf = tf.cast(z, tf.float32)
-    sqnorm = tf.reduce_sum(tf.square(zf), axis=-1, keepdims=True)
-    r = tf.math.rsqrt(tf.maximum(sqnorm, eps))
-    u = zf * r
-    m_y = tf.gather(codes, labels)
-    diff = expected_code - m_y
-    g_s = g_loss * scale
-
-    grad_z = grad_scale = grad_codes = None
-    if 0 not in skip:
-        du = g_s[:, None] * diff
-        if g_lse is not None:
-            du += (g_lse * scale)[:, None] * (expected_code - u)
-        radial = tf.reduce_sum(u * du, axis=-1, keepdims=True) * u
-        radial = tf.where(sqnorm > eps, radial, tf.zeros_like(radial))
-        grad_z = tf.cast(r * (du - radial), z.dtype)
-    if 3 not in skip:
-        per_example = g_loss * (
-            -0.5 * (expected_sqnorm - tf.reduce_sum(tf.square(m_y), axis=-1))
-            + tf.reduce_sum(diff * u, axis=-1)
-        )
-        if g_lse is not None:
-            per_example += g_lse * (
-                -0.5 * expected_sqnorm
-                + tf.reduce_sum(expected_code * u, axis=-1)
-                - 0.5 * tf.reduce_sum(tf.square(u), axis=-1)
-            )
-        grad_scale = tf.reshape(tf.reduce_sum(per_example), tf.shape(scale))
-    if 1 not in skip:
-        weights = g_loss if g_lse is None else g_loss + g_lse
-        grad_codes = lib.ecoc_cross_entropy_codes_grad(
-            z, codes, labels, scale, lse, weights, epsilon=eps
-        )
-        if g_lse is not None:
-            # The op subtracts weights_b at the label; the lse part must not.
-            grad_codes += tf.math.unsorted_segment_sum(
-                (g_lse * scale)[:, None] * (u - m_y), labels, tf.shape(codes)[0]
-            )
-    return grad_z, grad_codes, None, grad_scale
