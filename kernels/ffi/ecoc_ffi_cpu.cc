@@ -14,12 +14,16 @@
 //   KerasEcocFfiCodesGrad  (z, codes, labels, scale, lse [B], grad_loss [B])
 //                          -> grad_codes [n, k]                   attr epsilon
 //   KerasEcocFfiLabelRank  (z, codes, labels) -> rank [B] s32     attr epsilon
-//   KerasEcocFfiNearest    (z, codes) -> index [B] s32            attr epsilon
+//   KerasEcocFfiNearest    (z, codes) -> index [B, 2] s32         attr epsilon
+//                          (the int64 index of each row as two int32 words,
+//                          low word first: XLA programs without 64-bit types
+//                          take [:, 0], which is the index since -1 <= index
+//                          < n < 2^31; the CUDA kernels write int64 too)
 // Labels must lie in [0, n): the callers replace invalid ones by 0 and mask
 // the result themselves (XLA has no run-time errors to raise); a label
 // outside that range makes the handler fail rather than read out of bounds.
-// The int64 copy of the labels and of the nearest index that the math core
-// takes (8 B bytes) is a heap buffer: XLA's CPU runtime under JAX 0.10 has no
+// The int64 copy of the labels that the math core takes (8 B bytes) is a heap
+// buffer: XLA's CPU runtime under JAX 0.10 has no
 // FFI scratch allocator for the host ("no FFI scratch memory" when asked), and
 // the math core allocates its own per-thread scratch anyway.
 //
@@ -295,17 +299,16 @@ ffi::Error NearestImpl(ffi::ThreadPool pool,
                        ffi::ResultBuffer<ffi::S32> index, float epsilon) {
   Shape s;
   if (auto e = CheckShape(z, codes, &s); e.failure()) return e;
-  // The math core writes int64 indices; they fit int32 (n < 2^31, or -1).
-  std::vector<int64_t> index64(s.B);
-  int64_t* idx = index64.data();
+  if (index->element_count() != static_cast<size_t>(2 * s.B)) {
+    return ffi::Error::InvalidArgument("keras_ecoc: the nearest index must be [batch, 2] int32");
+  }
+  int64_t* idx = reinterpret_cast<int64_t*>(index->typed_data());
   FfiPool fp{&pool, FfiThreads(pool)};
   const cpu::Runtime rt{FfiParallelFor, &fp, fp.threads};
   if (SelectKernels()->nearest(&rt, z.typed_data(), codes.typed_data(),
                                epsilon, s.B, s.n, s.k, idx) != 0) {
     return ScratchFailed("nearest");
   }
-  int32_t* out = index->typed_data();
-  for (int64_t b = 0; b < s.B; ++b) out[b] = static_cast<int32_t>(idx[b]);
   return ffi::Error::Success();
 }
 

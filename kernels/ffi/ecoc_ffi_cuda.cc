@@ -172,14 +172,17 @@ ffi::Error LabelRankImpl(cudaStream_t stream, ffi::ScratchAllocator scratch,
                 kc::EcocLabelRankWorkspaceSize, kc::EcocLabelRank);
 }
 
-// The kernel writes int64 indices into scratch; a cast to int32 follows in
-// the caller's program (the index is < n < 2^31 or -1).
+// index [B, 2] int32: the kernel's int64 indices as two words each (see
+// ecoc_ffi_cpu.cc), so that 32-bit XLA programs can take them.
 ffi::Error NearestImpl(cudaStream_t stream, ffi::ScratchAllocator scratch,
                        ffi::AnyBuffer z, ffi::Buffer<ffi::F32> codes,
-                       ffi::ResultBuffer<ffi::S64> index, float epsilon) {
+                       ffi::ResultBuffer<ffi::S32> index, float epsilon) {
   kc::NearestParams p;
   if (auto e = Problem(z, codes, epsilon, &p.problem); e.failure()) return e;
-  p.index = index->typed_data();
+  if (index->element_count() != static_cast<size_t>(2 * p.problem.batch)) {
+    return ffi::Error::InvalidArgument("keras_ecoc: the nearest index must be [batch, 2] int32");
+  }
+  p.index = reinterpret_cast<int64_t*>(index->typed_data());
   return Launch("EcocNearestCodeword", p, scratch, stream,
                 kc::EcocNearestWorkspaceSize, kc::EcocNearestCodeword);
 }
@@ -234,7 +237,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(KerasEcocFfiNearestCuda, keras_ecoc::NearestImpl,
                                   .Ctx<ffi::ScratchAllocator>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::S64>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
                                   .Attr<float>("epsilon"));
 
 // --- C entry points (PyTorch CUDA tensors, via ctypes) ----------------------
