@@ -57,8 +57,11 @@ OP_NAMES = (
 )
 
 _lock = threading.Lock()
+# Its own lock: load_library() (holding _lock) loads the kernel library too.
+_kernels_lock = threading.Lock()
 _kernels = {"attempted": False, "lib": None, "error": None, "path": None, "cuda": False}
-_state = {"attempted": False, "lib": None, "error": None, "path": None, "xla": None, "gpu": None}
+_state = {"attempted": False, "lib": None, "error": None, "path": None, "xla": None, "gpu": None,
+          "ffi": None}
 _warned_reasons: set = set()
 _info_cache: dict = {}
 _BUILD_INFO_RE = re.compile(rb"KERAS_ECOC_BUILD_INFO=(\{[^;\n]*\});")
@@ -98,7 +101,7 @@ def load_kernels():
         return _kernels["lib"]
     import ctypes  # noqa: PLC0415
 
-    with _lock:
+    with _kernels_lock:
         if _kernels["attempted"]:
             return _kernels["lib"]
         path = kernels_path()
@@ -192,6 +195,7 @@ def load_library():
 
             _fused_tf.register_gradients(tf, lib)
             _state["xla"] = _ensure_xla_kernels(path)
+            _state["ffi"] = _register_ffi_targets(path) if _state["xla"] else "no XLA kernels"
             _state["gpu"] = _probe_gpus(tf, path)
             _state["lib"] = lib
         except Exception as e:  # noqa: BLE001 - a failed load must never break import
@@ -219,6 +223,44 @@ def _ensure_xla_kernels(path: str) -> bool:
     fn.restype = ctypes.c_int
     fn()
     return True
+
+
+def _register_ffi_targets(path: str) -> str:
+    """Registers the kernel library's FFI handlers with TensorFlow's XLA.
+
+    After this the op library's XLA kernels emit custom calls to them (on the
+    platforms registered) instead of the HLO lowering. Returns "" on success,
+    else why the HLO lowering stays (no kernel library, an op library without
+    the registration entry point, or XLA refused the handlers).
+    """
+    import ctypes  # noqa: PLC0415
+
+    kernels = load_kernels()
+    if kernels is None:
+        return kernels_error() or "kernel library not loaded"
+    try:
+        register = ctypes.CDLL(path).KerasEcocRegisterFfiTargets
+    except (OSError, AttributeError):
+        return f"{path} has no KerasEcocRegisterFfiTargets ({REBUILD_HINT})"
+    register.restype = ctypes.c_int
+    platforms = [("Host", "")] + ([("CUDA", "Cuda")] if _kernels["cuda"] else [])
+    for platform, suffix in platforms:
+        handlers = [ctypes.cast(getattr(kernels, symbol + suffix), ctypes.c_void_p)
+                    for symbol in FFI_TARGETS.values()]
+        error = ctypes.create_string_buffer(512)
+        if register(platform.encode(), *handlers, error, ctypes.c_int(len(error))) != 0:
+            return f"XLA refused the {platform} FFI handlers: {error.value.decode(errors='replace')}"
+    return ""
+
+
+def ffi_platforms() -> list[str]:
+    """The XLA platforms on which the TensorFlow op's XLA kernels emit custom calls."""
+    import ctypes  # noqa: PLC0415
+
+    if load_library() is None or _state["ffi"] != "":
+        return []
+    bits = int(ctypes.CDLL(_state["path"]).KerasEcocFfiPlatforms())
+    return [name for bit, name in ((1, "Host"), (2, "CUDA")) if bits & bit]
 
 
 def library_info(path: str | None = None) -> dict:
@@ -444,7 +486,13 @@ def fused_status() -> str:
     if load_library() is None:
         return f"library not built or not loadable: {load_error()}; {FALLBACK}"
     devices = ", ".join(registered_devices()) or "no"
-    xla = "with XLA lowerings" if _state["xla"] else "WITHOUT XLA lowerings (jit_compile=True will fail)"
+    if not _state["xla"]:
+        xla = "WITHOUT XLA kernels (jit_compile=True will fail)"
+    elif _state["ffi"] == "":
+        xla = ("under XLA: custom calls to the kernel library's FFI handlers on "
+               + " and ".join(ffi_platforms()) + ", HLO lowering elsewhere")
+    else:
+        xla = f"under XLA: the HLO lowering (no custom call: {_state['ffi']})"
     gpu = _state["gpu"] or {}
     archs = f"; CUDA kernels for {gpu['cuda_archs']}" if gpu.get("cuda_archs") else ""
     if not gpu.get("usable", True):
