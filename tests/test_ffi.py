@@ -261,3 +261,35 @@ print(float(out[0][0]))
     assert proc.returncode == 0, proc.stderr
     # logits: 0 for the label's codeword, -0.5 * 2 * ||(1.2, 1.6)||^2 = -4 for the other.
     np.testing.assert_allclose(float(proc.stdout), np.log1p(np.exp(-4.0)), rtol=1e-5)
+
+
+def test_tensorflow_keeps_the_hlo_lowering_when_custom_calls_are_off():
+    """KERAS_ECOC_XLA_CUSTOM_CALL=0: the op's XLA kernels emit the HLO lowering
+    (no custom call), with the same numbers; fused_status() says so."""
+    if BACKEND != "tensorflow":
+        pytest.skip("the HLO lowering is TensorFlow's")
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import numpy as np, tensorflow as tf
+from keras_ecoc import ops
+rng = np.random.default_rng(0)
+z = rng.normal(size=(6, 5)).astype("float32"); codes = rng.normal(size=(40, 5)).astype("float32")
+y = np.array([0, 3, 39, 7, 41, 2], np.int32)
+f = tf.function(lambda zz: ops.ecoc_cross_entropy(y, zz, codes, 2.0), jit_compile=True)
+hlo = f.experimental_get_compiler_ir(tf.constant(z))(stage="hlo")
+assert "keras_ecoc_forward" not in hlo, hlo
+loss = f(z).numpy()
+assert np.isnan(loss[4])
+ok = [0, 1, 2, 3, 5]
+np.testing.assert_allclose(loss[ok], ops.ecoc_cross_entropy(y[ok], z[ok], codes, 2.0).numpy(), rtol=1e-5)
+print("STATUS", ops.fused_status())
+"""
+    env = dict(os.environ, KERAS_BACKEND="tensorflow", KERAS_ECOC_XLA_CUSTOM_CALL="0",
+               TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "the HLO lowering (no custom call: custom calls turned off" in proc.stdout, proc.stdout

@@ -40,6 +40,8 @@ FALLBACK = "using the non-fused path (keras_ecoc.ops.backend_status(n) says whic
 _ENV_LIBRARY = "KERAS_ECOC_OPS_LIBRARY"
 _LIB_NAME = "_ecoc_ops.so"
 _ENV_KERNELS = "KERAS_ECOC_KERNELS_LIBRARY"
+# "0": the TF op's XLA kernels keep the HLO lowering (tests of the lowering).
+_ENV_CUSTOM_CALL = "KERAS_ECOC_XLA_CUSTOM_CALL"
 _KERNELS_NAME = "_ecoc_kernels.so"
 # The XLA FFI handlers of the kernel library: custom-call target name ->
 # exported symbol (suffix "Cuda" for the CUDA platform's handler).
@@ -235,6 +237,8 @@ def _register_ffi_targets(path: str) -> str:
     """
     import ctypes  # noqa: PLC0415
 
+    if os.environ.get(_ENV_CUSTOM_CALL, "").strip().lower() in ("0", "false", "no", "off"):
+        return f"custom calls turned off by {_ENV_CUSTOM_CALL}=0"
     kernels = load_kernels()
     if kernels is None:
         return kernels_error() or "kernel library not loaded"
@@ -481,8 +485,13 @@ def fused_status() -> str:
     if disabled():
         return f"fused op disabled by {_ENV_DISABLE}; {FALLBACK}"
     b = backend()
+    if b in ("jax", "torch"):
+        from keras_ecoc.ops import _dispatch  # noqa: PLC0415
+
+        ok, why = _dispatch._fused_here(b, None, "loss", _dispatch._on_gpu_for(b, None))
+        return f"backend is {b}: " + (f"fused kernels in use ({why})" if ok else f"{why}; {FALLBACK}")
     if b != "tensorflow":
-        return f"backend is {b}: {FALLBACK} (the fused op is TensorFlow-only)"
+        return f"backend is {b}: {FALLBACK} (no fused implementation)"
     if load_library() is None:
         return f"library not built or not loadable: {load_error()}; {FALLBACK}"
     devices = ", ".join(registered_devices()) or "no"
