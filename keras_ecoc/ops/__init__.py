@@ -1,4 +1,4 @@
-"""Fused ECOC ops (TensorFlow) with a pure-Keras fallback.
+"""Fused ECOC ops on every Keras backend, with streaming and dense fallbacks.
 
 The ECOC softmax cross-entropy over n classes with k-dimensional codes,
 
@@ -6,34 +6,40 @@ The ECOC softmax cross-entropy over n classes with k-dimensional codes,
     logit_bi = -0.5 * scale * ||M_i - u_b||^2
     loss_b   = logsumexp_i(logit_bi) - logit_{b, y_b},
 
-is computed by a custom TensorFlow op that streams over the classes in tiles
-with an online log-sum-exp (like flash attention / cut cross-entropy): it
-never materialises the B x n logits, neither in the forward nor in the
-backward pass, so its peak memory is O(B k + n k) instead of O(B n). The
-forward also accumulates the softmax-expected code sum_i p_bi M_i and
-sum_i p_bi ||M_i||^2, so the gradients with respect to z and scale need no
-second pass over the classes; the gradient with respect to the codes (only
-computed when requested) streams over the batch per class tile.
+is computed by fused kernels that stream over the classes in tiles with an
+online log-sum-exp (like flash attention / cut cross-entropy): they never
+materialise the B x n logits, neither in the forward nor in the backward pass,
+so peak memory is O(B k + n k) instead of O(B n). The forward also accumulates
+the softmax-expected code sum_i p_bi M_i and sum_i p_bi ||M_i||^2, so the
+gradients with respect to z and scale need no second pass over the classes; the
+gradient with respect to the codes (only computed when requested) streams over
+the batch per class tile.
 
-Kernels: CPU (multi-threaded, AVX2/FMA when the CPU has it, baseline x86-64
-otherwise), CUDA (when the library was built with nvcc), and XLA lowerings so
-that ``tf.function(jit_compile=True)`` and Keras ``jit_compile=True`` work. The
-XLA lowering is tiled too: above 4M logits (B x n) it processes the classes in
-tiles inside an XLA while loop carrying the same online log-sum-exp state;
-below that it emits the dense computation (one tile). Under XLA an
-out-of-range label gives a NaN loss instead of an error.
+One kernel library, ``keras_ecoc/_lib/_ecoc_kernels.so`` (kernels/ffi/; CPU
+kernels, multi-threaded, AVX2/FMA when the CPU has it; CUDA kernels when built
+with nvcc), serves every backend:
 
-Dispatch (`keras_ecoc.ops._dispatch`): the fused op when `fused_available()`
-(the Keras backend is TensorFlow, the library loaded, and
-``KERAS_ECOC_DISABLE_FUSED`` is not set); otherwise a streaming implementation
-of the same algorithm for the active backend (`jax.custom_vjp` over
-`lax.scan` on JAX, a `torch.autograd.Function` on PyTorch, `tf.custom_gradient`
-over `tf.while_loop` on TensorFlow without the library), which never holds the
-B x n logits either; for small n (where it is as fast) the dense pure-Keras
-path of :mod:`keras_ecoc.decoding`. `loss_path(n)` names the path taken for n
-classes and `backend_status(n)` says why; `fused_status()` describes the op
-library. When the backend is TensorFlow but the library is missing, a warning
-is issued once.
+* JAX: XLA FFI custom calls (`jax.ffi.ffi_call`) under a `jax.custom_vjp`
+  (`_fused_jax`); no TensorFlow import.
+* PyTorch: `torch.library` custom ops over its C entry points, with autograd
+  and fake kernels for `torch.compile(fullgraph=True)` (`_fused_torch`).
+* TensorFlow: the op library ``_ecoc_ops.so`` (`_fused_tf`): CPU / CUDA
+  OpKernels eagerly; under XLA (``jit_compile=True``) a custom call to the same
+  FFI handlers, or the HLO lowering where none is registered.
+
+Under a compiler an out-of-range label gives a NaN loss and a zero gradient.
+
+Dispatch (`keras_ecoc.ops._dispatch`, one decision for backend, device and
+shape): the fused path whenever it can run (``fused=None``, the default of
+every public op; ``fused=True`` raises the reason when it cannot, ``fused=False``
+avoids it; ``KERAS_ECOC_DISABLE_FUSED=1`` turns it off everywhere); otherwise
+the streaming implementation of the backend (`jax.custom_vjp` over `lax.scan`,
+a `torch.autograd.Function`, `tf.custom_gradient` over `tf.while_loop`), which
+never holds the B x n logits either, or for small n the dense pure-Keras path
+of :mod:`keras_ecoc.decoding`. `loss_path(n)` names the path taken for n
+classes (``op="decode"``: label rank and nearest codeword), `backend_status(n)`
+says why for both, `fused_status()` describes the libraries. When the backend
+is TensorFlow but the op library is missing, a warning is issued once.
 
 Input rules shared by every path: `scale` must be a finite number > 0 (checked
 whenever its value is known); `labels` must be integers (a float tensor is
