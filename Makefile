@@ -23,14 +23,16 @@ $(BIN)/.installed-test: $(BIN)/.installed
 install: $(BIN)/.installed
 
 # The main job: one-hot vs Gaussian vs data-based codes on embedded Omniglot.
-# kernels/build.py first: it rebuilds the op library when the sources, the
+# kernels/build.py first: it rebuilds the kernel library (_ecoc_kernels.so, used
+# by every backend) and the TensorFlow op library when the sources, the
 # TensorFlow, g++ or nvcc changed since the install, and does nothing otherwise.
 demo: $(BIN)/.installed
 	$(BIN)/python kernels/build.py --quiet
 	$(BIN)/keras-ecoc-demo
 
 # The whole suite: TensorFlow (with the fused op, which must build and load),
-# then JAX and PyTorch (pure-Keras path), then the notebooks.
+# then JAX and PyTorch (fused kernels from _ecoc_kernels.so, streaming and dense
+# paths), then the notebooks.
 test: $(BIN)/.installed-test
 	$(BIN)/python kernels/build.py --quiet
 	$(MAKE) --no-print-directory test-tensorflow test-jax test-torch test-notebooks

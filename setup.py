@@ -9,8 +9,11 @@ that cannot import TensorFlow and leaves no op library):
     pip install tensorflow-cpu==2.21.0 "setuptools>=64"
     pip install --no-build-isolation -e ".[cpu,test]"
 
-The fused TensorFlow op library (keras_ecoc/_lib/_ecoc_ops.so) is built by
-kernels/build.py through a custom build_ext. A failed build (no compiler, no
+The framework-free kernel library (keras_ecoc/_lib/_ecoc_kernels.so: XLA FFI
+handlers and C entry points, used by JAX, PyTorch and TensorFlow's XLA) and,
+when TensorFlow is installed, the TensorFlow op library
+(keras_ecoc/_lib/_ecoc_ops.so) are built by kernels/build.py through a custom
+build_ext. A failed build (no compiler, no
 or wrong TensorFlow, nvcc error) never fails the installation: it warns and
 installs the pure-Keras package (keras_ecoc.ops then falls back and says why
 in keras_ecoc.ops.fused_status()). A failing CUDA part alone still installs
@@ -30,6 +33,7 @@ from setuptools.command.build_ext import build_ext
 HERE = os.path.dirname(os.path.abspath(__file__))
 LIB_SUBDIR = os.path.join("keras_ecoc", "_lib")
 LIB_NAME = "_ecoc_ops.so"
+KERNELS_LIB_NAME = "_ecoc_kernels.so"
 
 
 def _load_kernels_build():
@@ -67,23 +71,28 @@ class BuildEcocOps(build_ext):
             out_dir = os.path.join(os.path.abspath(self.build_lib), LIB_SUBDIR)
         try:
             builder = _load_kernels_build()
-            result = builder.build_library(
+            results = builder.build_all(
                 out_dir, build_dir=os.path.join(HERE, "build", "ecoc_ops"), verbose=True
             )
         except Exception as e:  # noqa: BLE001 - never fail the installation
             details = "".join(traceback.format_exception_only(type(e), e)).strip()
             _warn_loudly(
-                "could not build the fused TensorFlow op library; installing the "
-                "pure-Keras package (keras_ecoc.ops falls back to the dense path).\n"
-                f"{details[-4000:]}"
+                "could not build the kernel libraries; installing the pure-Keras package "
+                f"(keras_ecoc.ops falls back to the streaming / dense paths).\n{details[-4000:]}"
             )
-            stale = os.path.join(out_dir, LIB_NAME)
-            if not inplace and os.path.exists(stale):
-                os.remove(stale)  # never ship a library copied from the source tree
-            return
-        for part, reason in result.skipped.items():
-            _warn_loudly(f"the op library was built without its {part.upper()} part: {reason}")
-        self._ecoc_outputs = [] if inplace else [result.path]
+            results = {}
+        built = []
+        for name, lib in (("kernels", KERNELS_LIB_NAME), ("ops", LIB_NAME)):
+            result = results.get(name)
+            if result is None or isinstance(result, Exception):
+                stale = os.path.join(out_dir, lib)
+                if not inplace and os.path.exists(stale):
+                    os.remove(stale)  # never ship a library copied from the source tree
+                continue
+            for part, reason in result.skipped.items():
+                _warn_loudly(f"{lib} was built without its {part.upper()} part: {reason}")
+            built.append(result.path)
+        self._ecoc_outputs = [] if inplace else built
 
     def get_outputs(self):
         return list(self._ecoc_outputs)
@@ -93,7 +102,8 @@ class BuildEcocOps(build_ext):
 
     def get_source_files(self):
         return [os.path.join("kernels", f) for f in sorted(os.listdir(os.path.join(HERE, "kernels")))
-                if f.endswith((".cc", ".h", ".py"))]
+                if f.endswith((".cc", ".h", ".py"))] + [
+            os.path.join("kernels", "ffi", f) for f in sorted(os.listdir(os.path.join(HERE, "kernels", "ffi")))]
 
 
 def _long_description():

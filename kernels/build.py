@@ -1,7 +1,19 @@
 #!/usr/bin/env python
-"""Builds the fused-op library ``keras_ecoc/_lib/_ecoc_ops.so``.
+"""Builds the kernel library and the TensorFlow op library of keras-ecoc.
 
-One shared library holds every part that could be built:
+Two shared libraries, in ``keras_ecoc/_lib/``:
+
+``_ecoc_kernels.so`` (:func:`build_kernels`; g++, no framework needed): the
+CPU math core (both ISA copies), XLA FFI handlers over it for the "Host"
+platform and C entry points (kernels/ffi/ecoc_ffi_cpu.cc), compiled against the
+vendored XLA FFI headers (kernels/third_party/xla); plus, when nvcc is present
+and the CUDA kernels implement the v2 contract, the "CUDA" FFI handlers and C
+entry points (kernels/ffi/ecoc_ffi_cuda.cc) with the kernels and the static
+CUDA runtime. JAX and PyTorch use it directly; TensorFlow's XLA kernels emit
+custom calls to its handlers.
+
+``_ecoc_ops.so`` (:func:`build_library`; only when TensorFlow is installed),
+the TensorFlow op library. It holds every part that could be built:
 
 * the op registrations and the CPU kernels (required; the math core
   ``ecoc_cpu_math.cc`` is compiled twice, for baseline x86-64 and for
@@ -32,7 +44,9 @@ Usage (developers)::
 
     python kernels/build.py [--no-cuda] [--no-xla] [--out DIR] [--force] [-j N]
 
-``setup.py`` imports this file by path and calls :func:`build_library`.
+``setup.py`` imports this file by path and calls :func:`build_all` (the kernel
+library, then the op library when TensorFlow imports; a failure of either
+only warns).
 """
 
 from __future__ import annotations
@@ -54,6 +68,7 @@ import time
 KERNELS_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(KERNELS_DIR)
 LIB_NAME = "_ecoc_ops.so"
+KERNELS_LIB_NAME = "_ecoc_kernels.so"
 DEFAULT_OUT_DIR = os.path.join(REPO_ROOT, "keras_ecoc", "_lib")
 DEFAULT_BUILD_DIR = os.path.join(REPO_ROOT, "build", "ecoc_ops")
 
@@ -69,6 +84,12 @@ CPU_HEADERS = ("ecoc_cpu_math.h", "ecoc_validation.h")
 # Shared with the CPU kernels by the GPU OpKernels.
 SHARED_HEADERS = ("ecoc_validation.h",)
 CUDA_HEADER_DIR = "cuda"
+# The framework-free kernel library (kernels/ffi/).
+FFI_CPU_SRC = os.path.join("ffi", "ecoc_ffi_cpu.cc")
+FFI_CUDA_SRC = os.path.join("ffi", "ecoc_ffi_cuda.cc")
+FFI_INCLUDE = os.path.join(KERNELS_DIR, "third_party", "xla")
+FFI_HEADERS = tuple(os.path.join("third_party", "xla", "xla", "ffi", "api", h)
+                    for h in ("api.h", "c_api.h", "ffi.h"))
 
 CXX_WARNINGS = [
     "-Wno-deprecated-declarations",
@@ -257,12 +278,16 @@ class _Unit:
     cmd: list  # compiler command without -c/-o
     part: str  # "cpu" | "xla" | "cuda"
     compiler: str = "g++"
+    # Headers (relative to kernels/) hashed instead of the part's default set.
+    deps: tuple | None = None
     # Versions that change the object without changing the command line
     # (TensorFlow's headers live at the same path after an upgrade; a new g++
     # or nvcc has the same name): part of the cache key.
     toolchain: str = ""
 
     def headers(self) -> list:
+        if self.deps is not None:
+            return [os.path.join(KERNELS_DIR, h) for h in self.deps]
         if self.part == "cpu":
             return [os.path.join(KERNELS_DIR, h) for h in CPU_HEADERS]
         if self.part == "cuda":
@@ -555,6 +580,189 @@ def build_library(out_dir: str | None = None, *, cuda: bool | None = None, xla: 
     return result
 
 
+def _kernel_units(cxx: str, nvcc: str | None, cuda_home: str | None, with_cuda: bool, toolchain: dict,
+                  archs: list) -> list:
+    """Compile units of the framework-free kernel library (no TensorFlow flags)."""
+    host_tc = f"cxx={toolchain.get('cxx')}"
+    src = lambda rel: os.path.join(KERNELS_DIR, rel)  # noqa: E731
+    x86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
+    base = [cxx, "-std=c++17", "-fPIC", "-O3", "-DNDEBUG", *CXX_WARNINGS, f"-I{KERNELS_DIR}",
+            "-isystem", FFI_INCLUDE]
+    math = [*base, "-fno-math-errno", "-ffp-contract=fast", "-fno-exceptions"]
+    units = [
+        _Unit("ffi_cpu", src(FFI_CPU_SRC), base + (["-DECOC_HAVE_AVX2_VARIANT"] if x86 else []), "cpu",
+              deps=CPU_HEADERS + FFI_HEADERS, toolchain=host_tc),
+        _Unit("kmath_base", src(MATH_SRC),
+              math + ["-DECOC_CPU_GETTER=GetKernelsBase", '-DECOC_CPU_ISA_NAME="base"'], "cpu",
+              deps=CPU_HEADERS, toolchain=host_tc),
+    ]
+    if x86:
+        units.append(_Unit("kmath_avx2", src(MATH_SRC),
+                           math + ["-mavx2", "-mfma", "-DECOC_CPU_GETTER=GetKernelsAvx2",
+                                   '-DECOC_CPU_ISA_NAME="avx2"'], "cpu", deps=CPU_HEADERS, toolchain=host_tc))
+    if with_cuda:
+        cuda_tc = f"{host_tc} nvcc={toolchain.get('nvcc')}"
+        cuda_headers = tuple(os.path.join(CUDA_HEADER_DIR, f)
+                             for f in sorted(os.listdir(src(CUDA_HEADER_DIR))) if f.endswith((".h", ".cuh")))
+        units.append(_Unit("ffi_cuda", src(FFI_CUDA_SRC), base + [f"-I{os.path.join(cuda_home, 'include')}"],
+                           "cuda", deps=cuda_headers + FFI_HEADERS, toolchain=cuda_tc))
+        units.append(_Unit("kcuda", src(CUDA_SRC), [
+            nvcc, "-std=c++17", "-x", "cu", "-O3", "-DNDEBUG", "--expt-relaxed-constexpr",
+            "-Xcompiler", "-fPIC", *nvcc_thread_flags(len(archs)), *cuda_gencode_flags(archs),
+            f"-I{KERNELS_DIR}"], "cuda", compiler="nvcc", deps=cuda_headers, toolchain=cuda_tc))
+    return units
+
+
+def _check_kernels_load(path: str) -> tuple[int, str]:
+    """Loads the kernel library with ctypes in a fresh interpreter."""
+    code = ("import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); "
+            "[getattr(lib, s) for s in ('KerasEcocFfiForward', 'KerasEcocFfiCodesGrad', "
+            "'KerasEcocFfiLabelRank', 'KerasEcocFfiNearest', 'KerasEcocCpuForward')]")
+    try:
+        proc = subprocess.run([sys.executable, "-c", code, path], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return 1, "timed out loading the library"
+    return proc.returncode, proc.stdout
+
+
+def build_kernels(out_dir: str | None = None, *, cuda: bool | None = None, force: bool = False,
+                  verbose: bool = True, jobs: int | None = None,
+                  build_dir: str | None = None) -> BuildResult:
+    """Builds (or reuses) the framework-free kernel library ``_ecoc_kernels.so``.
+
+    Needs g++ only (no TensorFlow, JAX or PyTorch). cuda: as in
+    :func:`build_library`; the CUDA part is linked only when the CUDA kernels
+    compile without TensorFlow and define every v2 entry point the FFI
+    handlers call (the link uses --no-undefined), else it is skipped with a
+    warning. Raises BuildError when the CPU part cannot be built.
+    """
+    out_dir = os.path.abspath(out_dir or DEFAULT_OUT_DIR)
+    build_dir = os.path.abspath(build_dir or DEFAULT_BUILD_DIR)
+    out = os.path.join(out_dir, KERNELS_LIB_NAME)
+    cxx = os.environ.get("CXX", "g++")
+    if shutil.which(cxx) is None:
+        raise BuildError(f"C++ compiler {cxx!r} not found")
+    skipped: dict = {}
+    nvcc = cuda_home = None
+    if cuda is False or os.environ.get("KERAS_ECOC_NO_CUDA", "").lower() in ("1", "true", "yes"):
+        skipped["cuda"] = "disabled (--no-cuda / KERAS_ECOC_NO_CUDA)"
+    else:
+        nvcc, cuda_home, reason = find_cuda()
+        if cuda_home is None:
+            skipped["cuda"] = reason
+    with_cuda = cuda_home is not None and "cuda" not in skipped
+    archs = cuda_archs() if with_cuda else []
+    versions = {"cxx": _tool_version(cxx, first=True), "nvcc": _tool_version(nvcc) if with_cuda else None}
+    units = _kernel_units(cxx, nvcc, cuda_home, with_cuda, versions, archs)
+    stamp = {"units": {u.name: u.key() for u in units}, "toolchain": {**versions, "archs": archs},
+             "skipped": sorted(skipped), "build.py": _sha(_read(__file__))[:16]}
+    stamp_path = _stamp_path(out, build_dir)
+    if not force and os.path.exists(out) and os.path.exists(stamp_path):
+        try:
+            with open(stamp_path) as f:
+                old = json.load(f)
+            if old.get("stamp") == stamp:
+                _log(f"{out} is up to date", verbose)
+                return BuildResult(out, old.get("parts", []), old.get("skipped_reasons", {}), True,
+                                   old.get("cuda_archs"))
+        except (OSError, ValueError):
+            pass
+    obj_dir = os.path.join(build_dir, "obj")
+    os.makedirs(obj_dir, exist_ok=True)
+    jobs = jobs or int(os.environ.get("KERAS_ECOC_BUILD_JOBS", "0")) or min(4, os.cpu_count() or 1)
+    _log(f"building {KERNELS_LIB_NAME} with {jobs} job(s): "
+         + ", ".join(os.path.basename(u.src) + ("" if u.part == "cpu" else f" [{u.part}]") for u in units),
+         verbose)
+    objs, failed = {}, {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as ex:
+        for unit, obj, msg in ex.map(lambda u: _compile(u, obj_dir, verbose), units):
+            if obj is None:
+                failed.setdefault(unit.part, []).append((unit, msg))
+            else:
+                objs[unit.name] = (unit, obj)
+    if "cpu" in failed:
+        details = "\n".join(f"--- {os.path.basename(u.src)}:\n{m[-6000:]}" for u, m in failed["cpu"])
+        raise BuildError(f"the CPU kernels (kernel library) failed to compile:\n{details}")
+    if "cuda" in failed:
+        objs = {name: (u, obj) for name, (u, obj) in objs.items() if u.part != "cuda"}
+        lines = failed["cuda"][0][1].strip().splitlines()
+        errors = [line for line in lines if "error" in line.lower()][:5] or lines[-5:]
+        skipped["cuda"] = (", ".join(os.path.basename(u.src) for u, _ in failed["cuda"])
+                           + " failed to compile: " + " | ".join(errors))
+        _warn(f"building {KERNELS_LIB_NAME} without the CUDA part: {skipped['cuda']}")
+
+    def link(parts: set) -> tuple[int, str, str]:
+        chosen = [obj for (u, obj) in objs.values() if u.part in parts]
+        cmd = [cxx, "-shared", "-o", None, *chosen, "-Wl,--no-undefined", "-lpthread"]
+        if "cuda" in parts:
+            cmd += [f"-L{_cudart_dir(cuda_home)}", "-l:libcudart_static.a", "-ldl", "-lrt"]
+        os.makedirs(out_dir, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp_", suffix=".so", dir=out_dir)
+        os.close(fd)
+        cmd[3] = tmp
+        rc, msg = _run(cmd)
+        if rc == 0:
+            rc, msg = _check_kernels_load(tmp)
+        return rc, msg, tmp
+
+    parts = {u.part for (u, _) in objs.values()}
+    while True:
+        rc, msg, tmp = link(parts)
+        if rc == 0:
+            break
+        if os.path.exists(tmp):  # g++ removes its output when the link fails
+            os.remove(tmp)
+        if "cuda" not in parts:
+            raise BuildError(f"the kernel library does not link or load:\n{msg[-6000:]}")
+        undefined = sorted(set(re.findall(r"undefined reference to `([^']+)'", msg)))
+        skipped["cuda"] = ("link failed" + (": the CUDA kernels do not define " + ", ".join(undefined[:4])
+                                            if undefined else ": " + " | ".join(msg.strip().splitlines()[-3:])))
+        _warn(f"building {KERNELS_LIB_NAME} without the CUDA part: {skipped['cuda']}")
+        parts.discard("cuda")
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, out)
+    ordered = [p for p in ("cpu", "cuda") if p in parts]
+    held_archs = cuda_arch_names(archs) if "cuda" in parts else None
+    os.makedirs(os.path.dirname(stamp_path), exist_ok=True)
+    with open(stamp_path, "w") as f:
+        json.dump({"stamp": stamp, "parts": ordered, "skipped_reasons": skipped, "out": out,
+                   "cuda_archs": held_archs}, f, indent=1)
+    result = BuildResult(out, ordered, skipped, False, held_archs)
+    _log("built " + result.summary(), verbose)
+    return result
+
+
+def build_all(out_dir: str | None = None, *, cuda: bool | None = None, xla: bool = True,
+              force: bool = False, verbose: bool = True, jobs: int | None = None,
+              build_dir: str | None = None) -> dict:
+    """The kernel library, then the TensorFlow op library when TensorFlow imports.
+
+    Returns {"kernels": BuildResult | BuildError, "ops": BuildResult |
+    BuildError | None (no TensorFlow)}; never raises for a failed build (the
+    package falls back at import), so each failure is also warned about.
+    """
+    results: dict = {}
+    kw = dict(cuda=cuda, force=force, verbose=verbose, jobs=jobs, build_dir=build_dir)
+    try:
+        results["kernels"] = build_kernels(out_dir, **kw)
+    except BuildError as e:
+        _warn(f"{KERNELS_LIB_NAME} not built: {e}")
+        results["kernels"] = e
+    try:
+        import tensorflow  # noqa: F401, PLC0415
+    except Exception:  # noqa: BLE001 - no (working) TensorFlow: no op library
+        results["ops"] = None
+        _log(f"TensorFlow does not import: {LIB_NAME} (the TensorFlow op library) is not built", verbose)
+        return results
+    try:
+        results["ops"] = build_library(out_dir, xla=xla, **kw)
+    except BuildError as e:
+        _warn(f"{LIB_NAME} not built: {e}")
+        results["ops"] = e
+    return results
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=None, help=f"output directory (default {DEFAULT_OUT_DIR})")
@@ -565,14 +773,16 @@ def main(argv=None) -> int:
     p.add_argument("-j", "--jobs", type=int, default=None, help="parallel compile jobs")
     p.add_argument("-q", "--quiet", action="store_true")
     a = p.parse_args(argv)
-    try:
-        r = build_library(a.out, cuda=False if a.no_cuda else None, xla=not a.no_xla, force=a.force,
-                          verbose=not a.quiet, jobs=a.jobs, build_dir=a.build_dir)
-    except BuildError as e:
-        print(f"[keras-ecoc build] FAILED: {e}", file=sys.stderr)
-        return 1
-    print(r.summary())
-    return 0
+    results = build_all(a.out, cuda=False if a.no_cuda else None, xla=not a.no_xla, force=a.force,
+                        verbose=not a.quiet, jobs=a.jobs, build_dir=a.build_dir)
+    rc = 0
+    for name, r in results.items():
+        if isinstance(r, BuildError):
+            print(f"[keras-ecoc build] FAILED ({name}): {r}", file=sys.stderr)
+            rc = 1
+        elif r is not None:
+            print(r.summary())
+    return rc
 
 
 if __name__ == "__main__":

@@ -12,20 +12,36 @@
 // XLA has no run-time errors: an out-of-range label gives a NaN loss (and a
 // rank of n), never a silent number.
 //
+// Custom calls: when the framework-free kernel library's XLA FFI handlers
+// (kernels/ffi/ecoc_ffi_cpu.cc, keras_ecoc/_lib/_ecoc_kernels.so) have been
+// registered with TensorFlow's XLA through KerasEcocRegisterFfiTargets()
+// below (the Python loader does so right after loading both libraries), the
+// kernels emit a typed-FFI custom call to them instead of the HLO lowering,
+// for the platform of the device they compile for ("Host" for XLA_CPU_JIT,
+// "CUDA" for XLA_GPU_JIT); the HLO lowering remains where no handler is
+// registered for that platform. Labels are made safe (invalid ones -> 0)
+// before the call and the result masked after it, as above.
+//
 // Registration caveat: TensorFlow turns the REGISTER_XLA_OP registrations into
 // kernels for the XLA_*_JIT devices once per process, when its device context
 // is first created. A library loaded after that (the usual case: the fused op
 // is loaded lazily, on first use) would have no XLA kernels, so the loader
 // calls KerasEcocEnsureXlaKernels() below right after tf.load_op_library; it
 // registers the kernels itself when they are missing.
+#include <atomic>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <mutex>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/types/span.h"
 #include "tensorflow/compiler/tf2xla/xla_op_kernel.h"
 #include "tensorflow/compiler/tf2xla/xla_op_registry.h"
@@ -40,6 +56,13 @@
 #include "xla/hlo/builder/xla_builder.h"
 #include "xla/shape_util.h"
 #include "xla/xla_data.pb.h"
+#include "xla/ffi/api/c_api.h"
+
+// Exported by libtensorflow_framework.so.2 (declared here: xla/ffi/ffi_api.h
+// pulls in MLIR headers that TensorFlow's wheel does not ship).
+namespace xla::ffi {
+const XLA_FFI_Api* GetXlaFfiApi();
+}  // namespace xla::ffi
 
 namespace keras_ecoc {
 namespace {
@@ -241,10 +264,49 @@ xla::XlaOp RowNonFinite(xla::XlaBuilder* b, const Plan& plan, xla::XlaOp c0,
                      xla::CreateScalarOrComputation(xla::PRED, b), {1});
 }
 
+
+// --- Custom calls to the kernel library's FFI handlers ----------------------
+
+// Which platforms have the four handlers registered (bit 0: Host, bit 1: CUDA).
+std::atomic<int> g_ffi_platforms{0};
+
+bool FfiRegistered(const tensorflow::DeviceType& device) {
+  const int bits = g_ffi_platforms.load();
+  if (device.type_string() == tensorflow::DEVICE_CPU_XLA_JIT) return bits & 1;
+  if (device.type_string() == tensorflow::DEVICE_GPU_XLA_JIT) return bits & 2;
+  return false;
+}
+
+// The typed-FFI attribute dictionary (an MLIR attribute, in backend_config).
+std::string EpsilonAttr(float eps) {
+  return absl::StrCat("{epsilon = ", absl::StrFormat("%.9e", eps), " : f32}");
+}
+
+xla::XlaOp FfiCall(xla::XlaBuilder* b, const char* target,
+                   absl::Span<const xla::XlaOp> operands, const xla::Shape& shape,
+                   float eps) {
+  return xla::CustomCall(b, target, operands, shape, EpsilonAttr(eps),
+                         /*has_side_effect=*/false, {}, nullptr,
+                         xla::CustomCallSchedule::SCHEDULE_NONE,
+                         xla::CustomCallApiVersion::API_VERSION_TYPED_FFI);
+}
+
+// Labels as S32 with invalid ones replaced by 0, and their validity.
+void SafeLabels(xla::XlaBuilder* b, xla::XlaOp labels, int64_t n,
+                xla::XlaOp* safe, xla::XlaOp* valid) {
+  *valid = xla::And(xla::Ge(labels, I32(b, 0)),
+                    xla::Lt(labels, I32(b, static_cast<int32_t>(n))));
+  *safe = xla::Select(*valid, labels, xla::ZerosLike(labels));
+}
+
+xla::Shape F32Shape(std::initializer_list<int64_t> dims) {
+  return xla::ShapeUtil::MakeShape(xla::F32, dims);
+}
+
 class EcocCrossEntropyXla : public XlaOpKernel {
  public:
   explicit EcocCrossEntropyXla(tensorflow::OpKernelConstruction* ctx)
-      : XlaOpKernel(ctx) {
+      : XlaOpKernel(ctx), device_(ctx->device_type()) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("epsilon", &epsilon_));
   }
 
@@ -256,6 +318,20 @@ class EcocCrossEntropyXla : public XlaOpKernel {
     xla::XlaOp codes = ctx->Input(1);
     xla::XlaOp labels = xla::ConvertElementType(ctx->Input(2), xla::S32);
     xla::XlaOp s = ctx->Input(3);
+    if (FfiRegistered(device_)) {
+      xla::XlaOp safe, valid;
+      SafeLabels(b, labels, p.n, &safe, &valid);
+      xla::XlaOp out = FfiCall(
+          b, "keras_ecoc_forward", {z, codes, safe, s},
+          xla::ShapeUtil::MakeTupleShape({F32Shape({p.B}), F32Shape({p.B}),
+                                          F32Shape({p.B, p.k}), F32Shape({p.B})}),
+          epsilon_);
+      ctx->SetOutput(0, xla::Select(valid, xla::GetTupleElement(out, 0),
+                                    xla::Broadcast(F32(b, std::numeric_limits<float>::quiet_NaN()),
+                                                   {p.B})));
+      for (int i = 1; i < 4; ++i) ctx->SetOutput(i, xla::GetTupleElement(out, i));
+      return;
+    }
     xla::XlaOp u, usq;
     Normalize(b, z, epsilon_, &u, &usq);
     xla::XlaOp rowc = xla::Mul(usq, xla::Mul(s, F32(b, -0.5f)));
@@ -308,12 +384,13 @@ class EcocCrossEntropyXla : public XlaOpKernel {
 
  private:
   float epsilon_;
+  tensorflow::DeviceType device_;
 };
 
 class EcocCrossEntropyCodesGradXla : public XlaOpKernel {
  public:
   explicit EcocCrossEntropyCodesGradXla(tensorflow::OpKernelConstruction* ctx)
-      : XlaOpKernel(ctx) {
+      : XlaOpKernel(ctx), device_(ctx->device_type()) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("epsilon", &epsilon_));
   }
 
@@ -333,6 +410,13 @@ class EcocCrossEntropyCodesGradXla : public XlaOpKernel {
         xla::Ge(labels, I32(b, 0)),
         xla::Lt(labels, I32(b, static_cast<int32_t>(p.n))));
     g = xla::Select(label_ok, g, xla::ZerosLike(g));
+    if (FfiRegistered(device_)) {
+      xla::XlaOp safe, valid;
+      SafeLabels(b, labels, p.n, &safe, &valid);
+      ctx->SetOutput(0, FfiCall(b, "keras_ecoc_codes_grad", {z, codes, safe, s, lse, g},
+                                F32Shape({p.n, p.k}), epsilon_));
+      return;
+    }
     xla::XlaOp u, usq;
     Normalize(b, z, epsilon_, &u, &usq);
     xla::XlaOp rowc = xla::Mul(usq, xla::Mul(s, F32(b, -0.5f)));
@@ -367,12 +451,13 @@ class EcocCrossEntropyCodesGradXla : public XlaOpKernel {
 
  private:
   float epsilon_;
+  tensorflow::DeviceType device_;
 };
 
 class EcocLabelRankXla : public XlaOpKernel {
  public:
   explicit EcocLabelRankXla(tensorflow::OpKernelConstruction* ctx)
-      : XlaOpKernel(ctx) {
+      : XlaOpKernel(ctx), device_(ctx->device_type()) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("epsilon", &epsilon_));
   }
 
@@ -383,10 +468,18 @@ class EcocLabelRankXla : public XlaOpKernel {
     xla::XlaOp z = xla::ConvertElementType(ctx->Input(0), xla::F32);
     xla::XlaOp codes = ctx->Input(1);
     xla::XlaOp labels = xla::ConvertElementType(ctx->Input(2), xla::S32);
+    const int32_t n32 = static_cast<int32_t>(p.n);
+    if (FfiRegistered(device_)) {
+      xla::XlaOp safe, valid;
+      SafeLabels(b, labels, p.n, &safe, &valid);
+      xla::XlaOp rank = FfiCall(b, "keras_ecoc_label_rank", {z, codes, safe},
+                                xla::ShapeUtil::MakeShape(xla::S32, {p.B}), epsilon_);
+      ctx->SetOutput(0, xla::Select(valid, rank, xla::Broadcast(I32(b, n32), {p.B})));
+      return;
+    }
     xla::XlaOp u, usq;
     Normalize(b, z, epsilon_, &u, &usq);
     xla::XlaOp sqn = SumLast(b, codes * codes, 1);
-    const int32_t n32 = static_cast<int32_t>(p.n);
     xla::XlaOp valid =
         xla::And(xla::Ge(labels, I32(b, 0)), xla::Lt(labels, I32(b, n32)));
     xla::XlaOp safe = xla::Select(valid, labels, xla::ZerosLike(labels));
@@ -428,12 +521,13 @@ class EcocLabelRankXla : public XlaOpKernel {
 
  private:
   float epsilon_;
+  tensorflow::DeviceType device_;
 };
 
 class EcocNearestCodewordXla : public XlaOpKernel {
  public:
   explicit EcocNearestCodewordXla(tensorflow::OpKernelConstruction* ctx)
-      : XlaOpKernel(ctx) {
+      : XlaOpKernel(ctx), device_(ctx->device_type()) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("epsilon", &epsilon_));
   }
 
@@ -443,6 +537,14 @@ class EcocNearestCodewordXla : public XlaOpKernel {
     xla::XlaBuilder* b = ctx->builder();
     xla::XlaOp z = xla::ConvertElementType(ctx->Input(0), xla::F32);
     xla::XlaOp codes = ctx->Input(1);
+    if (FfiRegistered(device_)) {
+      // [B, 2] int32: the int64 index as (low, high) words (see the handler).
+      xla::XlaOp words = FfiCall(b, "keras_ecoc_nearest", {z, codes},
+                                 xla::ShapeUtil::MakeShape(xla::S32, {p.B, 2}), epsilon_);
+      xla::XlaOp low = xla::Reshape(xla::SliceInDim(words, 0, 1, 1, 1), {p.B});
+      ctx->SetOutput(0, xla::ConvertElementType(low, xla::S64));
+      return;
+    }
     xla::XlaOp u, usq;
     Normalize(b, z, epsilon_, &u, &usq);
     xla::XlaOp sqn = SumLast(b, codes * codes, 1);
@@ -484,6 +586,7 @@ class EcocNearestCodewordXla : public XlaOpKernel {
 
  private:
   float epsilon_;
+  tensorflow::DeviceType device_;
 };
 
 REGISTER_XLA_OP(Name("EcocCrossEntropy")
@@ -549,6 +652,61 @@ int EnsureXlaKernels() {
 
 }  // namespace
 }  // namespace keras_ecoc
+
+// Registers the kernel library's four XLA FFI handlers (their addresses, e.g.
+// from ctypes: KerasEcocFfiForward, ...CodesGrad, ...LabelRank, ...Nearest)
+// with TensorFlow's XLA for `platform` ("Host" or "CUDA"), under the targets
+// keras_ecoc_forward, _codes_grad, _label_rank and _nearest. From then on the
+// XLA kernels compiled for that platform emit custom calls. Returns 0, or -1
+// when XLA refused a registration (the message goes to `error`, of
+// `error_len` bytes); the HLO lowering is then kept for that platform.
+extern "C" __attribute__((visibility("default"))) int KerasEcocRegisterFfiTargets(
+    const char* platform, void* forward, void* codes_grad, void* label_rank,
+    void* nearest, char* error, int error_len) {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  const bool cuda = std::strcmp(platform, "CUDA") == 0;
+  const int bit = cuda ? 2 : 1;
+  if (keras_ecoc::g_ffi_platforms.load() & bit) return 0;
+  const XLA_FFI_Api* api = xla::ffi::GetXlaFfiApi();
+  const std::pair<const char*, void*> targets[] = {
+      {"keras_ecoc_forward", forward},
+      {"keras_ecoc_codes_grad", codes_grad},
+      {"keras_ecoc_label_rank", label_rank},
+      {"keras_ecoc_nearest", nearest}};
+  for (const auto& [name, fn] : targets) {
+    XLA_FFI_Handler_Register_Args args;
+    std::memset(&args, 0, sizeof(args));
+    args.struct_size = XLA_FFI_Handler_Register_Args_STRUCT_SIZE;
+    args.name = XLA_FFI_ByteSpan{name, std::strlen(name)};
+    args.platform = XLA_FFI_ByteSpan{platform, std::strlen(platform)};
+    args.bundle.execute = reinterpret_cast<XLA_FFI_Handler*>(fn);
+    args.traits = 0;
+    if (XLA_FFI_Error* err = api->XLA_FFI_Handler_Register(&args)) {
+      XLA_FFI_Error_GetMessage_Args m;
+      std::memset(&m, 0, sizeof(m));
+      m.struct_size = XLA_FFI_Error_GetMessage_Args_STRUCT_SIZE;
+      m.error = err;
+      api->XLA_FFI_Error_GetMessage(&m);
+      if (error != nullptr && error_len > 0) {
+        std::snprintf(error, error_len, "%s: %s", name, m.message ? m.message : "?");
+      }
+      XLA_FFI_Error_Destroy_Args d;
+      std::memset(&d, 0, sizeof(d));
+      d.struct_size = XLA_FFI_Error_Destroy_Args_STRUCT_SIZE;
+      d.error = err;
+      api->XLA_FFI_Error_Destroy(&d);
+      return -1;
+    }
+  }
+  keras_ecoc::g_ffi_platforms.fetch_or(bit);
+  return 0;
+}
+
+// 1 (Host), 2 (CUDA), 3 (both), 0: where the custom calls are emitted.
+extern "C" __attribute__((visibility("default"))) int KerasEcocFfiPlatforms() {
+  return keras_ecoc::g_ffi_platforms.load();
+}
 
 // Makes sure the XLA kernels of the four ops are registered for the XLA JIT
 // devices (see the registration caveat at the top). Idempotent; returns the

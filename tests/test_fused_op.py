@@ -644,4 +644,4 @@ print("OK", ops.fused_status())
     if "UNAVAILABLE" in proc.stdout and not REQUIRE_FUSED:
         pytest.skip(proc.stdout)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert "with XLA lowerings" in proc.stdout
+    assert "under XLA: custom calls to the kernel library's FFI handlers on Host" in proc.stdout

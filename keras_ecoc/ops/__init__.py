@@ -1,4 +1,4 @@
-"""Fused ECOC ops (TensorFlow) with a pure-Keras fallback.
+"""Fused ECOC ops on every Keras backend, with streaming and dense fallbacks.
 
 The ECOC softmax cross-entropy over n classes with k-dimensional codes,
 
@@ -6,34 +6,40 @@ The ECOC softmax cross-entropy over n classes with k-dimensional codes,
     logit_bi = -0.5 * scale * ||M_i - u_b||^2
     loss_b   = logsumexp_i(logit_bi) - logit_{b, y_b},
 
-is computed by a custom TensorFlow op that streams over the classes in tiles
-with an online log-sum-exp (like flash attention / cut cross-entropy): it
-never materialises the B x n logits, neither in the forward nor in the
-backward pass, so its peak memory is O(B k + n k) instead of O(B n). The
-forward also accumulates the softmax-expected code sum_i p_bi M_i and
-sum_i p_bi ||M_i||^2, so the gradients with respect to z and scale need no
-second pass over the classes; the gradient with respect to the codes (only
-computed when requested) streams over the batch per class tile.
+is computed by fused kernels that stream over the classes in tiles with an
+online log-sum-exp (like flash attention / cut cross-entropy): they never
+materialise the B x n logits, neither in the forward nor in the backward pass,
+so peak memory is O(B k + n k) instead of O(B n). The forward also accumulates
+the softmax-expected code sum_i p_bi M_i and sum_i p_bi ||M_i||^2, so the
+gradients with respect to z and scale need no second pass over the classes; the
+gradient with respect to the codes (only computed when requested) streams over
+the batch per class tile.
 
-Kernels: CPU (multi-threaded, AVX2/FMA when the CPU has it, baseline x86-64
-otherwise), CUDA (when the library was built with nvcc), and XLA lowerings so
-that ``tf.function(jit_compile=True)`` and Keras ``jit_compile=True`` work. The
-XLA lowering is tiled too: above 4M logits (B x n) it processes the classes in
-tiles inside an XLA while loop carrying the same online log-sum-exp state;
-below that it emits the dense computation (one tile). Under XLA an
-out-of-range label gives a NaN loss instead of an error.
+One kernel library, ``keras_ecoc/_lib/_ecoc_kernels.so`` (kernels/ffi/; CPU
+kernels, multi-threaded, AVX2/FMA when the CPU has it; CUDA kernels when built
+with nvcc), serves every backend:
 
-Dispatch (`keras_ecoc.ops._dispatch`): the fused op when `fused_available()`
-(the Keras backend is TensorFlow, the library loaded, and
-``KERAS_ECOC_DISABLE_FUSED`` is not set); otherwise a streaming implementation
-of the same algorithm for the active backend (`jax.custom_vjp` over
-`lax.scan` on JAX, a `torch.autograd.Function` on PyTorch, `tf.custom_gradient`
-over `tf.while_loop` on TensorFlow without the library), which never holds the
-B x n logits either; for small n (where it is as fast) the dense pure-Keras
-path of :mod:`keras_ecoc.decoding`. `loss_path(n)` names the path taken for n
-classes and `backend_status(n)` says why; `fused_status()` describes the op
-library. When the backend is TensorFlow but the library is missing, a warning
-is issued once.
+* JAX: XLA FFI custom calls (`jax.ffi.ffi_call`) under a `jax.custom_vjp`
+  (`_fused_jax`); no TensorFlow import.
+* PyTorch: `torch.library` custom ops over its C entry points, with autograd
+  and fake kernels for `torch.compile(fullgraph=True)` (`_fused_torch`).
+* TensorFlow: the op library ``_ecoc_ops.so`` (`_fused_tf`): CPU / CUDA
+  OpKernels eagerly; under XLA (``jit_compile=True``) a custom call to the same
+  FFI handlers, or the HLO lowering where none is registered.
+
+Under a compiler an out-of-range label gives a NaN loss and a zero gradient.
+
+Dispatch (`keras_ecoc.ops._dispatch`, one decision for backend, device and
+shape): the fused path whenever it can run (``fused=None``, the default of
+every public op; ``fused=True`` raises the reason when it cannot, ``fused=False``
+avoids it; ``KERAS_ECOC_DISABLE_FUSED=1`` turns it off everywhere); otherwise
+the streaming implementation of the backend (`jax.custom_vjp` over `lax.scan`,
+a `torch.autograd.Function`, `tf.custom_gradient` over `tf.while_loop`), which
+never holds the B x n logits either, or for small n the dense pure-Keras path
+of :mod:`keras_ecoc.decoding`. `loss_path(n)` names the path taken for n
+classes (``op="decode"``: label rank and nearest codeword), `backend_status(n)`
+says why for both, `fused_status()` describes the libraries. When the backend
+is TensorFlow but the op library is missing, a warning is issued once.
 
 Input rules shared by every path: `scale` must be a finite number > 0 (checked
 whenever its value is known); `labels` must be integers (a float tensor is
@@ -75,14 +81,13 @@ EPSILON = 1e-12
 _warned = [False]
 
 
-def _use_fused(codes, op="cross_entropy") -> bool:
-    """Whether the fused op runs these codes (the GPU guard may refuse k)."""
+def _warn_if_tensorflow_unfused(path, fused) -> None:
+    """Warns once when the TensorFlow backend falls back because the op library is missing."""
     from keras_ecoc.ops import _loader  # noqa: PLC0415
 
-    if fused_available():
-        return _loader.code_length_usable(codes, op)
-    if (not _loader.disabled() and _loader.backend() == "tensorflow"
-            and not _warned[0]):
+    if (path != "fused" and fused is None and not _loader.disabled()
+            and _loader.backend() == "tensorflow" and not _warned[0]
+            and _loader.load_library() is None):
         _warned[0] = True
         warnings.warn(
             "keras_ecoc.ops: the fused ECOC op is unavailable, falling back to the "
@@ -91,7 +96,17 @@ def _use_fused(codes, op="cross_entropy") -> bool:
             RuntimeWarning,
             stacklevel=3,
         )
-    return False
+
+
+def _fused_module(backend):
+    """The fused implementation of `backend` (one interface per backend)."""
+    if backend == "jax":
+        from keras_ecoc.ops import _fused_jax as mod  # noqa: PLC0415
+    elif backend == "torch":
+        from keras_ecoc.ops import _fused_torch as mod  # noqa: PLC0415
+    else:
+        from keras_ecoc.ops import _fused_tf as mod  # noqa: PLC0415
+    return mod
 
 
 def _streaming_module(backend):
@@ -184,47 +199,7 @@ def _non_fused_inputs(z, codes, labels, scale, n, k):
     return out
 
 
-def _prepare(tf, z, codes, labels=None, scale=None):
-    """Converts the inputs for the raw ops; flattens leading batch dims."""
-    z = tf.convert_to_tensor(z)
-    if z.dtype not in (tf.float32, tf.float16, tf.bfloat16):
-        z = tf.cast(z, tf.float32)
-    codes = tf.cast(tf.convert_to_tensor(codes), tf.float32)
-    if z.shape.rank is not None and z.shape.rank < 1:
-        raise ValueError(f"z must have at least one dimension (the code length), got shape {z.shape}")
-    if codes.shape.rank is not None and codes.shape.rank != 2:
-        raise ValueError(f"codes must be a matrix [num_classes, code_length], got shape {codes.shape}")
-    k_z, k_c = z.shape[-1], codes.shape[-1]
-    if k_z is not None and k_c is not None and k_z != k_c:
-        raise ValueError(
-            f"z has code length (last dimension) {k_z} but codes has code length {k_c}; "
-            "they must be equal"
-        )
-    batch_shape = tf.shape(z)[:-1]
-    flat = z.shape.rank != 2
-    if flat:
-        z = tf.reshape(z, tf.stack([-1, tf.shape(z)[-1]]))
-    out = [z, codes, batch_shape, flat]
-    if labels is not None:
-        labels = tf.convert_to_tensor(labels)
-        if labels.dtype not in (tf.int32, tf.int64):
-            labels = tf.cast(labels, tf.int32)
-        if flat or (labels.shape.rank == 2 and labels.shape[-1] == 1):
-            labels = tf.reshape(labels, [-1])  # also Keras-style (B, 1) sparse labels
-        b_z = z.shape[0]
-        b_y = labels.shape[0] if labels.shape.rank == 1 else None
-        if b_z is not None and b_y is not None and b_z != b_y:
-            raise ValueError(
-                f"z has batch size {b_z} but labels has {b_y} elements; they must be equal"
-            )
-        out.append(labels)
-    if scale is not None:
-        scale = tf.reshape(tf.cast(tf.convert_to_tensor(scale), tf.float32), [])
-        out.append(scale)
-    return out
-
-
-def ecoc_cross_entropy(labels, z, codes, scale=1.0):
+def ecoc_cross_entropy(labels, z, codes, scale=1.0, fused=None):
     """Per-example ECOC softmax cross-entropy, float32 of shape z.shape[:-1].
 
     Labels come first, as in `keras.ops.sparse_categorical_crossentropy(
@@ -236,6 +211,10 @@ def ecoc_cross_entropy(labels, z, codes, scale=1.0):
         codes: (n, k) code matrix (cast to float32); may be trainable.
         scale: finite float > 0, scalar tensor or Keras variable (the logits
             are multiplied by it; differentiable).
+        fused: None (default: the fused kernels whenever they can run here),
+            True (the fused kernels, or a ValueError saying why they cannot
+            run) or False (the streaming or dense path), like Keras's
+            ``flash_attention`` switch.
 
     Labels outside [0, n) raise a ValueError when their values are known
     (eager); inside a compiled function they give a NaN loss and a zero
@@ -246,85 +225,80 @@ def ecoc_cross_entropy(labels, z, codes, scale=1.0):
     _checks.check_scale(scale, backend)
     codes, n, k = _check_codes(codes)
     labels = _check_labels(labels, n, backend)
-    if not _use_fused(codes):
-        path, _ = _dispatch.choose(n, k)
-        mod = _streaming_module(backend)
-        z2, codes_t, batch_shape, safe, valid, scale_t = _non_fused_inputs(
-            z, codes, labels, scale, n, k)
-        if path == "streaming" and mod is not None:
-            tile = _dispatch.tile_for(z2, n, k, backend)
-            loss = mod.cross_entropy(z2, codes_t, safe, valid, scale_t, tile)
-        else:
-            from keras import ops as kops  # noqa: PLC0415
-
-            from keras_ecoc import decoding  # noqa: PLC0415
-
-            loss = decoding.cross_entropy(safe, z2, codes_t, scale_t)
-            # NaN loss and (through `where`) a zero gradient for invalid labels.
-            loss = kops.where(valid, loss, kops.full_like(loss, float("nan")))
+    path, _ = _dispatch.choose(n, k, fused=fused, tensor=z)
+    _warn_if_tensorflow_unfused(path, fused)
+    if path == "fused" and backend == "tensorflow":
+        return _fused_module(backend).cross_entropy(z, codes, labels, scale)
+    z2, codes_t, batch_shape, safe, valid, scale_t = _non_fused_inputs(z, codes, labels, scale, n, k)
+    mod = _fused_module(backend) if path == "fused" else _streaming_module(backend)
+    if path == "fused":
+        loss = mod.cross_entropy(z2, codes_t, safe, valid, scale_t)
+    elif path == "streaming" and mod is not None:
+        tile = _dispatch.tile_for(z2, n, k, backend)
+        loss = mod.cross_entropy(z2, codes_t, safe, valid, scale_t, tile)
+    else:
         from keras import ops as kops  # noqa: PLC0415
 
-        return kops.reshape(loss, batch_shape)
-    import tensorflow as tf  # noqa: PLC0415
+        from keras_ecoc import decoding  # noqa: PLC0415
 
-    lib = load_library()
-    z2, codes, batch_shape, flat, labels, scale = _prepare(tf, z, codes, labels, scale)
-    loss = lib.ecoc_cross_entropy(z2, codes, labels, scale, epsilon=EPSILON)[0]
-    return tf.reshape(loss, batch_shape) if flat else loss
-
-
-def _decode_non_fused(z, codes, labels, n, k, backend):
+        loss = decoding.cross_entropy(safe, z2, codes_t, scale_t)
+        # NaN loss and (through `where`) a zero gradient for invalid labels.
+        loss = kops.where(valid, loss, kops.full_like(loss, float("nan")))
     from keras import ops as kops  # noqa: PLC0415
 
-    mod = _streaming_module(backend)
+    return kops.reshape(loss, batch_shape)
+
+
+def _decode(z, codes, labels, fused):
+    """label_rank (labels given) or nearest_codeword (labels None) on the chosen path."""
+    from keras import ops as kops  # noqa: PLC0415
+
+    backend = _dispatch._loader.backend()
+    codes, n, k = _check_codes(codes)
+    if labels is not None:
+        labels = _check_labels(labels, n, backend)
+    path, _ = _dispatch.choose(n, k, fused=fused, op="decode", tensor=z)
+    _warn_if_tensorflow_unfused(path, fused)
+    if path == "fused" and backend == "tensorflow":
+        mod = _fused_module(backend)
+        return mod.nearest_codeword(z, codes) if labels is None else mod.label_rank(z, codes, labels)
+    mod = _fused_module(backend) if path == "fused" else _streaming_module(backend)
     if mod is None:  # a backend without a streaming implementation: dense math
         from keras_ecoc import decoding  # noqa: PLC0415
 
         if labels is None:
             return decoding.nearest_codeword(z, codes)
         return decoding.label_rank(labels, z, codes)
+    tile = () if path == "fused" else None
     if labels is None:
         z2, codes_t, batch_shape = _non_fused_inputs(z, codes, None, None, n, k)
-        out = mod.nearest_codeword(z2, codes_t, _dispatch.tile_for(z2, n, k, backend))
+        if tile is None:
+            tile = (_dispatch.tile_for(z2, n, k, backend),)
+        out = mod.nearest_codeword(z2, codes_t, *tile)
     else:
         z2, codes_t, batch_shape, safe, valid = _non_fused_inputs(z, codes, labels, None, n, k)
-        out = mod.label_rank(z2, codes_t, safe, valid, _dispatch.tile_for(z2, n, k, backend))
+        if tile is None:
+            tile = (_dispatch.tile_for(z2, n, k, backend),)
+        out = mod.label_rank(z2, codes_t, safe, valid, *tile)
     return kops.reshape(out, batch_shape)
 
 
-def label_rank(labels, z, codes):
+def label_rank(labels, z, codes, fused=None):
     """int32 (...,): how many classes have a strictly larger logit than the label.
 
     0 means a correct top-1 prediction; ``rank < K`` is top-K correctness.
     Rows with a non-finite logit (non-finite z or codeword) and rows whose label is
     outside [0, n) (under a compiler; eagerly that raises) get rank n, i.e.
     never correct. The scale does not change the order, so it is not an
-    argument. Streams over class tiles on every backend (no B x n tensor).
+    argument. Streams over class tiles on every path (no B x n tensor).
+    fused: as in `ecoc_cross_entropy`.
     """
-    backend = _dispatch._loader.backend()
-    codes, n, k = _check_codes(codes)
-    labels = _check_labels(labels, n, backend)
-    if not _use_fused(codes, "decode"):
-        return _decode_non_fused(z, codes, labels, n, k, backend)
-    import tensorflow as tf  # noqa: PLC0415
-
-    lib = load_library()
-    z2, codes, batch_shape, flat, labels = _prepare(tf, z, codes, labels)
-    rank = lib.ecoc_label_rank(z2, codes, labels, epsilon=EPSILON)
-    return tf.reshape(rank, batch_shape) if flat else rank
+    return _decode(z, codes, labels, fused)
 
 
-def nearest_codeword(z, codes):
+def nearest_codeword(z, codes, fused=None):
     """int32 (...,): index of the nearest codeword (the argmax logit; ties go
     to the smallest index), like `keras_ecoc.decoding.nearest_codeword`; -1 for
-    rows with a non-finite logit (non-finite z or codeword), never a valid class."""
-    backend = _dispatch._loader.backend()
-    codes, n, k = _check_codes(codes)
-    if not _use_fused(codes, "decode"):
-        return _decode_non_fused(z, codes, None, n, k, backend)
-    import tensorflow as tf  # noqa: PLC0415
-
-    lib = load_library()
-    z2, codes, batch_shape, flat = _prepare(tf, z, codes)
-    index = tf.cast(lib.ecoc_nearest_codeword(z2, codes, epsilon=EPSILON), tf.int32)
-    return tf.reshape(index, batch_shape) if flat else index
+    rows with a non-finite logit (non-finite z or codeword), never a valid class.
+    fused: as in `ecoc_cross_entropy`."""
+    return _decode(z, codes, None, fused)

@@ -1,7 +1,14 @@
-"""Which implementation computes the ECOC loss, and why.
+"""Which implementation computes the ECOC loss and decoding, and why.
+
+The one place that decides, for a backend, a device and a shape (`choose`).
 
 Paths:
-  "fused"      the fused TensorFlow op (CPU / CUDA kernels, XLA lowering);
+  "fused"      the fused kernels: on TensorFlow the op library (CPU / CUDA
+               kernels; under XLA a custom call to the kernel library's FFI
+               handlers, or the HLO lowering), on JAX XLA FFI custom calls
+               (`_fused_jax`), on PyTorch `torch.library` custom ops
+               (`_fused_torch`), all over the kernel library
+               keras_ecoc/_lib/_ecoc_kernels.so;
   "streaming"  the tiled implementation of the active backend
                (`_streaming_jax`, `_streaming_torch`, `_streaming_tf`), which
                never holds the B x n logits;
@@ -9,8 +16,13 @@ Paths:
                small n, where it is as fast or faster (thresholds below, from
                benchmarks/bench_streaming.py; see docs/benchmarks.md).
 
-`KERAS_ECOC_LOSS_PATH` = "streaming" or "dense" forces the non-fused path for
-every n (benchmarks and tests use it); "auto" or unset chooses by n.
+The switch, in the style of Keras's ``flash_attention=None|True|False``: the
+public ops take ``fused=None`` (automatic: the fused path whenever it can run
+here), ``True`` (the fused path, or a ValueError saying why it cannot run) or
+``False`` (never). ``KERAS_ECOC_DISABLE_FUSED=1`` makes ``None`` mean ``False``
+on every backend. Without the fused path, `KERAS_ECOC_LOSS_PATH` =
+"streaming" or "dense" forces the non-fused path for every n (benchmarks and
+tests use it); "auto" or unset chooses by n.
 """
 
 from __future__ import annotations
@@ -103,26 +115,56 @@ def tile_for(z, num_classes, code_length, backend) -> int:
     return tile_size(z.shape[0], num_classes, code_length, backend, on_gpu(backend, z))
 
 
-def choose(num_classes=None, code_length=None) -> tuple[str, str]:
-    """(path, reason) for the loss on the active backend for n = num_classes."""
-    backend = _loader.backend()
-    gpu_refusal = None
-    if backend == "tensorflow" and _loader.fused_available():
+def _fused_here(backend, code_length, op, on_gpu_) -> tuple[bool, str]:
+    """(can the fused path run, why / why not) on this backend and device."""
+    if backend == "tensorflow":
+        if not _loader.fused_available():
+            return False, f"fused op not in use ({_loader.fused_status()})"
         # The GPU guard refuses a code length beyond the card's shared memory
         # (it warns once per reason); everything else runs the fused op.
-        usable, why_gpu = (True, "") if code_length is None else (
-            _loader.gpu_kernels_usable(int(code_length)))
-        if usable:
-            return "fused", _loader.fused_status()
-        gpu_refusal = why_gpu
+        if code_length is not None:
+            usable, why_gpu = _loader.gpu_kernels_usable(int(code_length),
+                                                         "decode" if op == "decode" else "cross_entropy")
+            if not usable:
+                return False, f"fused op's CUDA kernels cannot run k = {code_length} here ({why_gpu})"
+        return True, _loader.fused_status()
+    if backend not in ("jax", "torch"):
+        return False, f"backend is {backend}: no fused implementation"
+    if _loader.disabled():
+        return False, f"fused kernels disabled by {_loader._ENV_DISABLE}"
+    if backend == "jax":
+        from keras_ecoc.ops import _fused_jax as mod  # noqa: PLC0415
+    else:
+        from keras_ecoc.ops import _fused_torch as mod  # noqa: PLC0415
+    ok, why = mod.available(on_gpu=on_gpu_)
+    return ok, (why if ok else f"fused kernels unavailable on {backend}: {why}")
+
+
+def choose(num_classes=None, code_length=None, fused=None, op="loss", tensor=None) -> tuple[str, str]:
+    """(path, reason) on the active backend for n = num_classes classes.
+
+    fused: None (automatic), True (the fused path or a ValueError with the
+    reason), False (never the fused path). op: "loss" or "decode" (label rank
+    and nearest codeword: fused or streaming, never dense). tensor: the z of
+    the call, for its device (PyTorch CPU / CUDA; JAX's default backend).
+    """
+    if fused not in (None, True, False):
+        raise ValueError(f"Argument `fused` must be None, True or False. Received: fused={fused!r}")
+    if op not in ("loss", "decode"):
+        raise ValueError(f"Argument `op` must be 'loss' or 'decode'. Received: op={op!r}")
+    backend = _loader.backend()
+    why = "fused path turned off (fused=False)"
+    if fused is not False:
+        ok, why = _fused_here(backend, code_length, op, _on_gpu_for(backend, tensor))
+        if ok:
+            return "fused", why
+        if fused is True:
+            raise ValueError(f"The fused ECOC kernels cannot run here (fused=True): {why}. "
+                             "Pass fused=None to fall back to the streaming or dense path.")
     if backend not in ("jax", "torch", "tensorflow"):
         return "dense", f"backend is {backend}: no streaming implementation, using the dense path"
-    if gpu_refusal is not None:
-        why = f"fused op's CUDA kernels cannot run k = {code_length} here ({gpu_refusal})"
-    elif backend == "tensorflow":
-        why = f"fused op not in use ({_loader.fused_status()})"
-    else:
-        why = f"backend is {backend} (the fused op is TensorFlow-only)"
+    if op == "decode":
+        return "streaming", f"{why}; streaming {backend} decoding (never holds the B x n logits)"
     forced = forced_path()
     if forced != "auto":
         note = _loop_note(backend) if forced == "streaming" else ""
@@ -134,6 +176,19 @@ def choose(num_classes=None, code_length=None) -> tuple[str, str]:
                          f"(never holds the B x n logits){_loop_note(backend)}")
 
 
+def _on_gpu_for(backend, tensor) -> bool:
+    """Whether the call runs on a GPU: z's device on PyTorch, the default backend on JAX."""
+    if backend == "torch":
+        if tensor is not None and hasattr(tensor, "device"):
+            return on_gpu(backend, tensor)
+        import torch  # noqa: PLC0415 - Keras puts host data on the GPU when there is one
+
+        return torch.cuda.is_available()
+    if backend == "jax":
+        return on_gpu(backend, tensor)
+    return False
+
+
 def _loop_note(backend) -> str:
     """How the PyTorch tile loop runs (compiled scan or Python loop); '' elsewhere."""
     if backend != "torch":
@@ -143,12 +198,18 @@ def _loop_note(backend) -> str:
     return f"; tile loop: {_streaming_torch.compile_status()}"
 
 
-def loss_path(num_classes=None) -> str:
-    """The path ``ecoc_cross_entropy`` takes for n classes: 'fused', 'streaming' or 'dense'."""
-    return choose(num_classes)[0]
+def loss_path(num_classes=None, op="loss") -> str:
+    """The path for n classes: 'fused', 'streaming' or 'dense'.
+
+    op="loss": ``ecoc_cross_entropy``; op="decode": ``label_rank`` and
+    ``nearest_codeword`` (fused or streaming).
+    """
+    return choose(num_classes, op=op)[0]
 
 
 def backend_status(num_classes=None) -> str:
-    """One line: the path the loss takes for n classes on the active backend, and why."""
+    """One line: the paths the loss and decoding take for n classes on the
+    active backend, and why ("<loss path>: <why>; decoding: <path>: <why>")."""
     path, why = choose(num_classes)
-    return f"{path}: {why}"
+    dpath, dwhy = choose(num_classes, op="decode")
+    return f"{path}: {why}; decoding: {dpath}: {dwhy}"

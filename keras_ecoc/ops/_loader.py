@@ -1,4 +1,12 @@
-"""Loads the fused-op library once and registers its gradients.
+"""Finds, loads and checks the two libraries of keras-ecoc (once per process).
+
+* ``keras_ecoc/_lib/_ecoc_kernels.so``, the framework-free kernel library
+  (kernels/ffi/): loaded with ctypes by `load_kernels()` on any backend; JAX
+  registers its XLA FFI handlers, PyTorch calls its C entry points, and the
+  TensorFlow op library registers its handlers with TensorFlow's XLA.
+* ``keras_ecoc/_lib/_ecoc_ops.so``, the TensorFlow op library, described below.
+  (The fused TensorFlow calls and their gradient live in
+  :mod:`keras_ecoc.ops._fused_tf`.)
 
 This is the only place that calls ``tf.load_op_library`` on
 ``keras_ecoc/_lib/_ecoc_ops.so`` (loading an op library twice gives a module
@@ -31,6 +39,18 @@ _ENV_DISABLE = "KERAS_ECOC_DISABLE_FUSED"
 FALLBACK = "using the non-fused path (keras_ecoc.ops.backend_status(n) says which: streaming or dense)"
 _ENV_LIBRARY = "KERAS_ECOC_OPS_LIBRARY"
 _LIB_NAME = "_ecoc_ops.so"
+_ENV_KERNELS = "KERAS_ECOC_KERNELS_LIBRARY"
+# "0": the TF op's XLA kernels keep the HLO lowering (tests of the lowering).
+_ENV_CUSTOM_CALL = "KERAS_ECOC_XLA_CUSTOM_CALL"
+_KERNELS_NAME = "_ecoc_kernels.so"
+# The XLA FFI handlers of the kernel library: custom-call target name ->
+# exported symbol (suffix "Cuda" for the CUDA platform's handler).
+FFI_TARGETS = {
+    "keras_ecoc_forward": "KerasEcocFfiForward",
+    "keras_ecoc_codes_grad": "KerasEcocFfiCodesGrad",
+    "keras_ecoc_label_rank": "KerasEcocFfiLabelRank",
+    "keras_ecoc_nearest": "KerasEcocFfiNearest",
+}
 OP_NAMES = (
     "EcocCrossEntropy",
     "EcocCrossEntropyCodesGrad",
@@ -39,7 +59,11 @@ OP_NAMES = (
 )
 
 _lock = threading.Lock()
-_state = {"attempted": False, "lib": None, "error": None, "path": None, "xla": None, "gpu": None}
+# Its own lock: load_library() (holding _lock) loads the kernel library too.
+_kernels_lock = threading.Lock()
+_kernels = {"attempted": False, "lib": None, "error": None, "path": None, "cuda": False}
+_state = {"attempted": False, "lib": None, "error": None, "path": None, "xla": None, "gpu": None,
+          "ffi": None}
 _warned_reasons: set = set()
 _info_cache: dict = {}
 _BUILD_INFO_RE = re.compile(rb"KERAS_ECOC_BUILD_INFO=(\{[^;\n]*\});")
@@ -58,6 +82,68 @@ def library_path() -> str:
         return override
     package_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return os.path.join(package_dir, "_lib", _LIB_NAME)
+
+
+def kernels_path() -> str:
+    """Where the kernel library is looked for (``$KERAS_ECOC_KERNELS_LIBRARY`` overrides)."""
+    override = os.environ.get(_ENV_KERNELS)
+    if override:
+        return override
+    package_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.path.join(package_dir, "_lib", _KERNELS_NAME)
+
+
+def load_kernels():
+    """The kernel library as a ctypes.CDLL, or None (the reason: `kernels_error()`).
+
+    Never raises; tries once per process; imports no framework. Checks that
+    the library exports every FFI handler and C entry point used here.
+    """
+    if _kernels["attempted"]:
+        return _kernels["lib"]
+    import ctypes  # noqa: PLC0415
+
+    with _kernels_lock:
+        if _kernels["attempted"]:
+            return _kernels["lib"]
+        path = kernels_path()
+        _kernels["path"] = path
+        try:
+            if not os.path.exists(path):
+                raise FileNotFoundError(
+                    f"{path} does not exist (build it with `python kernels/build.py` "
+                    "or reinstall with `pip install --no-build-isolation -e .`)")
+            lib = ctypes.CDLL(path)
+            for name in (*FFI_TARGETS.values(), "KerasEcocCpuForward", "KerasEcocCpuCodesGrad",
+                         "KerasEcocCpuLabelRank", "KerasEcocCpuNearest", "KerasEcocCpuIsa"):
+                getattr(lib, name)  # AttributeError names the missing symbol
+            lib.KerasEcocCpuIsa.restype = ctypes.c_char_p
+            _kernels["cuda"] = hasattr(lib, "KerasEcocHasCuda")
+            _kernels["lib"] = lib
+        except Exception as e:  # noqa: BLE001 - a failed load must never break import
+            _kernels["error"] = f"{type(e).__name__}: {e}".strip()
+        finally:
+            _kernels["attempted"] = True
+    return _kernels["lib"]
+
+
+def kernels_error() -> str | None:
+    return _kernels["error"]
+
+
+def kernels_have_cuda() -> bool:
+    """Whether the loaded kernel library holds the CUDA handlers and entry points."""
+    return load_kernels() is not None and _kernels["cuda"]
+
+
+def kernels_status() -> str:
+    """One line: the kernel library, where it was loaded from and what it holds."""
+    lib = load_kernels()
+    if lib is None:
+        return f"kernel library not built or not loadable: {kernels_error()}"
+    isa = lib.KerasEcocCpuIsa().decode()
+    cuda = "and CUDA kernels" if _kernels["cuda"] else "no CUDA kernels"
+    return f"kernel library {_kernels['path']} (CPU kernels, {isa}; {cuda})"
 
 
 def backend() -> str:
@@ -107,8 +193,11 @@ def load_library():
                     f"{path} loaded but lacks the op wrappers {missing} (was an op "
                     "library with the same op names loaded before?)"
                 )
-            _register_gradients(tf, lib)
+            from keras_ecoc.ops import _fused_tf  # noqa: PLC0415 - the op's gradient lives there
+
+            _fused_tf.register_gradients(tf, lib)
             _state["xla"] = _ensure_xla_kernels(path)
+            _state["ffi"] = _register_ffi_targets(path) if _state["xla"] else "no XLA kernels"
             _state["gpu"] = _probe_gpus(tf, path)
             _state["lib"] = lib
         except Exception as e:  # noqa: BLE001 - a failed load must never break import
@@ -136,6 +225,46 @@ def _ensure_xla_kernels(path: str) -> bool:
     fn.restype = ctypes.c_int
     fn()
     return True
+
+
+def _register_ffi_targets(path: str) -> str:
+    """Registers the kernel library's FFI handlers with TensorFlow's XLA.
+
+    After this the op library's XLA kernels emit custom calls to them (on the
+    platforms registered) instead of the HLO lowering. Returns "" on success,
+    else why the HLO lowering stays (no kernel library, an op library without
+    the registration entry point, or XLA refused the handlers).
+    """
+    import ctypes  # noqa: PLC0415
+
+    if os.environ.get(_ENV_CUSTOM_CALL, "").strip().lower() in ("0", "false", "no", "off"):
+        return f"custom calls turned off by {_ENV_CUSTOM_CALL}=0"
+    kernels = load_kernels()
+    if kernels is None:
+        return kernels_error() or "kernel library not loaded"
+    try:
+        register = ctypes.CDLL(path).KerasEcocRegisterFfiTargets
+    except (OSError, AttributeError):
+        return f"{path} has no KerasEcocRegisterFfiTargets ({REBUILD_HINT})"
+    register.restype = ctypes.c_int
+    platforms = [("Host", "")] + ([("CUDA", "Cuda")] if _kernels["cuda"] else [])
+    for platform, suffix in platforms:
+        handlers = [ctypes.cast(getattr(kernels, symbol + suffix), ctypes.c_void_p)
+                    for symbol in FFI_TARGETS.values()]
+        error = ctypes.create_string_buffer(512)
+        if register(platform.encode(), *handlers, error, ctypes.c_int(len(error))) != 0:
+            return f"XLA refused the {platform} FFI handlers: {error.value.decode(errors='replace')}"
+    return ""
+
+
+def ffi_platforms() -> list[str]:
+    """The XLA platforms on which the TensorFlow op's XLA kernels emit custom calls."""
+    import ctypes  # noqa: PLC0415
+
+    if load_library() is None or _state["ffi"] != "":
+        return []
+    bits = int(ctypes.CDLL(_state["path"]).KerasEcocFfiPlatforms())
+    return [name for bit, name in ((1, "Host"), (2, "CUDA")) if bits & bit]
 
 
 def library_info(path: str | None = None) -> dict:
@@ -356,112 +485,26 @@ def fused_status() -> str:
     if disabled():
         return f"fused op disabled by {_ENV_DISABLE}; {FALLBACK}"
     b = backend()
+    if b in ("jax", "torch"):
+        from keras_ecoc.ops import _dispatch  # noqa: PLC0415
+
+        ok, why = _dispatch._fused_here(b, None, "loss", _dispatch._on_gpu_for(b, None))
+        return f"backend is {b}: " + (f"fused kernels in use ({why})" if ok else f"{why}; {FALLBACK}")
     if b != "tensorflow":
-        return f"backend is {b}: {FALLBACK} (the fused op is TensorFlow-only)"
+        return f"backend is {b}: {FALLBACK} (no fused implementation)"
     if load_library() is None:
         return f"library not built or not loadable: {load_error()}; {FALLBACK}"
     devices = ", ".join(registered_devices()) or "no"
-    xla = "with XLA lowerings" if _state["xla"] else "WITHOUT XLA lowerings (jit_compile=True will fail)"
+    if not _state["xla"]:
+        xla = "WITHOUT XLA kernels (jit_compile=True will fail)"
+    elif _state["ffi"] == "":
+        xla = ("under XLA: custom calls to the kernel library's FFI handlers on "
+               + " and ".join(ffi_platforms()) + ", HLO lowering elsewhere")
+    else:
+        xla = f"under XLA: the HLO lowering (no custom call: {_state['ffi']})"
     gpu = _state["gpu"] or {}
     archs = f"; CUDA kernels for {gpu['cuda_archs']}" if gpu.get("cuda_archs") else ""
     if not gpu.get("usable", True):
         return (f"fused op loaded from {_state['path']} but its CUDA kernels cannot run here: "
                 f"{gpu['reason']}{archs}; {FALLBACK}")
     return f"fused op loaded from {_state['path']} ({devices} kernels, {xla}{archs})"
-
-
-# ---------------------------------------------------------------------------
-# Gradients.
-
-def _register_gradients(tf, lib) -> None:
-    def register(name, fn):
-        try:
-            tf.RegisterGradient(name)(fn)
-        except KeyError:  # already registered (e.g. module reloaded)
-            pass
-
-    def cross_entropy_grad(op, g_loss, g_lse, g_ec, g_esq):
-        # Gradients of the auxiliary outputs expected_code / expected_sqnorm
-        # are not propagated (they are inputs to this very gradient).
-        del g_ec, g_esq
-        return _cross_entropy_grad(tf, lib, op, g_loss, g_lse)
-
-    register("EcocCrossEntropy", cross_entropy_grad)
-    for name in ("EcocLabelRank", "EcocNearestCodeword"):
-        try:
-            tf.no_gradient(name)
-        except KeyError:
-            pass
-
-
-def _is_all_zero_eager(tf, x) -> bool:
-    return tf.executing_eagerly() and not bool(tf.reduce_any(tf.not_equal(x, 0.0)))
-
-
-def _cross_entropy_grad(tf, lib, op, g_loss, g_lse):
-    """Gradient of EcocCrossEntropy (see kernels/ecoc_ops.cc for the math).
-
-    With u = z r, r = rsqrt(max(||z||^2, eps)), p = softmax of the logits,
-    E = sum_i p_i M_i (expected_code), Q = sum_i p_i ||M_i||^2:
-      dloss/du = s (E - M_y)              dlse/du = s (E - u)
-      dloss/ds = -0.5 (Q - ||M_y||^2) + (E - M_y).u
-      dlse/ds  = -0.5 Q + E.u - 0.5 ||u||^2
-      dz = r (du - (u.du) u) if ||z||^2 > eps else r du
-      dcodes via the EcocCrossEntropyCodesGrad op (streams over the batch).
-    """
-    z, codes, labels, scale = op.inputs
-    _, lse, expected_code, expected_sqnorm = op.outputs
-    eps = op.get_attr("epsilon")
-    skip = set(getattr(op, "skip_input_indices", None) or ())
-    if g_lse is not None and _is_all_zero_eager(tf, g_lse):
-        g_lse = None
-    if g_loss is None:
-        g_loss = tf.zeros_like(lse)
-    # A label outside [0, n) has a NaN loss (under XLA; it raises elsewhere)
-    # and must give a zero gradient, as on the pure-Keras path; tf.gather
-    # below would otherwise clamp it to class 0 or n - 1 under XLA.
-    n = tf.shape(codes, out_type=labels.dtype)[0]
-    label_ok = tf.logical_and(labels >= 0, labels < n)
-    g_loss = tf.where(label_ok, g_loss, tf.zeros_like(g_loss))
-    if g_lse is not None:
-        g_lse = tf.where(label_ok, g_lse, tf.zeros_like(g_lse))
-
-    zf = tf.cast(z, tf.float32)
-    sqnorm = tf.reduce_sum(tf.square(zf), axis=-1, keepdims=True)
-    r = tf.math.rsqrt(tf.maximum(sqnorm, eps))
-    u = zf * r
-    m_y = tf.gather(codes, labels)
-    diff = expected_code - m_y
-    g_s = g_loss * scale
-
-    grad_z = grad_scale = grad_codes = None
-    if 0 not in skip:
-        du = g_s[:, None] * diff
-        if g_lse is not None:
-            du += (g_lse * scale)[:, None] * (expected_code - u)
-        radial = tf.reduce_sum(u * du, axis=-1, keepdims=True) * u
-        radial = tf.where(sqnorm > eps, radial, tf.zeros_like(radial))
-        grad_z = tf.cast(r * (du - radial), z.dtype)
-    if 3 not in skip:
-        per_example = g_loss * (
-            -0.5 * (expected_sqnorm - tf.reduce_sum(tf.square(m_y), axis=-1))
-            + tf.reduce_sum(diff * u, axis=-1)
-        )
-        if g_lse is not None:
-            per_example += g_lse * (
-                -0.5 * expected_sqnorm
-                + tf.reduce_sum(expected_code * u, axis=-1)
-                - 0.5 * tf.reduce_sum(tf.square(u), axis=-1)
-            )
-        grad_scale = tf.reshape(tf.reduce_sum(per_example), tf.shape(scale))
-    if 1 not in skip:
-        weights = g_loss if g_lse is None else g_loss + g_lse
-        grad_codes = lib.ecoc_cross_entropy_codes_grad(
-            z, codes, labels, scale, lse, weights, epsilon=eps
-        )
-        if g_lse is not None:
-            # The op subtracts weights_b at the label; the lse part must not.
-            grad_codes += tf.math.unsorted_segment_sum(
-                (g_lse * scale)[:, None] * (u - m_y), labels, tf.shape(codes)[0]
-            )
-    return grad_z, grad_codes, None, grad_scale

@@ -1,0 +1,237 @@
+"""Fused ECOC cross-entropy, label rank and decoding in PyTorch: `torch.library` custom ops.
+
+Each op (`keras_ecoc::fused_forward`, `keras_ecoc::fused_codes_grad`,
+`keras_ecoc::fused_label_rank`, `keras_ecoc::fused_nearest`) calls the C entry
+points of the kernel library (``keras_ecoc/_lib/_ecoc_kernels.so``, kernels/ffi/)
+through ctypes on the tensors' data pointers: the CPU kernels for CPU tensors
+(on `torch.get_num_threads()` threads), the CUDA kernels for CUDA tensors, on
+the current CUDA stream with a workspace allocated by PyTorch's caching
+allocator. Fake (meta) kernels give the output shapes, so the ops stay single
+graph nodes under `torch.compile(fullgraph=True)`; the loss's gradient is
+registered with `register_autograd`.
+
+Loss: the forward op returns the loss and the residuals lse (B,), expected code
+E = sum_i p_i M_i (B, k) and Q = sum_i p_i ||M_i||^2 (B,); dz and dscale follow
+in closed form (as in `_streaming_torch`), dcodes from the codes-gradient op,
+only when the codes need a gradient.
+
+Shapes: z (B, k) any float dtype (cast to float32), codes (n, k), labels (B,)
+made safe by the caller (invalid ones replaced by 0), valid (B,) bool,
+scale () float32.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from keras_ecoc.ops import _loader
+
+EPSILON = 1e-12
+_c_int64 = ctypes.c_int64
+_c_float = ctypes.c_float
+_ptr = ctypes.c_void_p
+
+
+def available(on_gpu: bool = False) -> tuple[bool, str]:
+    """(usable, reason) for the fused PyTorch ops on the CPU (or on a CUDA device)."""
+    if _loader.load_kernels() is None:
+        return False, _loader.kernels_status()
+    if on_gpu and not _loader.kernels_have_cuda():
+        return False, (f"{_loader.kernels_status()}: built without its CUDA part, so CUDA tensors "
+                       "cannot use it")
+    return True, f"torch.library custom ops over the {_loader.kernels_status()}"
+
+
+def _lib():
+    lib = _loader.load_kernels()
+    if lib is None:
+        raise RuntimeError(f"keras_ecoc: {_loader.kernels_status()}")
+    return lib
+
+
+def _p(t):
+    return _ptr(t.data_ptr())
+
+
+def _check(rc, what):
+    if rc != 0:
+        if what.startswith("CUDA"):
+            raise RuntimeError(f"keras_ecoc: the {what} pass failed with cudaError_t {rc}")
+        raise MemoryError(f"keras_ecoc: the {what} pass could not allocate its CPU scratch memory")
+
+
+def _z_type(z):
+    return {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}[z.dtype]
+
+
+def _cuda_call(fn, args, what):
+    """Workspace query, then the pass on the current stream with a PyTorch workspace."""
+    device = args[0].device
+    size = ctypes.c_size_t(0)
+    stream = torch.cuda.current_stream(device).cuda_stream
+    with torch.cuda.device(device):
+        _check(fn(*[a for a in args[1:]], None, ctypes.c_size_t(0), _ptr(stream), ctypes.byref(size)),
+               f"CUDA {what} workspace query")
+        ws = torch.empty(max(1, size.value) + 256, dtype=torch.uint8, device=device)
+        # 256-byte alignment, as the contract asks (the caching allocator
+        # gives 512-byte blocks; the offset is a guard).
+        addr = (ws.data_ptr() + 255) // 256 * 256
+        _check(fn(*[a for a in args[1:]], _ptr(addr), ctypes.c_size_t(size.value), _ptr(stream), None),
+               f"CUDA {what}")
+
+
+@torch.library.custom_op("keras_ecoc::fused_forward", mutates_args=())
+def _forward(z: torch.Tensor, codes: torch.Tensor, labels: torch.Tensor,
+             scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    z, codes, labels = z.contiguous(), codes.contiguous(), labels.contiguous()
+    b, k = z.shape
+    n = codes.shape[0]
+    loss = z.new_empty((b,), dtype=torch.float32)
+    lse = torch.empty_like(loss)
+    e = z.new_empty((b, k), dtype=torch.float32)
+    q = torch.empty_like(loss)
+    s = _c_float(float(scale))
+    if z.is_cuda:
+        _cuda_call(_lib().KerasEcocCudaForward,
+                   (z, _p(z), ctypes.c_int(_z_type(z)), _p(labels), _p(codes), s, _c_float(EPSILON),
+                    _c_int64(b), _c_int64(n), _c_int64(k), _p(loss), _p(lse), _p(e), _p(q)), "forward")
+    else:
+        _check(_lib().KerasEcocCpuForward(
+            _p(z), _p(labels), _p(codes), s, _c_float(EPSILON), _c_int64(b), _c_int64(n),
+            _c_int64(k), ctypes.c_int(torch.get_num_threads()), _p(loss), _p(lse), _p(e), _p(q)),
+            "forward")
+    return loss, lse, e, q
+
+
+@_forward.register_fake
+def _(z, codes, labels, scale):
+    b, k = z.shape
+    vec = z.new_empty((b,), dtype=torch.float32)
+    return vec, torch.empty_like(vec), z.new_empty((b, k), dtype=torch.float32), torch.empty_like(vec)
+
+
+@torch.library.custom_op("keras_ecoc::fused_codes_grad", mutates_args=())
+def _codes_grad(z: torch.Tensor, codes: torch.Tensor, labels: torch.Tensor, scale: torch.Tensor,
+                lse: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    z, codes, labels = z.contiguous(), codes.contiguous(), labels.contiguous()
+    lse, g = lse.contiguous(), g.contiguous()
+    b, k = z.shape
+    n = codes.shape[0]
+    out = codes.new_empty((n, k), dtype=torch.float32)
+    s = _c_float(float(scale))
+    if z.is_cuda:
+        _cuda_call(_lib().KerasEcocCudaCodesGrad,
+                   (z, _p(z), ctypes.c_int(_z_type(z)), _p(labels), _p(codes), s, _c_float(EPSILON),
+                    _p(lse), _p(g), _c_int64(b), _c_int64(n), _c_int64(k), _p(out)), "codes gradient")
+    else:
+        _check(_lib().KerasEcocCpuCodesGrad(
+            _p(z), _p(labels), _p(codes), s, _c_float(EPSILON), _p(lse), _p(g), _c_int64(b),
+            _c_int64(n), _c_int64(k), ctypes.c_int(torch.get_num_threads()), _p(out)),
+            "codes gradient")
+    return out
+
+
+@_codes_grad.register_fake
+def _(z, codes, labels, scale, lse, g):
+    return codes.new_empty(codes.shape, dtype=torch.float32)
+
+
+def _setup_context(ctx, inputs, output):
+    z, codes, labels, scale = inputs
+    _, lse, e, q = output
+    ctx.save_for_backward(z, codes, labels, scale, lse, e, q)
+    ctx.needs = ctx.needs_input_grad
+
+
+def _backward(ctx, g_loss, g_lse, g_e, g_q):
+    # Only the loss output is differentiated (lse, E and Q are residuals that
+    # the public wrapper never exposes).
+    z, codes, labels, scale, lse, e, q = ctx.saved_tensors
+    g = g_loss.float()
+    sq = torch.sum(z * z, -1, keepdim=True)
+    r = torch.rsqrt(torch.clamp(sq, min=EPSILON))
+    u = z * r
+    m_y = codes[labels]
+    diff = e - m_y
+    dz = dcodes = dscale = None
+    if ctx.needs[0]:
+        du = (g * scale)[:, None] * diff
+        radial = torch.where(sq > EPSILON, torch.sum(u * du, -1, keepdim=True) * u,
+                             torch.zeros_like(u))
+        dz = r * (du - radial)
+    if ctx.needs[3]:
+        per_row = g * (-0.5 * (q - torch.sum(m_y * m_y, -1)) + torch.sum(diff * u, -1))
+        dscale = torch.sum(per_row).reshape(scale.shape)
+    if ctx.needs[1]:
+        dcodes = _codes_grad(z, codes, labels, scale, lse, g)
+    return dz, dcodes, None, dscale
+
+
+_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+def cross_entropy(z, codes, labels, valid, scale):
+    """(B,) float32 loss; NaN where `valid` is False or z is not finite."""
+    z = z.float()
+    valid = valid.to(torch.bool)
+    # Invalid rows: no gradient flows into the kernel's loss (NaN through `where`).
+    loss = _forward(z, codes.float(), labels.to(torch.int64), torch.reshape(scale, ()).float())[0]
+    return torch.where(valid, loss, torch.full_like(loss, float("nan")))
+
+
+@torch.library.custom_op("keras_ecoc::fused_label_rank", mutates_args=())
+def _label_rank(z: torch.Tensor, codes: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    z, codes, labels = z.contiguous(), codes.contiguous(), labels.contiguous()
+    b, k = z.shape
+    n = codes.shape[0]
+    out = z.new_empty((b,), dtype=torch.int32)
+    if z.is_cuda:
+        _cuda_call(_lib().KerasEcocCudaLabelRank,
+                   (z, _p(z), ctypes.c_int(_z_type(z)), _p(labels), _p(codes), _c_float(EPSILON),
+                    _c_int64(b), _c_int64(n), _c_int64(k), _p(out)), "label rank")
+    else:
+        _check(_lib().KerasEcocCpuLabelRank(
+            _p(z), _p(labels), _p(codes), _c_float(EPSILON), _c_int64(b), _c_int64(n), _c_int64(k),
+            ctypes.c_int(torch.get_num_threads()), _p(out)), "label rank")
+    return out
+
+
+@_label_rank.register_fake
+def _(z, codes, labels):
+    return z.new_empty((z.shape[0],), dtype=torch.int32)
+
+
+@torch.library.custom_op("keras_ecoc::fused_nearest", mutates_args=())
+def _nearest(z: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    z, codes = z.contiguous(), codes.contiguous()
+    b, k = z.shape
+    n = codes.shape[0]
+    out = z.new_empty((b,), dtype=torch.int64)
+    if z.is_cuda:
+        _cuda_call(_lib().KerasEcocCudaNearest,
+                   (z, _p(z), ctypes.c_int(_z_type(z)), _p(codes), _c_float(EPSILON), _c_int64(b),
+                    _c_int64(n), _c_int64(k), _p(out)), "nearest codeword")
+    else:
+        _check(_lib().KerasEcocCpuNearest(
+            _p(z), _p(codes), _c_float(EPSILON), _c_int64(b), _c_int64(n), _c_int64(k),
+            ctypes.c_int(torch.get_num_threads()), _p(out)), "nearest codeword")
+    return out
+
+
+@_nearest.register_fake
+def _(z, codes):
+    return z.new_empty((z.shape[0],), dtype=torch.int64)
+
+
+def label_rank(z, codes, labels, valid):
+    """(B,) int32 rank of the label; n for invalid labels and non-finite rows."""
+    z, codes = z.detach().float(), codes.detach().float()
+    rank = _label_rank(z, codes, labels.to(torch.int64))
+    return torch.where(valid.to(torch.bool), rank, torch.full_like(rank, codes.shape[0]))
+
+
+def nearest_codeword(z, codes):
+    """(B,) int32; -1 for rows with a non-finite logit (non-finite z or codeword)."""
+    return _nearest(z.detach().float(), codes.detach().float()).to(torch.int32)
