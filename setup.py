@@ -125,6 +125,9 @@ setup(
         # What `python -m keras_ecoc.experiments` needs beyond the package:
         # figures and t-SNE (checked before any training starts).
         "experiments": ["matplotlib>=3.8", "scikit-learn>=1.3"],
+        # Approximate neighbour search for class_similarity(n_neighbors=...)
+        # beyond 50,000 classes (checked before any work starts).
+        "scale": ["faiss-cpu>=1.8"],
         "test": [
             "pytest>=8",
             "pytest-xdist",
@@ -135,6 +138,7 @@ setup(
             "tensorflow-datasets>=4.9",
             "matplotlib>=3.8",
             "scikit-learn>=1.3",
+            "faiss-cpu>=1.8",
         ],
     },
     entry_points={
