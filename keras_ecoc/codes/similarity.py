@@ -22,8 +22,8 @@ KERNELS = ("cosine", "rbf", "linear")
 NEIGHBOR_SEARCHES = ("auto", "exact", "approximate")
 
 # With neighbor_search="auto", the exact search (O(n^2 d) time) serves up to
-# this many classes; 50,000 classes of 256 features take about a minute on 2
-# CPU cores.
+# this many classes; 20,000 classes of 256 features took 20 s on 2 shared
+# CPU cores, so 50,000 take a few minutes.
 _EXACT_MAX_CLASSES = 50_000
 
 # Dense (n, n) float64 arrays alive at once while the dense similarity is
@@ -70,8 +70,8 @@ def class_similarity(
     needs the optional extra "scale": `pip install 'keras-ecoc[scale]'`,
     which installs faiss-cpu) compares each class only with the classes of
     nearby k-means cells of a faiss inverted-file index, about
-    `O(n^1.5 d)`: a million classes of 256 features in minutes on 2 CPU
-    cores. It can miss a few true neighbours (replaced by the next nearest
+    `O(n^1.5 d)`: a million classes of 256 features took 349 CPU seconds
+    (`benchmarks/bench_spectral_scale.py`). It can miss a few true neighbours (replaced by the next nearest
     ones it finds); the weights of the edges it keeps are exact. Edges
     whose weight is 0 (clipped, or underflowed for `"rbf"`) are dropped.
 
