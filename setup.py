@@ -142,6 +142,9 @@ setup(
         # training starts). "experiments" is the older name of the same extra.
         "research": ["matplotlib>=3.8", "scikit-learn>=1.3"],
         "experiments": ["matplotlib>=3.8", "scikit-learn>=1.3"],
+        # Approximate neighbour search for class_similarity(n_neighbors=...)
+        # beyond 50,000 classes (checked before any work starts).
+        "scale": ["faiss-cpu>=1.8"],
         "test": [
             "pytest>=8",
             "pytest-xdist",
@@ -155,6 +158,7 @@ setup(
             "tensorflow-datasets>=4.9",
             "matplotlib>=3.8",
             "scikit-learn>=1.3",
+            "faiss-cpu>=1.8",
         ],
     },
     entry_points={

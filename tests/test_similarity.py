@@ -5,12 +5,15 @@ boolean masks and distances by explicit differences, rather than by the
 sparse indicator products and expanded distances the library uses.
 """
 
+import sys
+
 import numpy as np
 import pytest
 import scipy.sparse
 
 from keras_ecoc import codes
 from keras_ecoc.codes import _neighbors
+from keras_ecoc.codes import similarity as similarity_module
 
 
 def _reference_means(features, labels, num_classes):
@@ -259,3 +262,149 @@ def test_class_similarity_rejects_zero_mean_classes_for_cosine():
     features = np.array([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0]])
     with pytest.raises(ValueError, match=r"features.*\[0\]"):
         codes.class_similarity(features, np.array([0, 0, 1]))
+
+
+# Scale: approximate neighbour search, refusals
+
+
+def _exact_neighbour_sets(means, k, metric):
+    """Float64 brute force by explicit differences / products."""
+    if metric == "l2":
+        diff = means[:, None, :] - means[None, :, :]
+        scores = -np.einsum("abi,abi->ab", diff, diff)
+    else:
+        scores = means @ means.T
+    np.fill_diagonal(scores, -np.inf)
+    return np.argsort(-scores, axis=1, kind="stable")[:, :k]
+
+
+@pytest.mark.parametrize("kernel", ["cosine", "rbf", "linear"])
+def test_approximate_knn_graph_probing_every_cell_equals_the_exact_graph(kernel):
+    pytest.importorskip("faiss")
+    # 200 classes: 6 cells, all of them probed, so the search is exhaustive
+    # (in float32; continuous random means have no near ties).
+    rng = np.random.default_rng(21)
+    features, labels = _data(rng, num_samples=900, num_classes=200, dim=5, offset=0.5)
+    gamma = 0.3 if kernel == "rbf" else None
+    exact = codes.class_similarity(
+        features, labels, kernel=kernel, gamma=gamma, n_neighbors=6,
+        neighbor_search="exact",
+    )
+    approximate = codes.class_similarity(
+        features, labels, kernel=kernel, gamma=gamma, n_neighbors=6,
+        neighbor_search="approximate",
+    )
+    assert isinstance(approximate, scipy.sparse.csr_matrix)
+    np.testing.assert_array_equal(approximate.indptr, exact.indptr)
+    np.testing.assert_array_equal(approximate.indices, exact.indices)
+    np.testing.assert_allclose(approximate.data, exact.data, rtol=1e-12)
+
+
+def test_approximate_knn_graph_finds_most_neighbours_with_exact_weights():
+    pytest.importorskip("faiss")
+    # 2000 clustered classes in 32 dimensions: 62 cells, 8 probed.
+    rng = np.random.default_rng(22)
+    centres = rng.standard_normal((40, 32))
+    means = centres[rng.integers(0, 40, 2000)] + 0.5 * rng.standard_normal((2000, 32))
+    graph = codes.class_similarity(
+        means, np.arange(2000), kernel="rbf", gamma=0.05, n_neighbors=10,
+        neighbor_search="approximate",
+    )
+    assert abs(graph - graph.T).max() == 0
+    assert graph.diagonal().max() == 0
+    assert (np.diff(graph.indptr) >= 10).all()
+    sample = rng.choice(2000, 300, replace=False)
+    diff = means[sample, None, :] - means[None, :, :]
+    distances = np.einsum("abi,abi->ab", diff, diff)
+    distances[np.arange(300), sample] = np.inf
+    truth = np.argsort(distances, axis=1, kind="stable")[:, :10]
+    found = [
+        np.isin(truth[i], graph.indices[graph.indptr[a] : graph.indptr[a + 1]]).sum()
+        for i, a in enumerate(sample)
+    ]
+    assert np.sum(found) / truth.size >= 0.95
+    # Whatever edges are kept carry the exact kernel value.
+    coo = graph.tocoo()
+    pair = means[coo.row] - means[coo.col]
+    np.testing.assert_allclose(
+        coo.data, np.exp(-0.05 * np.einsum("ij,ij->i", pair, pair)), rtol=1e-9
+    )
+
+
+@pytest.mark.parametrize("metric", ["l2", "inner_product"])
+def test_approximate_search_falls_back_to_exact_rows_when_cells_run_short(metric):
+    faiss = pytest.importorskip("faiss")
+    # 400 points: 12 cells, 8 probed, about 270 points seen per query, fewer
+    # than the 350 neighbours asked for: every row is completed exactly.
+    rng = np.random.default_rng(23)
+    points = rng.standard_normal((400, 6))
+    found = _neighbors.approximate_nearest_neighbors(points, 350, metric, faiss)
+    truth = _exact_neighbour_sets(points, 350, metric)
+    assert found.shape == (400, 350) and found.dtype == np.int64
+    for a in range(400):
+        assert set(found[a]) == set(truth[a])
+
+
+def test_approximate_search_excludes_each_point_but_keeps_its_duplicate():
+    faiss = pytest.importorskip("faiss")
+    rng = np.random.default_rng(24)
+    points = rng.standard_normal((150, 4))
+    points[75:] = points[:75]  # class c + 75 duplicates class c
+    found = _neighbors.approximate_nearest_neighbors(points, 3, "l2", faiss)
+    own = np.arange(150)
+    twin = (own + 75) % 150
+    assert not (found == own[:, None]).any()
+    np.testing.assert_array_equal(found[:, 0], twin)
+
+
+def test_class_similarity_names_the_extra_when_faiss_is_missing(monkeypatch):
+    monkeypatch.setitem(sys.modules, "faiss", None)  # import faiss fails
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the class means were computed before the check")
+
+    monkeypatch.setattr(similarity_module, "_class_means", no_work)
+    features = np.zeros((10, 3))
+    with pytest.raises(ImportError, match=r"keras-ecoc\[scale\].*neighbor_search='exact'"):
+        codes.class_similarity(
+            features, np.arange(10), n_neighbors=3, neighbor_search="approximate"
+        )
+    # "auto" picks the approximate search beyond 50,000 classes.
+    n = 50_001
+    with pytest.raises(ImportError, match=r"num_classes=50001.*keras-ecoc\[scale\]"):
+        codes.class_similarity(np.ones((n, 2)), np.arange(n), n_neighbors=3)
+
+
+def test_class_similarity_refuses_a_dense_matrix_that_cannot_fit(monkeypatch):
+    def no_work(*args, **kwargs):
+        raise AssertionError("the class means were computed before the check")
+
+    monkeypatch.setattr(similarity_module, "_class_means", no_work)
+    # 300,000 classes: the dense similarity needs several times 720 GB.
+    n = 300_000
+    with pytest.raises(ValueError, match=r"\(300000, 300000\).*GiB.*n_neighbors=10"):
+        codes.class_similarity(np.ones((n, 1)), np.arange(n))
+
+
+def test_class_similarity_dense_refusal_follows_the_available_memory(monkeypatch):
+    rng = np.random.default_rng(25)
+    features, labels = _data(rng, num_samples=100, num_classes=20)
+    # 20 classes need 3 * 8 * 400 = 9,600 bytes with the cosine kernel.
+    monkeypatch.setattr(similarity_module, "available_memory", lambda: 9_000)
+    with pytest.raises(ValueError, match="n_neighbors"):
+        codes.class_similarity(features, labels)
+    monkeypatch.setattr(similarity_module, "available_memory", lambda: 10_000)
+    assert codes.class_similarity(features, labels).shape == (20, 20)
+    monkeypatch.setattr(similarity_module, "available_memory", lambda: None)
+    assert codes.class_similarity(features, labels).shape == (20, 20)
+
+
+def test_available_memory_is_a_positive_byte_count():
+    available = similarity_module.available_memory()
+    assert available is None or 0 < available < 2**60
+
+
+def test_class_similarity_rejects_an_unknown_neighbor_search():
+    features = np.zeros((4, 2)) + 1.0
+    with pytest.raises(ValueError, match="neighbor_search"):
+        codes.class_similarity(features, np.arange(4), n_neighbors=2, neighbor_search="ivf")

@@ -5,6 +5,7 @@ spectrum computed by `numpy.linalg.eigvalsh` over all eigenvalues; the
 library uses broadcasting and a partial LAPACK or iterative solver.
 """
 
+import importlib
 import time
 
 import numpy as np
@@ -14,6 +15,10 @@ import scipy.sparse
 import scipy.spatial
 
 from keras_ecoc import codes
+from keras_ecoc.codes import similarity as similarity_module
+
+# `keras_ecoc.codes.spectral` is also the name of the function.
+spectral_module = importlib.import_module("keras_ecoc.codes.spectral")
 
 
 def _random_similarity(rng, n):
@@ -314,6 +319,102 @@ def test_spectral_100k_classes_on_a_10_neighbour_graph():
     assert (np.diff(eigenvalues) >= 0).all()
     assert 0 <= eigenvalues[0] and eigenvalues[-1] < 1
     # Columns are eigenvectors: L M = M diag(eigenvalues), up to float32.
+    inv_sqrt = scipy.sparse.diags(1 / np.sqrt(np.asarray(graph.sum(axis=1)).ravel()))
+    laplacian_m = m - inv_sqrt @ (graph @ (inv_sqrt @ m))
+    residuals = np.linalg.norm(laplacian_m - m * eigenvalues, axis=0) / np.sqrt(n)
+    assert residuals.max() < 1e-5
+    np.testing.assert_allclose(_trivial_vector(graph) @ m / np.sqrt(n), 0, atol=1e-5)
+
+
+# Scale: sparse kNN graphs from the approximate search, refusals
+
+
+def _subspace_distance(a, b):
+    """Spectral norm of the difference of the orthogonal projectors."""
+    qa, _ = np.linalg.qr(np.asarray(a, np.float64))
+    qb, _ = np.linalg.qr(np.asarray(b, np.float64))
+    return np.linalg.norm(qa @ qa.T - qb @ qb.T, 2)
+
+
+def test_iterative_codes_of_an_approximate_knn_graph_span_the_dense_eigenspace():
+    pytest.importorskip("faiss")
+    # 800 classes (25 cells, 8 probed): the Chebyshev solver on the sparse
+    # graph against the dense solver on the same graph. Eigenvectors have
+    # sign and rotation freedom, so subspaces and Laplacian quadratic forms
+    # are compared, not columns.
+    n, k = 800, 10
+    rng = np.random.default_rng(31)
+    latent = rng.standard_normal((n, 3))
+    means = latent @ rng.standard_normal((3, 24)) + 0.3 * rng.standard_normal((n, 24))
+    graph = codes.class_similarity(
+        means, np.arange(n), kernel="rbf", n_neighbors=8, neighbor_search="approximate"
+    )
+    sparse, sparse_values = codes.spectral(
+        graph, k, solver="chebyshev", return_eigenvalues=True
+    )
+    dense, dense_values = codes.spectral(
+        graph, k + 1, solver="dense", return_eigenvalues=True
+    )
+    # The k-dimensional eigenspace is well defined: a gap follows it.
+    assert dense_values[k] - dense_values[k - 1] > 1e-4
+    np.testing.assert_allclose(sparse_values, dense_values[:k], rtol=1e-8, atol=1e-12)
+    assert _subspace_distance(sparse, dense[:, :k]) < 1e-4
+    laplacian = _reference_laplacian(graph)
+    m = sparse.astype(np.float64)
+    quadratic = np.einsum("ij,ij->j", m, laplacian @ m) / n
+    np.testing.assert_allclose(quadratic, dense_values[:k], rtol=1e-5, atol=1e-7)
+
+
+def test_spectral_refuses_a_dense_solve_that_cannot_fit(monkeypatch):
+    def no_work(*args, **kwargs):
+        raise AssertionError("the similarity was checked before the refusal")
+
+    monkeypatch.setattr(spectral_module, "_as_similarity", no_work)
+    # A ring of 300,000 classes: the dense solver needs 32 * n^2 = 2.9 TB.
+    n = 300_000
+    ring = scipy.sparse.diags([np.ones(n - 1), np.ones(n - 1)], [-1, 1], format="csr")
+    with pytest.raises(ValueError, match=r"solver='dense'.*num_classes=300000.*GiB.*n_neighbors=10"):
+        codes.spectral(ring, 4, solver="dense")
+
+
+def test_spectral_dense_refusal_follows_the_available_memory(monkeypatch):
+    similarity = _random_similarity(np.random.default_rng(32), 30)
+    # 30 classes need 4 * 8 * 900 = 28,800 bytes in the dense solver.
+    monkeypatch.setattr(similarity_module, "available_memory", lambda: 28_000)
+    with pytest.raises(ValueError, match="solver='auto'"):
+        codes.spectral(similarity, 3)
+    with pytest.raises(ValueError, match="solver='dense'"):
+        codes.spectral(scipy.sparse.csr_matrix(similarity), 3, solver="dense")
+    monkeypatch.setattr(similarity_module, "available_memory", lambda: 29_000)
+    expected = codes.spectral(similarity, 3)
+    monkeypatch.setattr(similarity_module, "available_memory", lambda: None)
+    np.testing.assert_array_equal(codes.spectral(similarity, 3), expected)
+
+
+@pytest.mark.slow
+def test_spectral_codes_of_20k_classes_from_256_features():
+    pytest.importorskip("faiss")
+    # The whole scale path at moderate size: approximate 10-neighbour cosine
+    # graph of 20,000 class means (256 features near a 16-dimensional
+    # subspace), then 32 Chebyshev-filtered Lanczos eigenvectors.
+    n, k = 20_000, 32
+    rng = np.random.default_rng(33)
+    latent = rng.standard_normal((n, 16))
+    means = latent @ rng.standard_normal((16, 256)) + 2.0 * rng.standard_normal((n, 256))
+    start = time.perf_counter()
+    graph = codes.class_similarity(
+        means, np.arange(n), n_neighbors=10, neighbor_search="approximate"
+    )
+    middle = time.perf_counter()
+    out, eigenvalues = codes.spectral(graph, k, return_eigenvalues=True)
+    end = time.perf_counter()
+    print(
+        f"20,000 classes: similarity {middle - start:.1f} s, "
+        f"spectral(k={k}) {end - middle:.1f} s"
+    )
+    assert out.shape == (n, k) and out.dtype == np.float32
+    m = out.astype(np.float64)
+    np.testing.assert_allclose(m.T @ m / n, np.eye(k), atol=1e-5)
     inv_sqrt = scipy.sparse.diags(1 / np.sqrt(np.asarray(graph.sum(axis=1)).ravel()))
     laplacian_m = m - inv_sqrt @ (graph @ (inv_sqrt @ m))
     residuals = np.linalg.norm(laplacian_m - m * eigenvalues, axis=0) / np.sqrt(n)

@@ -6,6 +6,7 @@ Both return symmetric, non-negative matrices with a zero diagonal.
 """
 
 import numbers
+import os
 
 import numpy as np
 import scipy.sparse
@@ -18,6 +19,17 @@ from keras_ecoc.codes._validation import describe
 from keras_ecoc.codes._validation import format_list
 
 KERNELS = ("cosine", "rbf", "linear")
+NEIGHBOR_SEARCHES = ("auto", "exact", "approximate")
+
+# With neighbor_search="auto", the exact search (O(n^2 d) time) serves up to
+# this many classes; 20,000 classes of 256 features took 20 s on 2 shared
+# CPU cores, so 50,000 take a few minutes.
+_EXACT_MAX_CLASSES = 50_000
+
+# Dense (n, n) float64 arrays alive at once while the dense similarity is
+# built: the Gram matrix, the result and the temporaries of symmetrizing
+# it (rbf adds the distances and the upper-triangle indices and values).
+_DENSE_COPIES = {"cosine": 3, "linear": 3, "rbf": 5}
 
 
 def class_similarity(
@@ -28,6 +40,7 @@ def class_similarity(
     gamma=None,
     n_neighbors=None,
     block_size=1024,
+    neighbor_search="auto",
 ):
     """Builds a class similarity graph from the class mean features.
 
@@ -51,10 +64,21 @@ def class_similarity(
     similar classes (largest cosine, smallest distance for `"rbf"`, largest
     inner product for `"linear"`; ties go to the lower class id), and the
     graph is made symmetric by union, keeping the larger of the two weights.
-    The neighbours are found in blocks of `block_size` classes, so the dense
-    `(n, n)` matrix is never formed and 100,000 classes fit in memory.
-    Edges whose weight is 0 (clipped, or underflowed for `"rbf"`) are
-    dropped.
+    The dense `(n, n)` matrix is never formed. The exact search scores
+    blocks of `block_size` classes against all classes (time
+    `O(n^2 d)`); the approximate search (`neighbor_search="approximate"`,
+    needs the optional extra "scale": `pip install 'keras-ecoc[scale]'`,
+    which installs faiss-cpu) compares each class only with the classes of
+    nearby k-means cells of a faiss inverted-file index, about
+    `O(n^1.5 d)`: a million classes of 256 features took 349 CPU seconds
+    (`benchmarks/bench_spectral_scale.py`). It can miss a few true neighbours (replaced by the next nearest
+    ones it finds); the weights of the edges it keeps are exact. Edges
+    whose weight is 0 (clipped, or underflowed for `"rbf"`) are dropped.
+
+    The dense similarity (`n_neighbors=None`) needs `n^2` float64 entries
+    several times over (e.g. 240 GB for 100,000 classes); a size that
+    cannot fit in the available memory is refused before any work, with a
+    ValueError that suggests `n_neighbors`.
 
     Args:
         features: float array of shape `(N, d)`: one feature vector per
@@ -71,8 +95,11 @@ def class_similarity(
             same weights from both). Only valid with `kernel="rbf"`.
         n_neighbors: `None` for the dense matrix, or an integer in
             `[1, n - 1]` for a sparse kNN graph.
-        block_size: Classes scored at once in the kNN search; memory is
-            about `8 * block_size * n` bytes.
+        block_size: Classes scored at once in the exact kNN search; memory
+            is about `8 * block_size * n` bytes.
+        neighbor_search: `"exact"`, `"approximate"` (faiss, see above), or
+            `"auto"`: `"exact"` up to 50,000 classes, else `"approximate"`.
+            Only used with `n_neighbors`.
 
     Returns:
         Without `n_neighbors`: a float64 `np.ndarray` of shape `(n, n)`.
@@ -88,9 +115,19 @@ def class_similarity(
             lengths differ, if a class has no sample (the message names the
             class ids), if `kernel` is unknown, if `gamma` is given for
             another kernel or is not positive, if a cosine class mean is the
-            zero vector, or if `n_neighbors` is out of range.
+            zero vector, if `n_neighbors` is out of range, if
+            `neighbor_search` is unknown, or if `n_neighbors=None` asks for
+            a dense similarity larger than the available memory.
+        ImportError: If the approximate search is used and faiss (the
+            extra "scale") is not installed; checked before any work.
     """
+    original = features
     features = as_float_matrix(features, "features")
+    # Whether `features` may be overwritten (a fresh float64 copy).
+    owned = not (
+        isinstance(original, np.ndarray)
+        and np.may_share_memory(features, original)
+    )
     labels = _as_labels(labels, len(features))
     kernel = check_choice(kernel, "kernel", KERNELS)
     if num_classes is None:
@@ -129,8 +166,36 @@ def class_similarity(
                 f"num_classes={num_classes}"
             )
     block_size = check_int(block_size, "block_size", minimum=1)
+    neighbor_search = check_choice(
+        neighbor_search, "neighbor_search", NEIGHBOR_SEARCHES
+    )
+    faiss = None
+    if n_neighbors is None:
+        check_dense_fits(
+            _DENSE_COPIES[kernel] * 8 * num_classes**2,
+            what=(
+                f"a dense ({num_classes}, {num_classes}) similarity with "
+                f"kernel={kernel!r}"
+            ),
+            advice=(
+                "Pass n_neighbors (e.g. n_neighbors=10) for a sparse "
+                "k-nearest-neighbour graph. Received: n_neighbors=None"
+            ),
+        )
+    else:
+        if neighbor_search == "auto":
+            neighbor_search = (
+                "exact" if num_classes <= _EXACT_MAX_CLASSES else "approximate"
+            )
+        if neighbor_search == "approximate":
+            faiss = _neighbors.import_faiss(
+                f"neighbor_search='approximate' for num_classes={num_classes}"
+            )
 
-    means = _class_means(features, labels, num_classes)
+    described = describe(features)
+    means, owned = _class_means(features, labels, num_classes, owned)
+    # The float64 copy of the features is not needed once the means exist.
+    del features
     if kernel == "cosine":
         norms = np.linalg.norm(means, axis=1)
         zero = np.flatnonzero(norms == 0)
@@ -139,17 +204,81 @@ def class_similarity(
                 f"Argument `features` gives a zero mean feature vector to "
                 f"classes {format_list(zero)}, so their cosine similarity is "
                 f"undefined. Use kernel='rbf' or shift the features. "
-                f"Received: features={describe(features)}"
+                f"Received: features={described}"
             )
-        means = means / norms[:, None]
+        # In place where `means` is ours: at a million classes every copy
+        # of the means costs 2 GB.
+        if owned:
+            means /= norms[:, None]
+        else:
+            means = means / norms[:, None]
     elif kernel == "rbf":
         # Distances are shift-invariant; centering reduces the cancellation
         # in |a|^2 + |b|^2 - 2<a, b>.
-        means = means - means.mean(axis=0)
+        if owned:
+            means -= means.mean(axis=0)
+        else:
+            means = means - means.mean(axis=0)
 
     if n_neighbors is None:
         return _dense_similarity(means, kernel, gamma)
-    return _knn_similarity(means, kernel, gamma, n_neighbors, block_size)
+    return _knn_similarity(means, kernel, gamma, n_neighbors, block_size, faiss)
+
+
+def available_memory():
+    """Bytes this process can still allocate, or None if unknown.
+
+    The kernel's `MemAvailable` estimate (free memory plus reclaimable
+    caches), lowered to the room left under a cgroup v2 memory limit.
+    """
+    available = None
+    try:
+        with open("/proc/meminfo") as file:
+            for line in file:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    if available is None:
+        try:
+            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, AttributeError):
+            return None
+    try:
+        with open("/sys/fs/cgroup/memory.max") as file:
+            limit = file.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as file:
+            used = int(file.read().strip())
+        if limit != "max":
+            available = min(available, max(0, int(limit) - used))
+    except (OSError, ValueError):
+        pass
+    return available
+
+
+def check_dense_fits(required, what, advice):
+    """Raises before any work if `required` bytes exceed the free memory.
+
+    Args:
+        required: Estimated peak bytes of the dense computation.
+        what: What would be built, for the message.
+        advice: The alternative, ending with the `Received: ...` part.
+
+    Raises:
+        ValueError: If the available memory is known and smaller than
+            `required`.
+    """
+    available = available_memory()
+    if available is not None and required > available:
+        raise ValueError(
+            f"{what[0].upper()}{what[1:]} needs about {_gib(required)} of "
+            f"memory, more than the {_gib(available)} available. {advice}"
+        )
+
+
+def _gib(size):
+    return f"{size / 2**30:,.1f} GiB"
 
 
 def similarity_from_confusion(confusion, normalize=True):
@@ -243,8 +372,14 @@ def _as_labels(labels, num_samples):
     return array.astype(np.int64, copy=False)
 
 
-def _class_means(features, labels, num_classes):
-    """Returns the float64 class means, shape `(num_classes, d)`."""
+def _class_means(features, labels, num_classes, owned):
+    """Returns the float64 class means `(num_classes, d)` and whether they
+    may be overwritten.
+
+    With one sample per class in class order (`labels = arange(n)`, the
+    usual input at a million classes) the means are `features` themselves,
+    with no copy.
+    """
     outside = (labels < 0) | (labels >= num_classes)
     if outside.any():
         bad = np.unique(labels[outside])
@@ -262,12 +397,16 @@ def _class_means(features, labels, num_classes):
             f"Every class in [0, {num_classes}) needs at least one sample. "
             f"Received: labels={describe(labels)}"
         )
+    if len(labels) == num_classes and (labels == np.arange(num_classes)).all():
+        return features, owned
     # A sparse indicator matrix sums each class's rows in one product.
     indicator = scipy.sparse.csr_matrix(
         (np.ones(len(labels)), (labels, np.arange(len(labels)))),
         shape=(num_classes, len(labels)),
     )
-    return np.asarray(indicator @ features) / counts[:, None]
+    means = np.asarray(indicator @ features)
+    means /= counts[:, None]
+    return means, True
 
 
 def _dense_similarity(means, kernel, gamma):
@@ -297,19 +436,29 @@ def _default_gamma(squared_distances):
     return 1.0 / float(np.median(positive))
 
 
-def _knn_similarity(means, kernel, gamma, n_neighbors, block_size):
+def _knn_similarity(means, kernel, gamma, n_neighbors, block_size, faiss):
+    """The symmetrized kNN graph; `faiss` is None for the exact search."""
     n = len(means)
-    if kernel == "rbf":
+    if faiss is not None:
+        neighbors = _neighbors.approximate_nearest_neighbors(
+            means,
+            n_neighbors,
+            metric="l2" if kernel == "rbf" else "inner_product",
+            faiss=faiss,
+        )
+    elif kernel == "rbf":
         # <[x, 1], [y, -|y|^2 / 2]> = <x, y> - |y|^2 / 2 ranks the y's of a
         # fixed x like -|x - y|^2 / 2.
         squared = np.einsum("ij,ij->i", means, means)
         queries = np.hstack([means, np.ones((n, 1))])
         points = np.hstack([means, -squared[:, None] / 2.0])
+        neighbors = _neighbors.nearest_neighbors(
+            queries, points, n_neighbors, block_size=block_size
+        )
     else:
-        queries = points = means
-    neighbors = _neighbors.nearest_neighbors(
-        queries, points, n_neighbors, block_size=block_size
-    )
+        neighbors = _neighbors.nearest_neighbors(
+            means, means, n_neighbors, block_size=block_size
+        )
     rows = np.repeat(np.arange(n), n_neighbors)
     cols = neighbors.ravel()
     # Exact kernel values of the selected pairs, gathered in chunks so that

@@ -20,6 +20,7 @@ from keras_ecoc.codes._validation import describe
 from keras_ecoc.codes._validation import duplicate_row_pairs
 from keras_ecoc.codes._validation import format_list
 from keras_ecoc.codes._validation import make_rng
+from keras_ecoc.codes.similarity import check_dense_fits
 
 THRESHOLDS = (None, "zero", "median")
 NORMALIZATIONS = ("sqrt_n", None)
@@ -28,6 +29,10 @@ SOLVERS = ("auto", "dense", "chebyshev", "arpack")
 # With solver="auto", sparse graphs up to this many classes are densified:
 # LAPACK is exact and faster than an iterative solver at this size.
 _DENSE_MAX_CLASSES = 2000
+
+# Dense (n, n) float64 arrays alive at once in the dense solver: the dense
+# adjacency, the null-space projector, the Laplacian and LAPACK's copy.
+_DENSE_SOLVER_COPIES = 4
 
 # Relative asymmetry |S - S^T| / max|S| tolerated (float32 round-off).
 _SYMMETRY_RTOL = 1e-6
@@ -105,7 +110,10 @@ def spectral(
             `"auto"`: `"dense"` for dense input and for sparse input with at
             most 2000 classes, else `"chebyshev"`. The iterative solvers
             defer to `"dense"` when fewer than `code_length + 17`
-            eigenvectors exist outside the null space.
+            eigenvectors exist outside the null space. The dense solver
+            needs about `32 n^2` bytes (320 GB for 100,000 classes); when
+            that exceeds the available memory it is refused before any
+            work.
         seed: Seed of the iterative solvers' random start (an integer or
             `None`); results agree across seeds to about 1e-8.
         return_eigenvalues: Whether to also return the eigenvalues.
@@ -122,7 +130,9 @@ def spectral(
         ValueError: If `similarity` is not square, not symmetric, has
             negative, NaN or inf entries, or has classes with zero degree
             (named in the message); if `code_length` is not in `[1, n - 1]`;
-            or if `threshold`, `normalization` or `solver` is unknown.
+            if `threshold`, `normalization` or `solver` is unknown; or if
+            the dense solver (`solver="dense"`, or `"auto"` with a dense
+            `similarity`) needs more memory than is available.
     """
     threshold = check_choice(threshold, "threshold", THRESHOLDS)
     normalization = check_choice(normalization, "normalization", NORMALIZATIONS)
@@ -133,6 +143,7 @@ def spectral(
             f"Received: return_eigenvalues={describe(return_eigenvalues)}"
         )
     rng = make_rng(seed)
+    _check_dense_solver_fits(similarity, solver)
     similarity = _as_similarity(similarity)
     n = similarity.shape[0]
     k = check_int(
@@ -308,6 +319,27 @@ def _null_space(degrees, component, num_components, k):
     columns = np.eye(num_components, count + 1)[:, 1:]
     columns -= 2.0 * np.outer(reflector, reflector[1 : count + 1])
     return null, np.asarray(null @ columns)
+
+
+def _check_dense_solver_fits(similarity, solver):
+    """Refuses, before any work, a dense solve that cannot fit in memory."""
+    sparse = scipy.sparse.issparse(similarity)
+    shape = similarity.shape if sparse else np.shape(similarity)
+    if len(shape) != 2:
+        return  # _as_similarity names the problem
+    n = shape[0]
+    automatic = solver == "auto" and (not sparse or n <= _DENSE_MAX_CLASSES)
+    if solver == "dense" or automatic:
+        check_dense_fits(
+            _DENSE_SOLVER_COPIES * 8 * n**2,
+            what=f"the dense eigensolver (solver={solver!r}) on num_classes={n}",
+            advice=(
+                "Pass a sparse similarity, e.g. class_similarity(..., "
+                "n_neighbors=10), with solver='auto' or 'chebyshev'. "
+                f"Received: solver={solver!r} and "
+                f"similarity={describe(similarity)}"
+            ),
+        )
 
 
 def _as_similarity(similarity):
