@@ -104,8 +104,9 @@ class ECOCDecoder(keras.layers.Layer):
             )
         self.output_mode = output
         self.supports_masking = True
-        # Metrics bound to this layer keep a host copy of the codes (the JAX
-        # trainer cannot give them this weight); they are told of every load.
+        # Metrics bound to this layer on JAX keep a device copy of the codes
+        # as a metric variable (the JAX trainer maps only metric variables
+        # when it updates metrics); they are told of every load.
         self._codes_followers = weakref.WeakSet()
 
     @property
@@ -121,20 +122,22 @@ class ECOCDecoder(keras.layers.Layer):
             )
         # float32 whatever the dtype policy: codes such as normalized
         # eigenvectors lose their structure in float16.
+        # The validated array is handed to the backend once, as the
+        # initializer (no zeros first); the layer then drops its host
+        # reference, so the weight is the only copy it keeps.
+        initial = self._initial_codes
+        if initial is None:
+            initial = np.full((self.num_classes, self.code_length), np.nan, "float32")
         self.codes = self.add_weight(
             name="codes",
             shape=(self.num_classes, self.code_length),
-            initializer="zeros",
+            initializer=lambda shape, dtype: initial,
             trainable=False,
             dtype="float32",
             autocast=False,
         )
-        if self._initial_codes is not None:
-            self.codes.assign(self._initial_codes)
-        else:
-            self.codes.assign(
-                np.full((self.num_classes, self.code_length), np.nan, "float32")
-            )
+        del initial
+        self._initial_codes = None
         if self.learnable_scale:
             self.log_scale = self.add_weight(
                 name="log_scale",
@@ -205,6 +208,7 @@ class ECOCDecoder(keras.layers.Layer):
             }
         )
         if self.num_classes * self.code_length <= MAX_CONFIG_CODE_ENTRIES:
+            # Small by construction: the host copy is a few KB.
             config["codes"] = _validation.codes_to_config(self._current_codes())
         else:
             config["num_classes"] = self.num_classes
@@ -213,13 +217,11 @@ class ECOCDecoder(keras.layers.Layer):
 
     def _add_codes_follower(self, follower):
         self._codes_followers.add(follower)
-        follower._refresh_codes(self._current_codes())
 
     def load_own_variables(self, store):
         super().load_own_variables(store)
-        codes = self._current_codes()
         for follower in list(self._codes_followers):
-            follower._refresh_codes(codes)
+            follower._refresh_codes()
 
     def _current_codes(self):
         if self.built:

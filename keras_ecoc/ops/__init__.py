@@ -132,13 +132,13 @@ def _check_codes(codes):
 
 def _check_labels(labels, num_classes, backend):
     """Labels as exact integers (NumPy when given as host data); raises for
-    float tensors that cannot hold every class index exactly and, where values
-    are known, for labels outside [0, n)."""
+    float tensors that cannot hold every class index exactly and, for host
+    data, for labels outside [0, n). A tensor's values are never read here
+    (no device-to-host copy): its invalid labels give a NaN loss in the
+    program."""
     host = _checks.host_labels(labels)
     if host is None:
-        labels = _checks.integer_label_tensor(labels, num_classes)
-        _checks.check_label_values(labels, num_classes, backend)
-        return labels
+        return _checks.integer_label_tensor(labels, num_classes)
     if num_classes is not None:
         _checks.check_label_values(host, num_classes, backend)
     if host.size == 0 or (host.min() >= -(2**31) and host.max() < 2**31):
@@ -246,6 +246,16 @@ def ecoc_cross_entropy(labels, z, codes, scale=1.0):
     _checks.check_scale(scale, backend)
     codes, n, k = _check_codes(codes)
     labels = _check_labels(labels, n, backend)
+    return _cross_entropy_checked(labels, z, codes, scale, n, k)
+
+
+def _cross_entropy_checked(labels, z, codes, scale, n, k):
+    """`ecoc_cross_entropy` after its checks: the path `keras_ecoc.ECOCLoss`
+    calls, whose codes and scale were checked when it was constructed and
+    whose labels were checked where they entered (host data only)."""
+    backend = _dispatch._loader.backend()
+    if not isinstance(labels, np.ndarray):
+        labels = _checks.integer_label_tensor(labels, n)
     if not _use_fused(codes):
         path, _ = _dispatch.choose(n, k)
         mod = _streaming_module(backend)
@@ -304,6 +314,14 @@ def label_rank(labels, z, codes):
     backend = _dispatch._loader.backend()
     codes, n, k = _check_codes(codes)
     labels = _check_labels(labels, n, backend)
+    return _label_rank_checked(labels, z, codes, n, k)
+
+
+def _label_rank_checked(labels, z, codes, n, k):
+    """`label_rank` after its checks (the metrics' path, as for the loss)."""
+    backend = _dispatch._loader.backend()
+    if not isinstance(labels, np.ndarray):
+        labels = _checks.integer_label_tensor(labels, n)
     if not _use_fused(codes, "decode"):
         return _decode_non_fused(z, codes, labels, n, k, backend)
     import tensorflow as tf  # noqa: PLC0415
