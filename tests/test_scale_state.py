@@ -273,3 +273,35 @@ def test_duplicate_row_pairs_matches_an_exact_float64_reference():
         pairs, total = duplicate_row_pairs(array)
         assert (pairs, total) == (expected, len(expected))
         assert duplicate_row_pairs(array, max_pairs=3) == (expected[:3], len(expected))
+
+
+# ------------------------------------------------------------- saving
+
+
+def test_reloaded_classifier_stores_codes_once_and_its_metric_follows_them(tmp_path):
+    import zipfile
+
+    codes = _codes(n=5000)  # 80,000 entries: too many for a config
+    model = _classifier(codes)
+    model.compile()
+    x, y = _data(n=5000)
+    y[:8] = model.predict_classes(x[:8], verbose=0)  # some hits for the metric
+    model.fit(x, y, batch_size=B, epochs=1, verbose=0)
+    before = model.evaluate(x, y, batch_size=B, verbose=0, return_dict=True)
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    with zipfile.ZipFile(path) as archive:
+        assert archive.getinfo("config.json").file_size < 20_000
+        weights = archive.getinfo("model.weights.h5").file_size
+    # One copy of the codes (plus the small Dense weights), not two.
+    assert codes.nbytes < weights < 1.5 * codes.nbytes
+    loaded = keras.saving.load_model(path)
+    np.testing.assert_array_equal(
+        loaded.predict_classes(x, verbose=0), model.predict_classes(x, verbose=0))
+    after = loaded.evaluate(x, y, batch_size=B, verbose=0, return_dict=True)
+    assert after["ecoc_accuracy"] == pytest.approx(before["ecoc_accuracy"])
+    assert after["ecoc_accuracy"] > 0
+    assert after["loss"] == pytest.approx(before["loss"], rel=1e-5)
+    metric = [m for m in loaded._compile_metrics.metrics
+              if isinstance(m, keras_ecoc.ECOCAccuracy)][0]
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(metric.codes), codes)
