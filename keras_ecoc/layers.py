@@ -127,7 +127,10 @@ class ECOCDecoder(keras.layers.Layer):
         # reference, so the weight is the only copy it keeps.
         initial = self._initial_codes
         if initial is None:
-            initial = np.full((self.num_classes, self.code_length), np.nan, "float32")
+            # A read-only broadcast view: no host copy of the placeholder.
+            initial = np.broadcast_to(
+                np.float32(np.nan), (self.num_classes, self.code_length)
+            )
         self.codes = self.add_weight(
             name="codes",
             shape=(self.num_classes, self.code_length),
@@ -219,7 +222,16 @@ class ECOCDecoder(keras.layers.Layer):
         self._codes_followers.add(follower)
 
     def load_own_variables(self, store):
-        super().load_own_variables(store)
+        self._check_load_own_variables(store)
+        all_vars = self._trainable_variables + self._non_trainable_variables
+        for i, variable in enumerate(all_vars):
+            if variable is self.codes and keras.backend.backend() == "tensorflow":
+                # Row blocks into the existing variable: a whole-matrix
+                # assign would hold the file's array and a tensor copy of it
+                # next to the variable (3x the codes at load).
+                _assign_in_row_blocks(variable.value, store[f"{i}"])
+            else:
+                variable.assign(store[f"{i}"])
         for follower in list(self._codes_followers):
             follower._refresh_codes()
 
@@ -227,6 +239,15 @@ class ECOCDecoder(keras.layers.Layer):
         if self.built:
             return ops.convert_to_numpy(self.codes).astype("float32")
         return self._initial_codes
+
+
+def _assign_in_row_blocks(tf_variable, source, block_bytes=1 << 24):
+    """tf_variable[i:j] = source[i:j] over row blocks (an h5 dataset or array)."""
+    rows, cols = (int(d) for d in tf_variable.shape)
+    step = max(1, block_bytes // (4 * max(1, cols)))
+    for start in range(0, rows, step):
+        stop = min(rows, start + step)
+        tf_variable[start:stop].assign(np.asarray(source[start:stop], "float32"))
 
 
 def _positive_int(value, name):
