@@ -36,10 +36,13 @@ library. When the backend is TensorFlow but the library is missing, a warning
 is issued once.
 
 Input rules shared by every path: `scale` must be a finite number > 0 (checked
-whenever its value is known); `labels` must be integers (a float tensor is
-rejected; integral-valued float NumPy data is converted exactly) and are never
-narrowed; labels outside [0, n) raise where their values are known (eager) and
-otherwise give a NaN loss and a zero gradient for their row; rows with
+when it is a host value; a tensor's value is never read); `labels` must be
+integers (a float tensor is rejected unless its dtype holds every class id
+exactly; integral-valued float NumPy data is converted exactly) and are never
+narrowed; host labels (NumPy / Python data) outside [0, n) raise; a label
+tensor is never read on the host (no device-to-host copy per step): its
+invalid labels give a NaN loss and a zero gradient for their row (the fused
+TensorFlow CPU kernel rejects them in the kernel instead); rows with
 non-finite z (or any non-finite codeword) get a NaN loss, `nearest_codeword`
 -1 and `label_rank` n.
 """
@@ -237,10 +240,11 @@ def ecoc_cross_entropy(labels, z, codes, scale=1.0):
         scale: finite float > 0, scalar tensor or Keras variable (the logits
             are multiplied by it; differentiable).
 
-    Labels outside [0, n) raise a ValueError when their values are known
-    (eager); inside a compiled function they give a NaN loss and a zero
-    gradient for their row, on every path. `loss_path(n)` says which
-    implementation runs.
+    Host labels (NumPy / Python data) outside [0, n) raise a ValueError; a
+    label tensor is not read on the host, and its invalid labels give a NaN
+    loss and a zero gradient for their row (the fused TensorFlow CPU kernel
+    rejects them in the kernel). `loss_path(n)` says which implementation
+    runs.
     """
     backend = _dispatch._loader.backend()
     _checks.check_scale(scale, backend)
@@ -307,7 +311,7 @@ def label_rank(labels, z, codes):
 
     0 means a correct top-1 prediction; ``rank < K`` is top-K correctness.
     Rows with a non-finite logit (non-finite z or codeword) and rows whose label is
-    outside [0, n) (under a compiler; eagerly that raises) get rank n, i.e.
+    outside [0, n) (a label tensor; host labels raise) get rank n, i.e.
     never correct. The scale does not change the order, so it is not an
     argument. Streams over class tiles on every backend (no B x n tensor).
     """
