@@ -93,8 +93,9 @@ def function_codes(codes, name="codes"):
 def function_scale(scale, name="scale"):
     """`scale` of the function API: a number or a scalar tensor.
 
-    Numbers (and concrete tensors) must be finite and > 0; bools are
-    rejected. Variables and symbolic tensors are checked for rank only.
+    Numbers must be finite and > 0; bools are rejected. A tensor or variable
+    is checked for dtype and rank only: its value is never read (that would
+    copy it from the device on every call).
     """
     if isinstance(scale, (bool, np.bool_, int, float, np.number)):
         return positive_scale(scale, name)
@@ -106,15 +107,13 @@ def function_scale(scale, name="scale"):
             f"Argument `{name}` must be a scalar. Received: {name} of shape "
             f"{tuple(shape)}"
         )
-    if _is_variable(scale):
-        return scale
-    try:
-        value = ops.convert_to_numpy(scale)
-    except Exception:  # Symbolic / traced: values unknown.
-        return scale
-    if value.dtype == bool:
-        positive_scale(bool(value.reshape(())), name)
-    positive_scale(float(value.reshape(())), name)
+    if isinstance(scale, np.ndarray):
+        positive_scale(scale.reshape(()).item(), name)
+    elif "bool" in str(getattr(scale, "dtype", "")):
+        raise ValueError(
+            f"Argument `{name}` must be a positive finite number (not a "
+            f"bool). Received: {name} of dtype {scale.dtype}"
+        )
     return scale
 
 
@@ -135,16 +134,15 @@ def check_code_length(z_shape, code_length, name="z"):
 
 
 def concrete_labels_in_range(labels, num_classes, name="labels"):
-    """Raises if `labels` holds concrete values outside [0, num_classes).
+    """Raises if host labels (NumPy / Python data) fall outside [0, n).
 
-    Symbolic tensors inside a compiled function cannot be inspected; for them
-    the math itself yields NaN (pure-Keras path) or a runtime error (fused op).
+    Only host data is checked: a tensor's values are never read (a
+    device-to-host copy per call); for tensors the math itself yields a NaN
+    loss (rank n for the metrics).
     """
-    try:
-        values = ops.convert_to_numpy(labels)
-    except Exception:  # Symbolic / traced: checked downstream.
+    if not isinstance(labels, (np.ndarray, np.generic, list, tuple, int)):
         return
-    values = np.asarray(values)
+    values = np.asarray(labels)
     if values.size == 0:
         return
     if np.issubdtype(values.dtype, np.floating):
@@ -154,13 +152,14 @@ def concrete_labels_in_range(labels, num_classes, name="labels"):
                 f"Received non-integer values, e.g. {name}="
                 f"{values[values != np.round(values)][:5]}"
             )
+    if values.min() >= 0 and values.max() < num_classes:
+        return
     bad = (values < 0) | (values >= num_classes)
-    if np.any(bad):
-        raise ValueError(
-            f"`{name}` must hold integer class ids in [0, {num_classes}). "
-            f"Received out-of-range values {np.unique(values[bad])[:10]} "
-            f"(first at flat position {int(np.flatnonzero(bad)[0])})."
-        )
+    raise ValueError(
+        f"`{name}` must hold integer class ids in [0, {num_classes}). "
+        f"Received out-of-range values {np.unique(values[bad])[:10]} "
+        f"(first at flat position {int(np.flatnonzero(bad)[0])})."
+    )
 
 
 # Code matrices up to this many entries go into configs as nested lists
@@ -197,7 +196,7 @@ def codes_from_config(value):
 ROW_NORM_TOLERANCE = 0.05
 
 
-def warn_if_unequal_row_norms(codes, name="codes"):
+def warn_if_unequal_row_norms(codes, name="codes", stacklevel=3):
     """Warns when codewords have clearly different norms.
 
     u = z / ||z|| lives on the unit sphere, so the logit of class i is
@@ -205,8 +204,17 @@ def warn_if_unequal_row_norms(codes, name="codes"):
     pays a larger constant penalty, and one far from the others' norms can be
     impossible to predict. Raw Gaussian and raw spectral codes have this
     property; ±1 codes do not. `keras_ecoc.codes.normalize_rows` fixes it.
+
+    The norms are computed in float64 over blocks of rows, so a million-class
+    matrix needs no float64 copy.
     """
-    norms = np.linalg.norm(np.asarray(codes, np.float64), axis=1)
+    codes = np.asarray(codes)
+    norms = np.empty(codes.shape[0], np.float64)
+    step = max(1, (1 << 22) // max(1, codes.shape[1]))
+    for i in range(0, codes.shape[0], step):
+        norms[i : i + step] = np.linalg.norm(
+            codes[i : i + step].astype(np.float64), axis=1
+        )
     mean = norms.mean()
     if mean > 0 and (norms.max() - norms.min()) / mean > ROW_NORM_TOLERANCE:
         warnings.warn(
@@ -216,5 +224,5 @@ def warn_if_unequal_row_norms(codes, name="codes"):
             "norm is far from the others' are hard or impossible to predict. "
             "Use `keras_ecoc.codes.normalize_rows(codes)` unless this is "
             "intended.",
-            stacklevel=3,
+            stacklevel=stacklevel,
         )

@@ -104,8 +104,9 @@ class ECOCDecoder(keras.layers.Layer):
             )
         self.output_mode = output
         self.supports_masking = True
-        # Metrics bound to this layer keep a host copy of the codes (the JAX
-        # trainer cannot give them this weight); they are told of every load.
+        # Metrics bound to this layer on JAX keep a device copy of the codes
+        # as a metric variable (the JAX trainer maps only metric variables
+        # when it updates metrics); they are told of every load.
         self._codes_followers = weakref.WeakSet()
 
     @property
@@ -121,20 +122,25 @@ class ECOCDecoder(keras.layers.Layer):
             )
         # float32 whatever the dtype policy: codes such as normalized
         # eigenvectors lose their structure in float16.
+        # The validated array is handed to the backend once, as the
+        # initializer (no zeros first); the layer then drops its host
+        # reference, so the weight is the only copy it keeps.
+        initial = self._initial_codes
+        if initial is None:
+            # A read-only broadcast view: no host copy of the placeholder.
+            initial = np.broadcast_to(
+                np.float32(np.nan), (self.num_classes, self.code_length)
+            )
         self.codes = self.add_weight(
             name="codes",
             shape=(self.num_classes, self.code_length),
-            initializer="zeros",
+            initializer=lambda shape, dtype: initial,
             trainable=False,
             dtype="float32",
             autocast=False,
         )
-        if self._initial_codes is not None:
-            self.codes.assign(self._initial_codes)
-        else:
-            self.codes.assign(
-                np.full((self.num_classes, self.code_length), np.nan, "float32")
-            )
+        del initial
+        self._initial_codes = None
         if self.learnable_scale:
             self.log_scale = self.add_weight(
                 name="log_scale",
@@ -205,6 +211,7 @@ class ECOCDecoder(keras.layers.Layer):
             }
         )
         if self.num_classes * self.code_length <= MAX_CONFIG_CODE_ENTRIES:
+            # Small by construction: the host copy is a few KB.
             config["codes"] = _validation.codes_to_config(self._current_codes())
         else:
             config["num_classes"] = self.num_classes
@@ -213,18 +220,34 @@ class ECOCDecoder(keras.layers.Layer):
 
     def _add_codes_follower(self, follower):
         self._codes_followers.add(follower)
-        follower._refresh_codes(self._current_codes())
 
     def load_own_variables(self, store):
-        super().load_own_variables(store)
-        codes = self._current_codes()
+        self._check_load_own_variables(store)
+        all_vars = self._trainable_variables + self._non_trainable_variables
+        for i, variable in enumerate(all_vars):
+            if variable is self.codes and keras.backend.backend() == "tensorflow":
+                # Row blocks into the existing variable: a whole-matrix
+                # assign would hold the file's array and a tensor copy of it
+                # next to the variable (3x the codes at load).
+                _assign_in_row_blocks(variable.value, store[f"{i}"])
+            else:
+                variable.assign(store[f"{i}"])
         for follower in list(self._codes_followers):
-            follower._refresh_codes(codes)
+            follower._refresh_codes()
 
     def _current_codes(self):
         if self.built:
             return ops.convert_to_numpy(self.codes).astype("float32")
         return self._initial_codes
+
+
+def _assign_in_row_blocks(tf_variable, source, block_bytes=1 << 24):
+    """tf_variable[i:j] = source[i:j] over row blocks (an h5 dataset or array)."""
+    rows, cols = (int(d) for d in tf_variable.shape)
+    step = max(1, block_bytes // (4 * max(1, cols)))
+    for start in range(0, rows, step):
+        stop = min(rows, start + step)
+        tf_variable[start:stop].assign(np.asarray(source[start:stop], "float32"))
 
 
 def _positive_int(value, name):

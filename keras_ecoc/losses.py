@@ -6,6 +6,8 @@ the metrics: a loss or metric either owns a (small) code matrix or follows an
 "Saving" in the README).
 """
 
+import weakref
+
 import keras
 import numpy as np
 from keras import ops
@@ -19,12 +21,15 @@ from keras_ecoc import _validation
 from keras_ecoc import ops as ecoc_ops
 
 
-def _labels_for(y_true, y_pred, num_classes):
+def _labels_for(y_true, y_pred):
     """Integer labels of shape y_pred.shape[:-1] from (...,) or (..., 1).
 
-    Integer labels keep their integer dtype (int64 included): they never pass
-    through a float dtype. Float labels (e.g. a float32 NumPy array) must hold
-    whole numbers and are cast to int32.
+    Shapes only: values were checked where they entered (`_labels_tensor`
+    for host data); a tensor's out-of-range labels give a NaN loss (rank n
+    for the metrics) in the program, without a device-to-host copy. Integer
+    labels keep their integer dtype (int64 included): they never pass
+    through a float dtype. Float label tensors are accepted where the float
+    dtype holds every class id exactly (`keras_ecoc.ops` checks that).
     """
     if len(y_pred.shape) < 2:
         raise ValueError(
@@ -41,21 +46,25 @@ def _labels_for(y_true, y_pred, num_classes):
                 f"y_pred.shape={tuple(y_pred.shape)}"
             )
         y_true = ops.squeeze(y_true, axis=-1)
-    _validation.concrete_labels_in_range(y_true, num_classes, name="y_true")
-    dtype = keras.backend.standardize_dtype(y_true.dtype)
-    if dtype in ("int32", "int64"):
-        return y_true
-    return ops.cast(y_true, "int32")
+    return y_true
 
 
 def _labels_tensor(y_true, num_classes):
-    """y_true as a tensor; NumPy/list labels are range-checked first.
+    """y_true as a tensor; host (NumPy/list) labels are range-checked first.
 
-    The check runs before the conversion, which may narrow int64 to int32
-    (JAX without x64): a label at or above 2^31 must not wrap into range.
+    The only place label values are read on the host, and only for data that
+    is on the host already. The check runs before the conversion, which may
+    narrow int64 to int32 (JAX without x64): a label at or above 2^31 must
+    not wrap into range. Integral float host data becomes int32 here.
     """
-    if isinstance(y_true, (np.ndarray, list, tuple)):
-        _validation.concrete_labels_in_range(np.asarray(y_true), num_classes, "y_true")
+    if isinstance(y_true, (np.ndarray, np.generic, list, tuple)):
+        values = np.asarray(y_true)
+        _validation.concrete_labels_in_range(values, num_classes, "y_true")
+        if np.issubdtype(values.dtype, np.floating):
+            values = values.astype("int64")
+        if values.size == 0 or (values.min() >= -(2**31) and values.max() < 2**31):
+            values = values.astype("int32", copy=False)
+        return ops.convert_to_tensor(values)
     return ops.convert_to_tensor(y_true)
 
 
@@ -66,37 +75,132 @@ def _float_outputs(y_pred):
     return y_pred
 
 
-class CodesSource:
-    _follows_snapshot = False
+class _CodesHolder:
+    """Holds one code matrix's `keras.Variable` out of Keras' tracking.
 
+    Losses are not tracked by Keras, and a metric must not track a variable
+    that a model or another metric already tracks (JAX donates each state
+    buffer once), so the variable sits in this plain object. `tracked_by` is
+    the metric that put it into its own variables (JAX only), if any.
+    """
+
+    __slots__ = ("variable", "tracked_by", "__weakref__")
+
+    def __init__(self, variable):
+        self.variable = variable
+        self.tracked_by = None
+
+
+# id(source array) -> (weak ref to the array, weak ref to its holder): losses
+# and metrics made from the same NumPy array share one device copy.
+_SHARED_CODES = {}
+
+
+def _new_codes_variable(array):
+    # A callable initializer hands the validated array to the backend once
+    # (no zeros first); float32 whatever the dtype policy, never autocast.
+    return keras.Variable(
+        initializer=lambda shape, dtype: array,
+        shape=array.shape,
+        dtype="float32",
+        trainable=False,
+        autocast=False,
+        name="ecoc_codes",
+    )
+
+
+def shared_codes(codes, name="codes"):
+    """A `_CodesHolder` for `codes`, validated and converted once.
+
+    The same NumPy array passed to several losses and metrics gives them one
+    variable: one check, one device copy.
+    """
+    key = id(codes) if isinstance(codes, np.ndarray) else None
+    if key is not None:
+        entry = _SHARED_CODES.get(key)
+        if entry is not None and entry[0]() is codes:
+            holder = entry[1]()
+            if holder is not None:
+                return holder
+    array = _validation.codes_array(codes, name)
+    _validation.warn_if_unequal_row_norms(array, stacklevel=5)
+    holder = _CodesHolder(_new_codes_variable(array))
+    if key is not None:
+        _SHARED_CODES[key] = (weakref.ref(codes), weakref.ref(holder))
+        weakref.finalize(codes, _SHARED_CODES.pop, key, None)
+    return holder
+
+
+def _backend():
+    return keras.backend.backend()
+
+
+def codes_in_program(codes, like):
+    """The value of a codes variable (or tensor) to compute with now.
+
+    TensorFlow captures a variable by handle and PyTorch runs eagerly, so the
+    variable itself is returned. Under a JAX trace a variable that the
+    trainer maps (a model weight, a metric variable) is a tracer: an argument
+    of the program. One it does not map (a loss's own codes) would be
+    captured as a constant, which XLA embeds in the program (a 244 MiB
+    matrix: +2.3 GB and 20 s per compile); it is read at run time through a
+    host callback instead (one copy per step, none in the program).
+    """
+    if _backend() != "jax":
+        return codes
+    import jax  # noqa: PLC0415
+
+    value = codes.value if isinstance(codes, keras.Variable) else codes
+    if isinstance(like, jax.core.Tracer) and not isinstance(value, jax.core.Tracer):
+        concrete = value
+        spec = jax.ShapeDtypeStruct(concrete.shape, concrete.dtype)
+        value = jax.lax.stop_gradient(jax.pure_callback(lambda: concrete, spec))
+    return value
+
+
+class CodesSource:
     """Where a loss or metric takes its codes (and scale) from.
 
-    Either its own validated float32 code matrix, or an `ECOCDecoder` it is
-    bound to (`from_decoder`), in which case the decoder's `codes` weight is
-    the only stored copy and the config refers to the decoder by name.
-    Metrics (`_follows_snapshot`) read a host copy of the bound decoder's
-    codes, refreshed whenever the decoder's weights are loaded: the JAX
-    trainer updates metrics in a scope that maps only the metrics' own
-    variables, so they cannot read a model weight there. Restored from
-    such a config, the object is bound again by `ECOCClassifier` (or by
+    Either its own code matrix, held once as a non-trainable float32
+    `keras.Variable` (shared with any other loss or metric made from the
+    same array), or an `ECOCDecoder` it is bound to (`from_decoder`), whose
+    `codes` weight is then used directly and is the only stored copy; the
+    config then refers to the decoder by name. Either way the codes enter
+    every traced function as state, never as a constant (`codes_in_program`).
+
+    On JAX a metric must hold its codes as one of its own variables: the
+    trainer updates metrics in a scope that maps only metric variables (and
+    purges the model's values during `fit`). A metric bound to a decoder
+    there keeps a device copy of the decoder's codes, refreshed whenever the
+    decoder's weights are loaded. Restored from a config that refers to a
+    decoder, the object is bound again by `ECOCClassifier` (or by
     `bind(layer)`); until then it uses the codes the config carried when they
     were small enough to be written (`_validation.MAX_CONFIG_CODE_ENTRIES`),
     and raises a clear error otherwise.
     """
 
+    _is_metric = False
+
     def _init_codes(self, codes, decoder):
-        self._codes = None
+        self._holder = None
         self._decoder = None
         self._decoder_name = None
         if isinstance(decoder, str):
             self._decoder_name = decoder
             if codes is not None:
-                self._codes = _validation.codes_array(codes)
+                self._set_holder(shared_codes(codes))
         elif decoder is not None:
             self.bind(decoder)
         else:
-            self._codes = _validation.codes_array(codes)
-            _validation.warn_if_unequal_row_norms(self._codes)
+            self._set_holder(shared_codes(codes))
+
+    def _set_holder(self, holder):
+        self._holder = holder
+        if self._is_metric and _backend() == "jax" and holder.tracked_by is None:
+            # JAX: the codes must be a metric variable to enter the metric
+            # update as state; exactly one metric tracks a shared variable.
+            self._tracker.add_to_store("variables", holder.variable)
+            holder.tracked_by = weakref.ref(self)
 
     def bind(self, decoder):
         """Follows `decoder`'s codes (and scale) from now on."""
@@ -111,13 +215,19 @@ class CodesSource:
             decoder.build((None, decoder.code_length))
         self._decoder = decoder
         self._decoder_name = decoder.name
-        if self._follows_snapshot:
+        if self._is_metric and _backend() == "jax":
+            if self._holder is None or self._holder.tracked_by is None or (
+                self._holder.tracked_by() is not self
+            ):
+                copy = _copy_of(decoder.codes)
+                self._holder = None
+                self._set_holder(_CodesHolder(_new_codes_variable(copy)))
             decoder._add_codes_follower(self)
         return self
 
-    def _refresh_codes(self, codes):
-        """Called by the bound decoder when its codes were (re)loaded."""
-        self._codes = codes
+    def _refresh_codes(self):
+        """Called by the bound decoder (JAX metrics) when its codes were loaded."""
+        self._holder.variable.assign(_copy_of(self._decoder.codes))
 
     @property
     def decoder_name(self):
@@ -126,10 +236,10 @@ class CodesSource:
 
     @property
     def codes(self):
-        """The (num_classes, code_length) codes: an array or the weight."""
-        if self._decoder is not None and not self._follows_snapshot:
+        """The (num_classes, code_length) codes variable."""
+        if self._decoder is not None and not (self._is_metric and _backend() == "jax"):
             return self._decoder.codes
-        if self._codes is None:
+        if self._holder is None:
             raise ValueError(
                 f"This {type(self).__name__} was restored from a config that "
                 f"refers to the `ECOCDecoder` layer {self._decoder_name!r} "
@@ -138,7 +248,7 @@ class CodesSource:
                 f"{self._decoder_name!r}))`; `ECOCClassifier` does it when "
                 "it is loaded."
             )
-        return self._codes
+        return self._holder.variable
 
     @property
     def num_classes(self):
@@ -155,21 +265,26 @@ class CodesSource:
         when small; the decoder's weights are their one stored copy.
         """
         if self._decoder is None and self._decoder_name is None:
-            return {"codes": _validation.codes_to_config(self._codes)}
+            return {"codes": _validation.codes_to_config(_host_codes(self.codes))}
         config = {"decoder": self._decoder_name, "codes": None}
-        codes = self._current_codes_array()
-        if codes is not None and codes.size <= _validation.MAX_CONFIG_CODE_ENTRIES:
-            config["codes"] = _validation.codes_to_config(codes)
+        codes = self.codes if (self._decoder is not None or self._holder is not None) else None
+        if codes is not None and int(np.prod(codes.shape)) <= _validation.MAX_CONFIG_CODE_ENTRIES:
+            codes = _host_codes(codes)
+            # An unloaded decoder's NaN placeholder is not worth writing.
+            if np.all(np.isfinite(codes)):
+                config["codes"] = _validation.codes_to_config(codes)
         return config
 
-    def _current_codes_array(self):
-        if self._decoder is not None:
-            codes = self._decoder._current_codes()
-            # An unloaded decoder's NaN placeholder is not worth writing.
-            if codes is None or not np.all(np.isfinite(codes)):
-                return None
-            return codes
-        return self._codes
+
+def _host_codes(codes):
+    return np.asarray(ops.convert_to_numpy(codes), dtype="float32")
+
+
+def _copy_of(variable):
+    """A device copy of a variable's value (JAX arrays are shared otherwise)."""
+    import jax.numpy as jnp  # noqa: PLC0415
+
+    return jnp.array(variable.value, dtype="float32", copy=True)
 
 
 def _codes_from_config(config):
@@ -207,13 +322,17 @@ def ecoc_cross_entropy(y_true, y_pred, codes, scale=1.0):
 
 
 def _cross_entropy(y_true, y_pred, codes, scale):
-    # Codes and scale already validated (by the caller or by their layer).
-    num_classes, code_length = codes.shape
+    # Codes and scale already validated (by the caller or by their layer):
+    # this is the unchecked path every call of the loss takes.
+    num_classes, code_length = (int(d) for d in codes.shape)
     y_true = _labels_tensor(y_true, num_classes)
     y_pred = _float_outputs(y_pred)
     _validation.check_code_length(tuple(y_pred.shape), code_length, "y_pred")
-    labels = _labels_for(y_true, y_pred, num_classes)
-    return ecoc_ops.ecoc_cross_entropy(labels, y_pred, codes, scale)
+    labels = _labels_for(y_true, y_pred)
+    return ecoc_ops._cross_entropy_checked(
+        labels, y_pred, codes_in_program(codes, y_pred), scale,
+        num_classes, code_length,
+    )
 
 
 @keras.saving.register_keras_serializable(package="keras_ecoc")

@@ -11,6 +11,7 @@ from keras_ecoc.losses import _codes_from_config
 from keras_ecoc.losses import _float_outputs
 from keras_ecoc.losses import _labels_for
 from keras_ecoc.losses import _labels_tensor
+from keras_ecoc.losses import codes_in_program
 
 
 @keras.saving.register_keras_serializable(package="keras_ecoc")
@@ -49,8 +50,8 @@ class ECOCTopKAccuracy(CodesSource, keras.metrics.Mean):
         self.k = int(k)
         self._direction = "up"
 
-    # Reads a host copy of a bound decoder's codes (see CodesSource).
-    _follows_snapshot = True
+    # On JAX the codes are one of the metric's variables (see CodesSource).
+    _is_metric = True
 
     @classmethod
     def from_decoder(cls, decoder, **kwargs):
@@ -63,11 +64,14 @@ class ECOCTopKAccuracy(CodesSource, keras.metrics.Mean):
     def update_state(self, y_true, y_pred, sample_weight=None):
         # y_true is never cast to the metric dtype: labels stay integers.
         codes = self.codes
-        y_true = _labels_tensor(y_true, codes.shape[0])
+        num_classes, code_length = (int(d) for d in codes.shape)
+        y_true = _labels_tensor(y_true, num_classes)
         y_pred = _float_outputs(y_pred)
-        _validation.check_code_length(tuple(y_pred.shape), codes.shape[1], "y_pred")
-        labels = _labels_for(y_true, y_pred, codes.shape[0])
-        rank = ecoc_ops.label_rank(labels, y_pred, codes)
+        _validation.check_code_length(tuple(y_pred.shape), code_length, "y_pred")
+        labels = _labels_for(y_true, y_pred)
+        rank = ecoc_ops._label_rank_checked(
+            labels, y_pred, codes_in_program(codes, y_pred), num_classes, code_length
+        )
         hits = ops.cast(rank < self.k, self.dtype)
         return super().update_state(hits, sample_weight=sample_weight)
 

@@ -66,12 +66,20 @@ def test_bad_scales_raise_naming_the_argument(scale):
         keras_ecoc.ECOCDecoder(_codes(), scale=scale)
 
 
-def test_bad_scale_tensor_raises_when_its_value_is_known():
+def test_bad_host_scale_array_raises_and_a_scale_tensor_is_checked_for_shape_only():
+    # Host values are checked; a tensor's value is never read (that would be
+    # a device-to-host copy on every call), only its shape.
     z = np.ones((2, 4), "float32")
     with pytest.raises(ValueError, match="scale"):
+        keras_ecoc.ecoc_cross_entropy(np.zeros(2, "int32"), z, _codes(), np.float32(-2.0))
+    with pytest.raises(ValueError, match="scale"):
         keras_ecoc.ecoc_cross_entropy(
-            np.zeros(2, "int32"), z, _codes(), ops.convert_to_tensor(-2.0)
+            np.zeros(2, "int32"), z, _codes(), ops.convert_to_tensor([1.0, 2.0])
         )
+    loss = keras_ecoc.ecoc_cross_entropy(
+        np.zeros(2, "int32"), z, _codes(), ops.convert_to_tensor(2.0)
+    )
+    assert np.all(np.isfinite(ops.convert_to_numpy(loss)))
 
 
 def test_rank_one_y_pred_gets_a_message_about_y_pred_not_one_hot():

@@ -225,11 +225,51 @@ def check_finite(array, name):
         )
 
 
+# Rows per block of the block-wise checks: about 2 MB of row bytes, so a
+# check of a million-class matrix adds a few tens of MB, never a full copy.
+_BLOCK_BYTES = 1 << 21
+
+
+def _row_blocks(n, row_bytes):
+    step = max(1, _BLOCK_BYTES // max(1, row_bytes))
+    for start in range(0, n, step):
+        yield start, min(n, start + step)
+
+
+def _row_hashes(array):
+    """(n,) uint64 hash of each row's bytes (-0.0 counted as 0.0).
+
+    A random linear hash of the row's 32-bit words modulo 2^64, computed in
+    blocks. Equal rows always hash equal; unequal rows collide rarely, and
+    `duplicate_row_pairs` compares candidate rows exactly.
+    """
+    n = array.shape[0]
+    row_bytes = array.dtype.itemsize * int(np.prod(array.shape[1:], dtype=np.int64))
+    words = -(-row_bytes // 4)
+    multipliers = np.random.default_rng(0x5EED).integers(
+        1, 2**63, size=words, dtype=np.uint64
+    ) * np.uint64(2) + np.uint64(1)
+    hashes = np.empty(n, np.uint64)
+    for start, stop in _row_blocks(n, row_bytes):
+        block = array[start:stop]
+        if block.dtype.kind == "f":
+            block = block + block.dtype.type(0)  # Turns -0.0 into 0.0.
+        raw = np.ascontiguousarray(block).view(np.uint8).reshape(stop - start, row_bytes)
+        if row_bytes % 4:
+            raw = np.pad(raw, ((0, 0), (0, 4 - row_bytes % 4)))
+        block_words = raw.view(np.uint32).astype(np.uint64)
+        with np.errstate(over="ignore"):
+            hashes[start:stop] = (block_words * multipliers).sum(axis=1, dtype=np.uint64)
+    return hashes
+
+
 def duplicate_row_pairs(array, max_pairs=None):
     """Finds the pairs of identical rows of a 2-D array.
 
-    Runs in O(n log n) row comparisons (a sort), so it is fine for very many
-    rows. `-0.0` and `0.0` count as equal.
+    Hashes each row (in blocks), sorts the n hashes and compares only rows
+    whose hashes are equal, so it needs O(n) extra memory (16 bytes a row)
+    whatever the row length, and no copy of the array. `-0.0` and `0.0`
+    count as equal.
 
     Args:
         array: `np.ndarray` of shape `(n, k)`.
@@ -240,26 +280,32 @@ def duplicate_row_pairs(array, max_pairs=None):
         `i < j`, in increasing order of `i` then `j`, and `total` is the
         number of duplicate pairs (which may exceed `len(pairs)`).
     """
-    array = np.ascontiguousarray(array)
+    array = np.asarray(array)
     if array.shape[0] < 2:
         return [], 0
-    if array.dtype.kind == "f":
-        array = array + 0.0  # Turns -0.0 into 0.0.
-    _, inverse, counts = np.unique(
-        array, axis=0, return_inverse=True, return_counts=True
-    )
-    inverse = inverse.reshape(-1)
-    if counts.max() == 1:
+    hashes = _row_hashes(array)
+    order = np.argsort(hashes, kind="stable")
+    sorted_hashes = hashes[order]
+    same = sorted_hashes[1:] == sorted_hashes[:-1]
+    if not same.any():
         return [], 0
-    total = int((counts * (counts - 1) // 2).sum())
-    # Group members, each group sorted by row index; groups are ordered by
-    # their first member so that the listing follows the row order.
-    order = np.argsort(inverse, kind="stable")
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    groups = [
-        order[starts[g] : starts[g] + counts[g]]
-        for g in np.flatnonzero(counts > 1)
-    ]
+    # Runs of equal hashes: candidate groups, compared exactly.
+    edges = np.flatnonzero(np.diff(np.concatenate([[False], same, [False]]).astype(np.int8)))
+    groups = []
+    for first, last in zip(edges[::2], edges[1::2]):
+        members = np.sort(order[first : last + 1])
+        rows = array[members]
+        if rows.dtype.kind == "f":
+            rows = rows + rows.dtype.type(0)
+        _, inverse = np.unique(rows, axis=0, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        for value in np.unique(inverse):
+            group = members[inverse == value]
+            if len(group) > 1:
+                groups.append(group)
+    if not groups:
+        return [], 0
+    total = int(sum(len(g) * (len(g) - 1) // 2 for g in groups))
     pairs = [
         (int(members[a]), int(members[b]))
         for members in groups
@@ -270,6 +316,20 @@ def duplicate_row_pairs(array, max_pairs=None):
     if max_pairs is not None:
         pairs = pairs[:max_pairs]
     return pairs, total
+
+
+def _check_finite_blocks(array, name):
+    """`check_finite` over blocks of rows (no full-size boolean mask)."""
+    row_bytes = array.dtype.itemsize * array.shape[1]
+    for start, stop in _row_blocks(array.shape[0], row_bytes):
+        if not np.isfinite(array[start:stop]).all():
+            bad = np.argwhere(~np.isfinite(array))
+            first = tuple(int(i) for i in bad[0])
+            raise ValueError(
+                f"Argument `{name}` must contain only finite values, but "
+                f"{len(bad)} entries are NaN or inf (the first at index "
+                f"{first}). Received: {name}={describe(array)}"
+            )
 
 
 def validate_codes(codes, name="codes"):
@@ -312,8 +372,10 @@ def validate_codes(codes, name="codes"):
         )
     # Duplicates are checked after the cast: rows that differ only beyond
     # float32 precision are identical for the float32 model.
+    # Converted once (no copy when it already is C-contiguous float32);
+    # the checks below work block by block on this one array.
     array = np.ascontiguousarray(array, dtype=np.float32)
-    check_finite(array, name)
+    _check_finite_blocks(array, name)
     pairs, total = duplicate_row_pairs(array, max_pairs=5)
     if total:
         listed = ", ".join(f"{i} and {j}" for i, j in pairs)

@@ -42,10 +42,13 @@ says why for both, `fused_status()` describes the libraries. When the backend
 is TensorFlow but the op library is missing, a warning is issued once.
 
 Input rules shared by every path: `scale` must be a finite number > 0 (checked
-whenever its value is known); `labels` must be integers (a float tensor is
-rejected; integral-valued float NumPy data is converted exactly) and are never
-narrowed; labels outside [0, n) raise where their values are known (eager) and
-otherwise give a NaN loss and a zero gradient for their row; rows with
+when it is a host value; a tensor's value is never read); `labels` must be
+integers (a float tensor is rejected unless its dtype holds every class id
+exactly; integral-valued float NumPy data is converted exactly) and are never
+narrowed; host labels (NumPy / Python data) outside [0, n) raise; a label
+tensor is never read on the host (no device-to-host copy per step): its
+invalid labels give a NaN loss and a zero gradient for their row (the fused
+TensorFlow CPU kernel rejects them in the kernel instead); rows with
 non-finite z (or any non-finite codeword) get a NaN loss, `nearest_codeword`
 -1 and `label_rank` n.
 """
@@ -147,13 +150,13 @@ def _check_codes(codes):
 
 def _check_labels(labels, num_classes, backend):
     """Labels as exact integers (NumPy when given as host data); raises for
-    float tensors that cannot hold every class index exactly and, where values
-    are known, for labels outside [0, n)."""
+    float tensors that cannot hold every class index exactly and, for host
+    data, for labels outside [0, n). A tensor's values are never read here
+    (no device-to-host copy): its invalid labels give a NaN loss in the
+    program."""
     host = _checks.host_labels(labels)
     if host is None:
-        labels = _checks.integer_label_tensor(labels, num_classes)
-        _checks.check_label_values(labels, num_classes, backend)
-        return labels
+        return _checks.integer_label_tensor(labels, num_classes)
     if num_classes is not None:
         _checks.check_label_values(host, num_classes, backend)
     if host.size == 0 or (host.min() >= -(2**31) and host.max() < 2**31):
@@ -216,15 +219,26 @@ def ecoc_cross_entropy(labels, z, codes, scale=1.0, fused=None):
             run) or False (the streaming or dense path), like Keras's
             ``flash_attention`` switch.
 
-    Labels outside [0, n) raise a ValueError when their values are known
-    (eager); inside a compiled function they give a NaN loss and a zero
-    gradient for their row, on every path. `loss_path(n)` says which
-    implementation runs.
+    Host labels (NumPy / Python data) outside [0, n) raise a ValueError; a
+    label tensor is not read on the host, and its invalid labels give a NaN
+    loss and a zero gradient for their row (the fused TensorFlow CPU kernel
+    rejects them in the kernel). `loss_path(n)` says which implementation
+    runs.
     """
     backend = _dispatch._loader.backend()
     _checks.check_scale(scale, backend)
     codes, n, k = _check_codes(codes)
     labels = _check_labels(labels, n, backend)
+    return _cross_entropy_checked(labels, z, codes, scale, n, k, fused)
+
+
+def _cross_entropy_checked(labels, z, codes, scale, n, k, fused=None):
+    """`ecoc_cross_entropy` after its checks: the path `keras_ecoc.ECOCLoss`
+    calls, whose codes and scale were checked when it was constructed and
+    whose labels were checked where they entered (host data only)."""
+    backend = _dispatch._loader.backend()
+    if not isinstance(labels, np.ndarray):
+        labels = _checks.integer_label_tensor(labels, n)
     path, _ = _dispatch.choose(n, k, fused=fused, tensor=z)
     _warn_if_tensorflow_unfused(path, fused)
     if path == "fused" and backend == "tensorflow":
@@ -250,13 +264,21 @@ def ecoc_cross_entropy(labels, z, codes, scale=1.0, fused=None):
 
 
 def _decode(z, codes, labels, fused):
-    """label_rank (labels given) or nearest_codeword (labels None) on the chosen path."""
-    from keras import ops as kops  # noqa: PLC0415
-
+    """label_rank (labels given) or nearest_codeword (labels None): checks, then the chosen path."""
     backend = _dispatch._loader.backend()
     codes, n, k = _check_codes(codes)
     if labels is not None:
         labels = _check_labels(labels, n, backend)
+    return _decode_checked(z, codes, labels, n, k, fused)
+
+
+def _decode_checked(z, codes, labels, n, k, fused=None):
+    """`_decode` after its checks (labels None: nearest codeword)."""
+    from keras import ops as kops  # noqa: PLC0415
+
+    backend = _dispatch._loader.backend()
+    if labels is not None and not isinstance(labels, np.ndarray):
+        labels = _checks.integer_label_tensor(labels, n)
     path, _ = _dispatch.choose(n, k, fused=fused, op="decode", tensor=z)
     _warn_if_tensorflow_unfused(path, fused)
     if path == "fused" and backend == "tensorflow":
@@ -288,12 +310,17 @@ def label_rank(labels, z, codes, fused=None):
 
     0 means a correct top-1 prediction; ``rank < K`` is top-K correctness.
     Rows with a non-finite logit (non-finite z or codeword) and rows whose label is
-    outside [0, n) (under a compiler; eagerly that raises) get rank n, i.e.
+    outside [0, n) (a label tensor; host labels raise) get rank n, i.e.
     never correct. The scale does not change the order, so it is not an
     argument. Streams over class tiles on every path (no B x n tensor).
     fused: as in `ecoc_cross_entropy`.
     """
     return _decode(z, codes, labels, fused)
+
+
+def _label_rank_checked(labels, z, codes, n, k, fused=None):
+    """`label_rank` after its checks (the metrics' path, as for the loss)."""
+    return _decode_checked(z, codes, labels, n, k, fused)
 
 
 def nearest_codeword(z, codes, fused=None):

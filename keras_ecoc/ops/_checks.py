@@ -4,10 +4,9 @@ The rules (the same on the fused op, the streaming JAX / PyTorch / TensorFlow
 implementations and the dense path):
 
 * ``scale`` must be a finite number > 0. A bool is rejected (``True`` is not a
-  temperature). The value is checked whenever it is known: a Python number,
-  a NumPy value, an eager tensor or a Keras variable outside a traced function.
-  Inside ``jax.jit`` / ``tf.function`` / ``torch.compile`` it is not known and
-  is not checked.
+  temperature). The value is checked when it is a host value (a Python or
+  NumPy number); a tensor or variable is checked for dtype and shape only,
+  never read (that would copy it from the device on every call).
 * ``labels`` must be integers. A float *tensor* is an error (float16 is exact
   only up to 2,048 and float32 up to 2^24, so a cast could silently change
   classes); only concrete NumPy / Python data that is float but integral-valued
@@ -28,77 +27,47 @@ import numpy as np
 INT32_LIMIT = 2**31
 
 
-def is_concrete(x, backend: str) -> bool:
-    """Whether the value of a backend tensor is known now (not traced)."""
-    if isinstance(x, (np.ndarray, np.generic, numbers.Number, list, tuple)):
-        return True
-    if backend == "jax":
-        import jax  # noqa: PLC0415
-
-        return not isinstance(x, jax.core.Tracer)
-    if backend == "torch":
-        import torch  # noqa: PLC0415
-
-        if torch.compiler.is_compiling():
-            return False
-        return isinstance(x, torch.Tensor) and x.device.type != "meta"
-    if backend == "tensorflow":
-        import tensorflow as tf  # noqa: PLC0415
-
-        if isinstance(x, tf.Variable):
-            return tf.executing_eagerly()
-        return isinstance(x, tf.__internal__.EagerTensor)
-    return False
-
-
-def _to_numpy(x):
-    if hasattr(x, "detach"):  # torch
-        x = x.detach().cpu()
-    return np.asarray(x)
-
-
-def _variable_value(x, backend):
-    """A Keras variable's current value (the scoped value under stateless calls)."""
-    import keras  # noqa: PLC0415
-
-    if isinstance(x, keras.Variable):
-        # Under a compiler this is a tracer / symbolic tensor (not concrete).
-        if backend == "tensorflow":
-            import tensorflow as tf  # noqa: PLC0415
-
-            return tf.convert_to_tensor(x)
-        return keras.ops.convert_to_tensor(x)
-    return x
-
-
 def check_scale(scale, backend: str) -> None:
-    """Raises ValueError unless `scale` is (where known) a finite number > 0."""
+    """Raises ValueError unless `scale` is a finite number > 0 (host values).
+
+    Python and NumPy numbers are checked by value. A tensor or variable is
+    checked for dtype and shape only: reading its value would copy it from
+    the device on every call (a sync per step on eager PyTorch). Keras
+    objects check their scale once, when it enters (the constructor).
+    """
     if isinstance(scale, (bool, np.bool_)):
         raise ValueError(
             "Argument `scale` must be a finite number > 0 (a bool is not accepted). "
             f"Received: scale={scale!r}"
         )
-    if isinstance(scale, numbers.Number):
-        value = float(scale)
-    else:
-        scale = _variable_value(scale, backend)
-        dtype = getattr(scale, "dtype", None)
-        if dtype is not None and "bool" in str(dtype):
+    if isinstance(scale, (numbers.Number, np.ndarray, np.generic)):
+        arr = np.asarray(scale)
+        if arr.dtype == np.bool_:
             raise ValueError(
-                "Argument `scale` must be a finite number > 0, not a boolean tensor. "
-                f"Received: scale with dtype {dtype}"
+                "Argument `scale` must be a finite number > 0, not a boolean array. "
+                f"Received: scale={scale!r}"
             )
-        shape = tuple(getattr(scale, "shape", ()) or ())
-        n_elems = int(np.prod(shape)) if shape else 1
-        if n_elems != 1 and None not in shape:
+        if arr.size != 1:
             raise ValueError(
-                f"Argument `scale` must be a scalar. Received: scale with shape {shape}"
+                f"Argument `scale` must be a scalar. Received: scale with shape {arr.shape}"
             )
-        if not is_concrete(scale, backend):
-            return
-        value = float(_to_numpy(scale).reshape(()))
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"Argument `scale` must be a finite number > 0. Received: scale={value}")
+        value = float(arr.reshape(()))
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(
+                f"Argument `scale` must be a finite number > 0. Received: scale={value}")
+        return
+    dtype = getattr(scale, "dtype", None)
+    if dtype is not None and "bool" in str(dtype):
+        raise ValueError(
+            "Argument `scale` must be a finite number > 0, not a boolean tensor. "
+            f"Received: scale with dtype {dtype}"
+        )
+    shape = tuple(getattr(scale, "shape", ()) or ())
+    n_elems = int(np.prod(shape)) if shape and None not in shape else 1
+    if n_elems != 1:
+        raise ValueError(
+            f"Argument `scale` must be a scalar. Received: scale with shape {shape}"
+        )
 
 
 def _range_error(labels_np: np.ndarray, num_classes: int) -> None:
@@ -177,10 +146,17 @@ def integer_label_tensor(labels, num_classes):
 
 
 def check_label_values(labels, num_classes: int, backend: str) -> None:
-    """Raises for labels outside [0, n) when their values are known."""
-    if num_classes is None or not is_concrete(labels, backend):
+    """Raises for host labels (NumPy / Python data) outside [0, n).
+
+    A backend tensor's values are not read (that would be a device-to-host
+    copy on every call): its invalid labels give a NaN loss and a zero
+    gradient in the program, on every path.
+    """
+    if num_classes is None or not isinstance(
+        labels, (np.ndarray, np.generic, numbers.Number, list, tuple)
+    ):
         return
-    arr = _to_numpy(labels)
+    arr = np.asarray(labels)
     if arr.size == 0:
         return
     lo, hi = arr.min(), arr.max()
