@@ -85,12 +85,13 @@ _warned = [False]
 
 
 def _warn_if_tensorflow_unfused(path, fused) -> None:
-    """Warns once when the TensorFlow backend falls back because the op library is missing."""
+    """Warns once when the TensorFlow backend falls back because the op library
+    is missing or cannot run here (e.g. the GPU guard refused the card)."""
     from keras_ecoc.ops import _loader  # noqa: PLC0415
 
     if (path != "fused" and fused is None and not _loader.disabled()
             and _loader.backend() == "tensorflow" and not _warned[0]
-            and _loader.load_library() is None):
+            and not _loader.fused_available()):
         _warned[0] = True
         warnings.warn(
             "keras_ecoc.ops: the fused ECOC op is unavailable, falling back to the "
