@@ -140,6 +140,11 @@ BACKEND_INDEPENDENT_FILES = {
     # The TensorFlow op's loader: build cache, TF-version check, GPU guard.
     "test_build_cache.py",
     "test_gpu_guard.py",
+    # The research statistics and the audit of stored runs (NumPy/SciPy).
+    "test_stats.py",
+    "test_audit.py",
+    # The name registry of codes (NumPy).
+    "test_code_registry.py",
 }
 
 
