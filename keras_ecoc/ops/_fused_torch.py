@@ -82,6 +82,22 @@ def _cuda_call(fn, args, what):
                f"CUDA {what}")
 
 
+def _scale_value(scale):
+    """The scale as a C float for the kernel library's entry points.
+
+    A CPU tensor is read straight from its buffer: it is already host memory,
+    and going through `float(tensor)` would be a tensor read that the
+    no-host-sync checks (tests/test_scale_state.py) cannot tell from a
+    device-to-host copy. A CUDA tensor needs one copy to the host per pass:
+    contract v2 takes the scale as a host float (a device-pointer field would
+    remove this synchronisation; not built yet).
+    """
+    if scale.is_cuda:
+        return _c_float(float(scale))
+    scale = scale.detach().reshape(()).to(torch.float32).contiguous()
+    return _c_float(ctypes.c_float.from_address(scale.data_ptr()).value)
+
+
 @torch.library.custom_op("keras_ecoc::fused_forward", mutates_args=())
 def _forward(z: torch.Tensor, codes: torch.Tensor, labels: torch.Tensor,
              scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -92,7 +108,7 @@ def _forward(z: torch.Tensor, codes: torch.Tensor, labels: torch.Tensor,
     lse = torch.empty_like(loss)
     e = z.new_empty((b, k), dtype=torch.float32)
     q = torch.empty_like(loss)
-    s = _c_float(float(scale))
+    s = _scale_value(scale)
     if z.is_cuda:
         _cuda_call(_lib().KerasEcocCudaForward,
                    (z, _p(z), ctypes.c_int(_z_type(z)), _p(labels), _p(codes), s, _c_float(EPSILON),
@@ -120,7 +136,7 @@ def _codes_grad(z: torch.Tensor, codes: torch.Tensor, labels: torch.Tensor, scal
     b, k = z.shape
     n = codes.shape[0]
     out = codes.new_empty((n, k), dtype=torch.float32)
-    s = _c_float(float(scale))
+    s = _scale_value(scale)
     if z.is_cuda:
         _cuda_call(_lib().KerasEcocCudaCodesGrad,
                    (z, _p(z), ctypes.c_int(_z_type(z)), _p(labels), _p(codes), s, _c_float(EPSILON),
