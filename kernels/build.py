@@ -384,9 +384,9 @@ def _units(tf: dict, cxx: str, nvcc: str | None, cuda_home: str | None, with_xla
             nvcc_cmd = [nvcc, "-std=c++17", "-x", "cu", "-O3", "-DNDEBUG", "--expt-relaxed-constexpr",
                         "-Xcompiler", "-fPIC", "-Xcompiler", "-Wno-deprecated-declarations",
                         *nvcc_thread_flags(len(archs)), *cuda_gencode_flags(archs), f"-I{KERNELS_DIR}"]
-            units.append(unit("ecoc_kernels_cu", src(CUDA_SRC), [
-                *nvcc_cmd, "-DGOOGLE_CUDA=1", "-DEIGEN_USE_GPU", f"-I{shim_dir}", *tf["cflags"]],
-                "cuda", compiler="nvcc", toolchain=cuda_tc))
+            # The same object as the kernel library's: one nvcc run over every
+            # architecture serves both libraries (the kernels need no TensorFlow flag).
+            units.append(_cuda_kernels_unit(nvcc, archs, toolchain))
             units.append(unit("ecoc_probe_cu", src(PROBE_SRC), [
                 *nvcc_cmd, f'-DECOC_CUDA_ARCHS="{cuda_arch_names(archs)}"'],
                 "cuda", compiler="nvcc", toolchain=cuda_tc))
@@ -606,11 +606,26 @@ def _kernel_units(cxx: str, nvcc: str | None, cuda_home: str | None, with_cuda: 
                              for f in sorted(os.listdir(src(CUDA_HEADER_DIR))) if f.endswith((".h", ".cuh")))
         units.append(_Unit("ffi_cuda", src(FFI_CUDA_SRC), base + [f"-I{os.path.join(cuda_home, 'include')}"],
                            "cuda", deps=cuda_headers + FFI_HEADERS, toolchain=cuda_tc))
-        units.append(_Unit("kcuda", src(CUDA_SRC), [
-            nvcc, "-std=c++17", "-x", "cu", "-O3", "-DNDEBUG", "--expt-relaxed-constexpr",
-            "-Xcompiler", "-fPIC", *nvcc_thread_flags(len(archs)), *cuda_gencode_flags(archs),
-            f"-I{KERNELS_DIR}"], "cuda", compiler="nvcc", deps=cuda_headers, toolchain=cuda_tc))
+        units.append(_cuda_kernels_unit(nvcc, archs, toolchain))
     return units
+
+
+def _cuda_kernels_unit(nvcc: str, archs: list, toolchain: dict) -> _Unit:
+    """cuda/ecoc_kernels.cu.cc, compiled once for both libraries.
+
+    The command, headers and toolchain string are identical for the kernel
+    library and the TensorFlow op library, so the second build finds the first
+    one's object in build/obj: nvcc over every architecture is the slowest
+    step of an install (it ran twice before).
+    """
+    cuda_headers = tuple(os.path.join(CUDA_HEADER_DIR, f)
+                         for f in sorted(os.listdir(os.path.join(KERNELS_DIR, CUDA_HEADER_DIR)))
+                         if f.endswith((".h", ".cuh")))
+    return _Unit("kcuda", os.path.join(KERNELS_DIR, CUDA_SRC), [
+        nvcc, "-std=c++17", "-x", "cu", "-O3", "-DNDEBUG", "--expt-relaxed-constexpr",
+        "-Xcompiler", "-fPIC", *nvcc_thread_flags(len(archs)), *cuda_gencode_flags(archs),
+        f"-I{KERNELS_DIR}"], "cuda", compiler="nvcc", deps=cuda_headers,
+        toolchain=f"cxx={toolchain.get('cxx')} nvcc={toolchain.get('nvcc')}")
 
 
 def _check_kernels_load(path: str) -> tuple[int, str]:

@@ -39,19 +39,36 @@ def _keys(build, tmp_path, toolchain, archs=("75", "80", "86", "89", "90")):
 def test_cache_key_includes_tensorflow_compiler_and_nvcc_versions(build, tmp_path):
     base = {"tf": "2.21.0", "cxx": "g++ 12.2.0", "nvcc": "V13.0.88"}
     keys = _keys(build, tmp_path, base)
-    assert {"ecoc_ops", "ecoc_kernels_cpu", "ecoc_kernels_cu", "ecoc_probe_cu", "ecoc_ops_gpu"} <= set(keys)
+    assert {"ecoc_ops", "ecoc_kernels_cpu", "kcuda", "ecoc_probe_cu", "ecoc_ops_gpu"} <= set(keys)
     assert _keys(build, tmp_path, dict(base)) == keys  # deterministic
-    for change in ({"tf": "2.22.0"}, {"cxx": "g++ 13.1.0"}):
-        other = _keys(build, tmp_path, {**base, **change})
-        assert all(other[name] != keys[name] for name in keys), change
+    other = _keys(build, tmp_path, {**base, "cxx": "g++ 13.1.0"})
+    assert all(other[name] != keys[name] for name in keys)
+    # The CUDA kernels take no TensorFlow header: a TensorFlow upgrade keeps
+    # their object (shared with the kernel library), and changes every other.
+    newer_tf = _keys(build, tmp_path, {**base, "tf": "2.22.0"})
+    for name in keys:
+        assert (newer_tf[name] == keys[name]) == (name == "kcuda"), name
     newer_nvcc = _keys(build, tmp_path, {**base, "nvcc": "V13.1.0"})
     for name in keys:
-        cuda = name in ("ecoc_kernels_cu", "ecoc_probe_cu", "ecoc_ops_gpu")
+        cuda = name in ("kcuda", "ecoc_probe_cu", "ecoc_ops_gpu")
         assert (newer_nvcc[name] != keys[name]) == cuda, name
     fewer_archs = _keys(build, tmp_path, base, archs=("80", "90"))
-    assert fewer_archs["ecoc_kernels_cu"] != keys["ecoc_kernels_cu"]
+    assert fewer_archs["kcuda"] != keys["kcuda"]
     assert fewer_archs["ecoc_probe_cu"] != keys["ecoc_probe_cu"]
     assert fewer_archs["ecoc_ops"] == keys["ecoc_ops"]
+
+
+def test_both_libraries_share_one_nvcc_object_of_the_cuda_kernels(build):
+    toolchain = {"tf": "2.21.0", "cxx": "g++ 12.2.0", "nvcc": "V13.0.88"}
+    archs = ["75", "80", "86", "89", "90"]
+    ops_units = build._units(FAKE_TF, "g++", "/cuda/bin/nvcc", "/cuda", True, True, "/shim", {},
+                             toolchain=toolchain, archs=archs)
+    kernel_units = build._kernel_units("g++", "/cuda/bin/nvcc", "/cuda", True,
+                                       {"cxx": toolchain["cxx"], "nvcc": toolchain["nvcc"]}, archs)
+    (ops_cu,) = [u for u in ops_units if u.src.endswith("ecoc_kernels.cu.cc")]
+    (lib_cu,) = [u for u in kernel_units if u.src.endswith("ecoc_kernels.cu.cc")]
+    # Same name and key: the object file name in build/obj is the same.
+    assert (ops_cu.name, ops_cu.key()) == (lib_cu.name, lib_cu.key())
 
 
 def test_architectures_cover_common_cards_plus_ptx_and_the_visible_gpu(build, monkeypatch):
