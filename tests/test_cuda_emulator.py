@@ -232,9 +232,14 @@ def test_deleting_a_marked_barrier_makes_the_harness_fail():
     marked = _marked_barriers()
     assert len(marked) >= 2, ("the kernel source must mark at least two barriers with "
                               f"// [barrier-mutation-test]; found {marked}")
-    for index, where in enumerate(marked):
-        res = run_emu("--src-root", str(SRC_ROOT), "--arch", "90", "--sms", "2",
-                      "--delete-marked-barrier", str(index), "--", *MUTATION_ARGS)
+    def mutant(index: int) -> subprocess.CompletedProcess:
+        return run_emu("--src-root", str(SRC_ROOT), "--arch", "90", "--sms", "2",
+                       "--delete-marked-barrier", str(index), "--", *MUTATION_ARGS)
+
+    # One mutant per core: each is a single-threaded emulator run.
+    with ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1))) as pool:
+        results = list(pool.map(mutant, range(len(marked))))
+    for where, res in zip(marked, results):
         caught = (res.returncode in (1, ASAN_EXIT, UBSAN_EXIT, *SIGABRT_CODES)
                   and ("FAIL" in res.stdout or "keras-ecoc CUDA emulator" in res.stderr
                        or "Sanitizer" in res.stderr))
