@@ -602,12 +602,13 @@ void RunChecks(int sms, bool quick) {
   if (quick) {
     // --check-only --quick (the CPU emulator's set): the same launch variants
     // and rules at the smallest sizes that reach them. Two row tiles and two
-    // class tiles, both partial, in "basic"; k = 21, 130 and 1001 take the
-    // scalar code-row loads (k % 4 != 0), the others the 16-byte ones;
-    // k = 130 keeps the accumulators in more than 48 KiB of shared memory,
-    // k = 224 in global memory, k = 300 and 1001 run 2 and 4 column stages
-    // (256-column stages on the 100 KiB budget); B = 1 and n = 1 alone. The
-    // many-split cases stay as above: their sizes follow the SM count.
+    // class tiles, both partial, in "basic"; k = 1, 21, 31, 130 and 1001
+    // take the scalar code-row loads (k % 4 != 0), k = 16, 24, 224 and 300
+    // the 16-byte ones; k = 130 keeps the accumulators in more than 48 KiB of
+    // shared memory, k = 224 in global memory, k = 300 and 1001 run 2 and 4
+    // column stages (256-column stages on the 100 KiB budget); B = 1 and
+    // n = 1 alone. The many-split cases keep their sizes, which follow the SM
+    // count (many class splits at k = 16 instead of 64).
     cases = {
         {"basic", 19, 37, 21, 8.0f, true, true, true},
         {"k=1", 5, 3, 1, 4.0f},
