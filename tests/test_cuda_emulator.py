@@ -19,6 +19,7 @@ import shutil
 import struct
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 from pathlib import Path
 
@@ -81,12 +82,17 @@ needs_kernels = pytest.mark.skipif(_kernel_tree_problem() is not None,
 # (id, run.py options, harness arguments). Together they run every
 # kernel instantiation of the launchers, the >48 KiB dynamic shared memory
 # path, several SM counts (grid-stride loops, split counts) and the three
-# architecture branches (sm_75 without cp.async/mma, Ampere, Hopper).
+# architecture branches (sm_75 without cp.async/mma, Ampere, Hopper). The
+# first runs the harness's --quick check set: every launch variant and rule
+# of --check-only (odd shapes, NaN/zero rows, ties, fp16/bf16 z, int64
+# labels, three math modes, several column stages, both combines, n = 1,
+# B = 1) at the smallest sizes that reach it, 3 s of CPU here against 35 s
+# for the full set, which stays for GPU runs.
 HARNESS_RUNS = [
-    ("sm90-h100-2sms-checks", ["--arch", "90", "--sms", "2"], ["--check-only"]),
+    ("sm90-h100-2sms-checks", ["--arch", "90", "--sms", "2"], ["--check-only", "--quick"]),
     ("sm80-on-a10-3sms-small", ["--arch", "80", "--device-arch", "86", "--sms", "3"],
      ["--small", "--math", "3xtf32"]),
-    ("sm80-a100-smem-limit", ["--arch", "80"], ["--smem-limit"]),
+    ("sm80-a100-smem-limit", ["--arch", "80"], ["--smem-limit", "--quick"]),
     ("sm75-t4-2sms-small-fp32", ["--arch", "75", "--sms", "2"], ["--small", "--math", "fp32"]),
     ("sm90-l4-like-optin-shuffled", ["--arch", "90", "--device-arch", "89", "--sms", "5",
                                      "--shuffle-blocks", "7", "--schedule", "reverse"],
@@ -94,6 +100,69 @@ HARNESS_RUNS = [
 ]
 
 _LAUNCH_LOGS: dict[str, Path] = {}
+
+# Harness arguments of the barrier-deletion test: the quick check set must
+# itself catch a missing barrier.
+MUTATION_ARGS = ["--check-only", "--quick"]
+
+
+def _marked_barriers() -> list[str]:
+    res = run_emu("--src-root", str(SRC_ROOT), "--list-marked-barriers")
+    return [line for line in res.stdout.splitlines() if line.strip()]
+
+
+def _needed_builds(test_names: set[str]) -> list[list[str]]:
+    """run.py options of every binary the selected tests of this file build."""
+    harness = _kernel_tree_problem() is None
+    builds: list[list[str]] = []
+    if harness and test_names & {"test_harness_checks_pass_under_the_emulator",
+                                 "test_harness_runs_launch_every_kernel_variant_and_the_large_"
+                                 "shared_memory_path"}:
+        for _, options, _ in HARNESS_RUNS:
+            if ["--src-root", str(SRC_ROOT), *options[:2]] not in builds:
+                builds.append(["--src-root", str(SRC_ROOT), *options[:2]])
+    if harness and "test_deleting_a_marked_barrier_makes_the_harness_fail" in test_names:
+        builds += [["--src-root", str(SRC_ROOT), "--arch", "90", "--delete-marked-barrier", str(i)]
+                   for i in range(len(_marked_barriers()))]
+    # (program, architectures, the tests that run it)
+    programs = [
+        ("divergence.cu", ["90"], {"test_correct_warp_and_block_synchronisation_runs_and_gives_"
+                                   "the_right_values",
+                                   "test_divergent_synchronisation_aborts_with_the_call_sites"}),
+        ("shared_memory.cu", ["90"], {"test_a_shared_memory_write_past_the_launch_size_trips_asan",
+                                      "test_a_cp_async_read_past_a_global_buffer_trips_asan",
+                                      "test_shared_memory_limits_nan_fill_and_deferred_cp_async"}),
+        ("mma.cu", ["80", "90"], {"test_emulated_tf32_mma_and_cvt_match_an_exact_reference",
+                                  "test_emulated_mma_on_special_values_follows_ieee_with_a_"
+                                  "canonical_nan",
+                                  "test_emulated_mma_is_bit_exact_against_mmasim"}),
+        ("mma_random.cu", ["90"], {"test_emulated_sm90_mma_and_cvt_reproduce_a_real_h100_bit_"
+                                   "for_bit"}),
+    ]
+    for program, archs, users in programs:
+        if test_names & users:
+            builds += [["--arch", a, "--program", str(SELFTEST / program)] for a in archs]
+    return builds
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _prebuilt(request):
+    """Builds this file's binaries up front, two compilers at a time.
+
+    Each test would build its own binary on first use, one translation unit
+    after another, leaving the second core of a 2-core CI machine idle. The
+    first build goes alone (it compiles the shared runtime object); the
+    others run side by side. A failed build is left to the test that needs
+    it, which rebuilds and reports the compiler's message.
+    """
+    names = {item.originalname for item in request.session.items
+             if item.module is request.module}
+    builds = _needed_builds(names)
+    if not builds:
+        return
+    run_emu(*builds[0], "--build-only")
+    with ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1))) as pool:
+        list(pool.map(lambda b: run_emu(*b, "--build-only"), builds[1:]))
 
 
 @needs_kernels
@@ -160,17 +229,49 @@ def test_harness_runs_launch_every_kernel_variant_and_the_large_shared_memory_pa
 
 @needs_kernels
 def test_deleting_a_marked_barrier_makes_the_harness_fail():
-    res = run_emu("--src-root", str(SRC_ROOT), "--list-marked-barriers")
-    marked = [line for line in res.stdout.splitlines() if line.strip()]
+    marked = _marked_barriers()
     assert len(marked) >= 2, ("the kernel source must mark at least two barriers with "
                               f"// [barrier-mutation-test]; found {marked}")
-    for index, where in enumerate(marked):
-        res = run_emu("--src-root", str(SRC_ROOT), "--arch", "90", "--sms", "2",
-                      "--delete-marked-barrier", str(index), "--", "--small", "--math", "3xtf32")
+    def mutant(index: int) -> subprocess.CompletedProcess:
+        return run_emu("--src-root", str(SRC_ROOT), "--arch", "90", "--sms", "2",
+                       "--delete-marked-barrier", str(index), "--", *MUTATION_ARGS)
+
+    # One mutant per core: each is a single-threaded emulator run.
+    with ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1))) as pool:
+        results = list(pool.map(mutant, range(len(marked))))
+    for where, res in zip(marked, results):
         caught = (res.returncode in (1, ASAN_EXIT, UBSAN_EXIT, *SIGABRT_CODES)
                   and ("FAIL" in res.stdout or "keras-ecoc CUDA emulator" in res.stderr
                        or "Sanitizer" in res.stderr))
         assert caught, f"deleting the barrier at {where} went unnoticed:\n{_fail_message(res)}"
+
+
+def _run_module():
+    import importlib.util  # noqa: PLC0415
+
+    spec = importlib.util.spec_from_file_location("_keras_ecoc_emu_run_for_tests", RUN)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@needs_kernels
+def test_an_object_is_keyed_by_the_headers_its_unit_includes_and_no_others():
+    # Why a barrier deleted in a kernel header rebuilds the kernels but reuses
+    # the harness object, and an edited harness reuses the kernels.
+    run = _run_module()
+    texts = {"a.cu": '#include "b.h"\n#include <vector>\n  #  include "emu/x.h"\n',
+             "b.h": '#include "c.cuh"\n#include "not_staged.h"\n', "c.cuh": '#include "b.h"\n',
+             "d.cuh": "", "emu/x.h": ""}
+    assert run.included_texts("a.cu", texts) == ["b.h", "c.cuh", "emu/x.h"]
+    assert run.included_texts("d.cuh", texts) == []
+    real = {p.name: p.read_text() for p in CUDA_DIR.iterdir() if p.is_file()}
+    real["emu/ptx_emu.h"] = (EMU / "ptx_emu.h").read_text()
+    harness = run.included_texts("harness.cu", real)
+    kernels = run.included_texts("ecoc_kernels.cu.cc", real)
+    marked = {line.split(":")[0] for line in _marked_barriers()}
+    assert marked and marked <= set(kernels) and not marked & set(harness)
+    assert "ecoc_kernels.h" in harness and "emu/ptx_emu.h" in kernels
 
 
 # ---------------------------------------------------------------------------

@@ -576,7 +576,7 @@ void RunEmptyBatch() {
                                                     : "grad_codes not zeroed");
 }
 
-void RunChecks(int sms) {
+void RunChecks(int sms, bool quick) {
   // Shapes chosen to hit every launch variant of the split kernels on this
   // device: B and n not multiples of the tiles (16 rows, 32 classes); k = 0
   // and 1; k = 130 (one stage per tile, accumulators in shared memory),
@@ -599,6 +599,30 @@ void RunChecks(int sms) {
       {"large B, one class split, many batch splits", many_tiles, 40, 24, 7.0f},
       {"large B and n", 70, 5003, 64, 10.0f},
   };
+  if (quick) {
+    // --check-only --quick (the CPU emulator's set): the same launch variants
+    // and rules at the smallest sizes that reach them. Two row tiles and two
+    // class tiles, both partial, in "basic"; k = 1, 21, 31, 130 and 1001
+    // take the scalar code-row loads (k % 4 != 0), k = 16, 24, 224 and 300
+    // the 16-byte ones; k = 130 keeps the accumulators in more than 48 KiB of
+    // shared memory, k = 224 in global memory, k = 300 and 1001 run 2 and 4
+    // column stages (256-column stages on the 100 KiB budget); B = 1 and
+    // n = 1 alone. The many-split cases keep their sizes, which follow the SM
+    // count (many class splits at k = 16 instead of 64).
+    cases = {
+        {"basic", 19, 37, 21, 8.0f, true, true, true},
+        {"k=1", 5, 3, 1, 4.0f},
+        {"k=0", 4, 5, 0, 4.0f},
+        {"n=1", 9, 1, 16, 6.0f},
+        {"B=1", 1, 33, 31, 6.0f},
+        {"k=130", 3, 33, 130, 5.0f, false, false, true},
+        {"k=224", 3, 33, 224, 5.0f, true, false, false},
+        {"k=300", 3, 33, 300, 3.0f, true, true, false},
+        {"k=1001", 2, 9, 1001, 3.0f},
+        {"large n, many class splits", 3, many_classes, 16, 10.0f, false, false, true},
+        {"large B, one class split, many batch splits", many_tiles, 40, 24, 7.0f},
+    };
+  }
   const FloatType z_types[] = {FloatType::kFloat32, FloatType::kFloat16, FloatType::kBFloat16};
   const IndexType l_types[] = {IndexType::kInt32, IndexType::kInt64};
   uint64_t seed = 20240611;
@@ -864,17 +888,20 @@ void RunGrid(bool small) {
 // 16 x 36 logit tile and 2 x 16 row scalars; kernels/cuda/ecoc_kernels.cu.cc
 // ChooseChunks), and refuses k > 2^24 (the contract's limit). Checked here:
 // a long code (several column stages) runs, and k = 2^24 + 1 is refused.
+// The long code is k = 2^16 (--quick, for the CPU emulator: 2^12, still 16
+// or more stages per tile on any budget).
 int64_t GuardSmemBytes(bool cross_entropy) {
   const int64_t stage = 2 * (16 + 32) * (8 + 4);
   return 4 * (stage + 16 * 36 + (cross_entropy ? 2 * 16 : 0));
 }
 
-void RunSmemLimit(int smem_optin) {
+void RunSmemLimit(int smem_optin, bool quick) {
   using namespace keras_ecoc::cuda;
   const int64_t kLimit = int64_t{1} << 24;
+  const int64_t long_k = int64_t{1} << (quick ? 12 : 16);
   for (bool ce : {true, false}) {
     const bool guard_fits = GuardSmemBytes(ce) <= smem_optin;
-    for (int64_t k : {int64_t{1} << 16, kLimit + 1}) {
+    for (int64_t k : {long_k, kLimit + 1}) {
       const int64_t B = 1, n = 1;
       const bool want_ok = guard_fits && k <= kLimit;
       const int64_t alloc_k = k <= kLimit ? k : 1;  // the refused call reads nothing
@@ -1109,13 +1136,15 @@ const char kUsage[] =
     "usage: %s [--check-only | --bench-only | --grid | --small | --smem-limit] [--quick]\n"
     "          [--math fp32|3xtf32|tf32]\n"
     "  (default)      the checks, then the benchmark table\n"
-    "  --check-only   the checks over odd shapes and dtypes\n"
+    "  --check-only   the checks over odd shapes and dtypes (--quick: the smallest shapes\n"
+    "                 that reach every launch variant, for the CPU emulator)\n"
     "  --bench-only   timing tables per math mode (--quick: fewer shapes and repeats)\n"
     "  --grid         B in {1,7,16,256} x k in {1,31,128,1000} x n in {1,33,1e4,1e6}\n"
     "  --math MODE    fp32 | 3xtf32 | tf32: the loss passes' mode in --grid / --small\n"
     "                 (default 3xtf32; the checks run every mode, the timings all three)\n"
     "  --small        a small grid (for compute-sanitizer)\n"
-    "  --smem-limit   the Python guard's shared-memory need and code-length limit hold\n";
+    "  --smem-limit   the Python guard's shared-memory need and code-length limit hold\n"
+    "                 (--quick: a long code of 2^12 instead of 2^16)\n";
 
 int main(int argc, char** argv) {
   bool check = true, bench = true, quick = false, grid = false, small = false, smem = false;
@@ -1179,9 +1208,9 @@ int main(int argc, char** argv) {
               prop.name, prop.major, prop.minor, prop.multiProcessorCount,
               prop.totalGlobalMem / double(1 << 30), prop.sharedMemPerBlockOptin, runtime, driver);
 
-  if (check) RunChecks(prop.multiProcessorCount);
+  if (check) RunChecks(prop.multiProcessorCount, quick);
   if (grid || small) RunGrid(small);
-  if (smem) RunSmemLimit(static_cast<int>(prop.sharedMemPerBlockOptin));
+  if (smem) RunSmemLimit(static_cast<int>(prop.sharedMemPerBlockOptin), quick);
   PrintModeErrors();
   if (check || grid || small || smem) std::printf("\n%d checks, %d failed\n", g_checks, g_failures);
   if (bench) RunBench(quick, prop);
