@@ -81,8 +81,10 @@ precision mode) of the CUDA kernels' timing mode (kernels/cuda/harness.cu):
       "fwd_ms": 0.05, "fwdbwd_ms": 0.12, "peak_bytes": 4096}, ...]
 
 B, k, n: positive integers; mode: a non-empty string ("fp32", "3xtf32",
-"tf32", ...; a mode whose lower-cased name contains "tf32" but not "3x" is
-compared with the TF32 rows, every other with the FP32 rows); fwd_ms,
+"tf32", ...; the harness's launch variants add "+rows64", "+foldnorms" or
+"+rows64+foldnorms" to the math mode, today's kernels none; a mode whose
+lower-cased name contains "tf32" but not "3x" is compared with the TF32
+rows, every other with the FP32 rows); fwd_ms,
 fwdbwd_ms: milliseconds (forward; forward + codes and z gradients) or null;
 peak_bytes: device bytes beyond the inputs (workspace and outputs) or null.
 Optional: "loss_err" and "grad_err" (relative to float64, as above) and

@@ -158,6 +158,19 @@ absl::Status CheckBatchVector(const Tensor& t, const char* name,
   return absl::OkStatus();
 }
 
+// The scale is a device scalar here: only its shape is checked on the host
+// (reading its value would cost a device-to-host copy and a stream sync per
+// call, as for a scale tensor in the Python layer); a value that is not a
+// finite number > 0 makes the kernels' outputs NaN (ReadScale in
+// cuda/ecoc_common.cuh).
+absl::Status CheckDeviceScale(const Tensor& scale) {
+  if (scale.dims() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scale must be a scalar, got shape ", scale.shape().DebugString()));
+  }
+  return absl::OkStatus();
+}
+
 // labels [B] in [0, num_classes), checked on the host (the input is declared
 // HostMemory), then copied to a device temporary on the op's stream.
 template <typename Tlabels>
@@ -215,7 +228,8 @@ class EcocCrossEntropyGpuOp : public OpKernel {
     const Tensor& codes = context->input(1);
     const Tensor& labels = context->input(2);
     const Tensor& scale = context->input(3);
-    OP_REQUIRES_OK(context, ValidateInputs(z, codes, &labels, &scale));
+    OP_REQUIRES_OK(context, ValidateInputs(z, codes, &labels, nullptr));
+    OP_REQUIRES_OK(context, CheckDeviceScale(scale));
     const int64_t batch = z.dim_size(0);
     const int64_t code_length = z.dim_size(1);
     const int64_t num_classes = codes.dim_size(0);
@@ -240,7 +254,7 @@ class EcocCrossEntropyGpuOp : public OpKernel {
     params.problem = Problem<T>(z, codes, epsilon_);
     params.labels = labels_device.flat<Tlabels>().data();
     params.label_type = LabelType<Tlabels>::value;
-    params.scale = scale.scalar<float>()();
+    params.scale_ptr = scale.flat<float>().data();  // read on the stream
     params.math = math_;
     params.loss = loss->flat<float>().data();
     params.lse = lse->flat<float>().data();
@@ -272,7 +286,8 @@ class EcocCrossEntropyCodesGradGpuOp : public OpKernel {
     const Tensor& scale = context->input(3);
     const Tensor& lse = context->input(4);
     const Tensor& grad_loss = context->input(5);
-    OP_REQUIRES_OK(context, ValidateInputs(z, codes, &labels, &scale));
+    OP_REQUIRES_OK(context, ValidateInputs(z, codes, &labels, nullptr));
+    OP_REQUIRES_OK(context, CheckDeviceScale(scale));
     const int64_t batch = z.dim_size(0);
     const int64_t code_length = z.dim_size(1);
     const int64_t num_classes = codes.dim_size(0);
@@ -294,7 +309,7 @@ class EcocCrossEntropyCodesGradGpuOp : public OpKernel {
     params.problem = Problem<T>(z, codes, epsilon_);
     params.labels = labels_device.flat<Tlabels>().data();
     params.label_type = LabelType<Tlabels>::value;
-    params.scale = scale.scalar<float>()();
+    params.scale_ptr = scale.flat<float>().data();  // read on the stream
     params.math = math_;
     params.lse = lse.flat<float>().data();
     params.grad_loss = grad_loss.flat<float>().data();
@@ -378,23 +393,22 @@ class EcocNearestCodewordGpuOp : public OpKernel {
 };
 
 // ---------------------------------------------------------------------------
-// Registration.  labels and scale stay in host memory: labels are validated
-// on the host, scale is passed by value.
+// Registration.  labels stay in host memory (validated on the host, then
+// uploaded); scale stays on the device and the kernels read it on the op's
+// stream (contract field scale_ptr): no device-to-host copy, no stream sync.
 
 #define ECOC_REGISTER_GPU_LABELED(T, Tlabels)                              \
   REGISTER_KERNEL_BUILDER(Name("EcocCrossEntropy")                         \
                               .Device(DEVICE_GPU)                          \
                               .TypeConstraint<T>("T")                      \
                               .TypeConstraint<Tlabels>("Tlabels")          \
-                              .HostMemory("labels")                        \
-                              .HostMemory("scale"),                        \
+                              .HostMemory("labels"),                       \
                           EcocCrossEntropyGpuOp<T, Tlabels>);              \
   REGISTER_KERNEL_BUILDER(Name("EcocCrossEntropyCodesGrad")                \
                               .Device(DEVICE_GPU)                          \
                               .TypeConstraint<T>("T")                      \
                               .TypeConstraint<Tlabels>("Tlabels")          \
-                              .HostMemory("labels")                        \
-                              .HostMemory("scale"),                        \
+                              .HostMemory("labels"),                       \
                           EcocCrossEntropyCodesGradGpuOp<T, Tlabels>);     \
   REGISTER_KERNEL_BUILDER(Name("EcocLabelRank")                            \
                               .Device(DEVICE_GPU)                          \

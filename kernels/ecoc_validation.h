@@ -62,7 +62,8 @@ inline absl::Status ValidateInputs(const tensorflow::Tensor& z,
       return absl::InvalidArgumentError(absl::StrCat(
           "scale must be a scalar, got shape ", scale->shape().DebugString()));
     }
-    // scale lives in host memory on every device (HostMemory("scale")).
+    // Only the CPU kernels pass the scale here (host memory); the GPU kernels
+    // check its shape alone and read it on the device (ecoc_ops_gpu.cc).
     // A non-positive scale flips the order of the logits (and overflows
     // exp() in the codes gradient); a non-finite one gives NaN everywhere.
     const float s = scale->scalar<float>()();

@@ -166,7 +166,11 @@ def test_device_check_script_parses_and_dry_runs_every_step(tmp_path):
                           timeout=60, env=dict(os.environ, OUT=str(tmp_path)))
     assert proc.returncode == 0, proc.stderr
     steps = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("step ")]
-    assert steps == ["build", "checks", "grid", "smem-limit", "memcheck", "racecheck", "bench"]
+    assert steps == ["build", "checks", "grid", "smem-limit", "memcheck", "racecheck", "bench",
+                     "ncu"]
+    # Every launch variant timed side by side; the ncu profile of the forward.
+    assert "--bench-only --quick --variant all" in proc.stdout
+    assert "--kernel-name regex:ForwardSplitKernel" in proc.stdout and "--profile" in proc.stdout
     limits = [int(line.split("(<= ")[1].split(" s)")[0]) for line in proc.stdout.splitlines()
               if line.startswith("step ")]
     assert sum(limits) <= 480, limits  # one run of at most 8 minutes
@@ -228,17 +232,27 @@ exit $rc
 """
 
 
+# Nsight Compute: skips its options (each with one value), runs the program,
+# prints one kernel header line as ncu does.
+_FAKE_NCU = """#!/bin/sh
+while [ $# -gt 0 ] && [ "${1#--}" != "$1" ]; do shift 2; done
+"$@"; rc=$?
+echo "  void keras_ecoc::cuda::detail::ForwardSplitKernel<1, 16, false>(...) (16, 264, 1)x(128, 1, 1), Context 1, Stream 7, Device 0, CC 9.0"
+exit $rc
+"""
+
+
 def _fake_gpu_env(tmp_path, fail=""):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, text in (("nvidia-smi", _FAKE_NVIDIA_SMI), ("nvcc", _FAKE_NVCC),
-                       ("compute-sanitizer", _FAKE_SANITIZER)):
+                       ("compute-sanitizer", _FAKE_SANITIZER), ("ncu", _FAKE_NCU)):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     out = tmp_path / "out"
     return out, dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", OUT=str(out),
                      NVCC=str(bin_dir / "nvcc"), COMPUTE_SANITIZER=str(bin_dir / "compute-sanitizer"),
-                     FAKE_FAIL=fail)
+                     NCU=str(bin_dir / "ncu"), FAKE_FAIL=fail)
 
 
 def test_device_check_plumbing_with_a_fake_gpu_writes_one_table(tmp_path):
@@ -252,7 +266,8 @@ def test_device_check_plumbing_with_a_fake_gpu_writes_one_table(tmp_path):
     report = (out / "device_check.md").read_text()
     rows = [line for line in report.splitlines() if line.startswith("| ") and " | pass | " in line]
     assert [r.split(" | ")[0][2:] for r in rows] == [
-        "build", "checks", "grid", "smem-limit", "memcheck", "racecheck", "bench"], report
+        "build", "checks", "grid", "smem-limit", "memcheck", "racecheck", "bench", "ncu"], report
+    assert "| ncu | pass |" in report and "1 kernel reports in device_check.log" in report
     assert "2 checks, 0 failed" in report and "RACECHECK SUMMARY: 0 hazards" in report
     assert "| 16 | 32 | 100 | 0.0100 | 0.0200 |" in report
     assert "harness built for sm_90" in report

@@ -132,7 +132,7 @@ def test_device_run_dry_run_fits_eight_minutes_even_when_every_phase_runs_to_its
     assert end <= 465 and end + 15 <= 480  # +15: the last phase's kill margin
     kernels = dict((n, lim) for n, lim, _ in phases)["kernels"]
     assert set(steps) == {"build", "checks", "grid", "smem-limit", "memcheck", "racecheck",
-                          "bench"}
+                          "bench", "ncu"}
     assert sum(steps.values()) <= kernels - 10  # device_check.sh finishes, writes its table
     assert dict((n, lim) for n, lim, _ in phases)["gpuloss"] >= 130
     files = out.splitlines()[0].rsplit(": ", 1)[1].split()
@@ -142,9 +142,9 @@ def test_device_run_dry_run_fits_eight_minutes_even_when_every_phase_runs_to_its
 def test_device_run_dry_run_gives_the_grid_more_time_with_a_longer_budget_and_honours_overrides():
     _, _, short = _dry_run()
     _, phases, steps = _dry_run(DEVICE_RUN_BUDGET="900", DEVICE_CHECK_T_MEMCHECK="33")
-    assert steps["grid"] == 120 and steps["build"] == 60 and steps["memcheck"] == 33
+    assert steps["grid"] == 110 and steps["build"] == 60 and steps["memcheck"] == 33
     assert short["grid"] < steps["grid"]
-    assert dict((n, lim) for n, lim, _ in phases)["kernels"] == 320
+    assert dict((n, lim) for n, lim, _ in phases)["kernels"] == 390
 
 
 def test_device_run_rejects_an_unknown_argument():

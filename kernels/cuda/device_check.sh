@@ -14,10 +14,19 @@
 #      mode), with a free-device-memory check per case;
 #   4. checks the shared-memory limit the Python guard predicts;
 #   5. runs compute-sanitizer memcheck and racecheck on small shapes;
-#   6. times forward and forward + codes gradient in each math mode
-#      (harness --bench-only --quick: B in {16,256}, k in {32,128}, n in
-#      {1e4,1e5}; the full grid B in {1,7,16,256,4096} x k in {1,31,32,128,
-#      1000} x n in {1,33,1e4,1e5,1e6} is `harness --bench-only`, minutes).
+#   6. times forward and forward + codes gradient in each math mode and
+#      each launch variant side by side (v2, rows64, foldnorms,
+#      rows64+foldnorms; harness --bench-only --quick --variant all: B in
+#      {16,256,4096}, k in {32,128}, n in {1e4,1e5,1e6}; the full grid B in
+#      {1,7,16,256,4096} x k in {1,31,32,128,1000} x n in {1,33,1e4,1e5,1e6}
+#      is `harness --bench-only`, minutes);
+#   7. profiles the forward split kernel with Nsight Compute (ncu; sections
+#      SpeedOfLight, MemoryWorkloadAnalysis, Occupancy, LaunchStats,
+#      WarpStateStats) at B = 256, n = 1e5, k = 128 and B = 16, n = 1e6,
+#      k = 128, every variant, 3xTF32 (harness --profile); the report goes to
+#      device_check.log with the other raw output. A measurement, not a
+#      check: ncu not found (SKIPPED) or failing (say ERR_NVGPUCTRPERM: no
+#      access to the counters) is reported but does not change the exit code.
 #
 # Writes $OUT/device_check.md (one Markdown table: each step, its status and
 # time, then the timing table) and $OUT/device_check.log (everything the
@@ -26,8 +35,8 @@
 # Usage (from anywhere):  bash kernels/cuda/device_check.sh [--dry-run]
 #   --dry-run   print the steps and commands, run nothing (exit 0)
 # Step time limits (seconds) from the environment: DEVICE_CHECK_T_BUILD (120),
-#   _T_CHECK (45), _T_GRID (150), _T_SMEM (15), _T_MEMCHECK (50),
-#   _T_RACECHECK (50), _T_BENCH (40).
+#   _T_CHECK (45), _T_GRID (120), _T_SMEM (15), _T_MEMCHECK (40),
+#   _T_RACECHECK (40), _T_BENCH (60), _T_NCU (40).
 # Exit codes: 0 every step passed, or no GPU (says "no GPU" and runs
 # nothing); 1 a step failed; 3 bad command line.
 set -u -o pipefail
@@ -38,7 +47,7 @@ DRY_RUN=0
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY_RUN=1 ;;
-    -h|--help) sed -n '2,32p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,41p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "device_check: unknown argument '$arg' (usage: device_check.sh [--dry-run])" >&2; exit 3 ;;
   esac
 done
@@ -52,6 +61,15 @@ MD="$OUT_DIR/device_check.md"
 EXE="$WORK/ecoc_harness"
 NVCC="${NVCC:-nvcc}"
 SANITIZER="${COMPUTE_SANITIZER:-}"
+NCU="${NCU:-}"
+if [[ -z "$NCU" ]]; then
+  NCU=ncu
+  for candidate in "$(command -v ncu 2>/dev/null)" \
+      "$(dirname "$(readlink -f "$(command -v "$NVCC" 2>/dev/null || echo /nonexistent)")")/ncu" \
+      /usr/local/cuda/bin/ncu; do
+    if [[ -n "$candidate" && -x "$candidate" ]]; then NCU="$candidate"; break; fi
+  done
+fi
 if [[ -z "$SANITIZER" ]]; then
   SANITIZER=compute-sanitizer
   for candidate in "$(command -v compute-sanitizer 2>/dev/null)" \
@@ -60,11 +78,12 @@ if [[ -z "$SANITIZER" ]]; then
     if [[ -n "$candidate" && -x "$candidate" ]]; then SANITIZER="$candidate"; break; fi
   done
 fi
-# Seconds per step; together 470 s, under 8 minutes. Each can be lowered (or
+# Seconds per step; together 480 s, 8 minutes (a run takes far less: the H200
+# run of 2026-11-26 needed 95 s for build, checks, grid and sanitizers). Each can be lowered (or
 # raised) from the environment, e.g. DEVICE_CHECK_T_GRID=60, to fit a shorter
 # device lease; a step that runs out of time is reported as failed.
-T_BUILD=120 T_CHECK=45 T_GRID=150 T_SMEM=15 T_MEMCHECK=50 T_RACECHECK=50 T_BENCH=40
-for step_var in T_BUILD T_CHECK T_GRID T_SMEM T_MEMCHECK T_RACECHECK T_BENCH; do
+T_BUILD=120 T_CHECK=45 T_GRID=120 T_SMEM=15 T_MEMCHECK=40 T_RACECHECK=40 T_BENCH=60 T_NCU=40
+for step_var in T_BUILD T_CHECK T_GRID T_SMEM T_MEMCHECK T_RACECHECK T_BENCH T_NCU; do
   env_var="DEVICE_CHECK_$step_var"
   if [[ -n "${!env_var:-}" ]]; then
     if [[ ! "${!env_var}" =~ ^[1-9][0-9]*$ ]]; then
@@ -87,6 +106,10 @@ BUILD_CMD=("$NVCC" -O2 -std=c++17 --expt-relaxed-constexpr -lineinfo
   "-gencode=arch=compute_${ARCH:-90},code=sm_${ARCH:-90}"
   -Xcompiler -fopenmp -I"$REPO/kernels" -x cu
   "$HERE/harness.cu" "$HERE/ecoc_kernels.cu.cc" -o "$EXE")
+# Five sections only, the forward split kernel only (2 cells x 4 variants =
+# 8 launches), so that the replays stay within about a minute.
+NCU_CMD=("$NCU" --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy
+  --section LaunchStats --section WarpStateStats --kernel-name regex:ForwardSplitKernel)
 STEPS=(
   "build|$T_BUILD|${BUILD_CMD[*]}"
   "checks|$T_CHECK|$EXE --check-only"
@@ -94,7 +117,8 @@ STEPS=(
   "smem-limit|$T_SMEM|$EXE --smem-limit"
   "memcheck|$T_MEMCHECK|$SANITIZER --tool memcheck --error-exitcode 1 $EXE --small"
   "racecheck|$T_RACECHECK|$SANITIZER --tool racecheck --error-exitcode 1 $EXE --small"
-  "bench|$T_BENCH|$EXE --bench-only --quick"
+  "bench|$T_BENCH|$EXE --bench-only --quick --variant all"
+  "ncu|$T_NCU|${NCU_CMD[*]} $EXE --profile"
 )
 
 if [[ $DRY_RUN == 1 ]]; then
@@ -141,10 +165,13 @@ run_step() {  # name limit command...
   case "$name" in
     checks|grid|smem-limit)
       note="${note:+$note; }$(tail -n +"$((from + 1))" "$LOG" | grep -E '^[0-9]+ checks, [0-9]+ failed' | tail -n1)" ;;
+    ncu)
+      note="${note:+$note; }$(tail -n +"$((from + 1))" "$LOG" | grep -cE 'ForwardSplitKernel.*Context') kernel reports in device_check.log" ;;
     memcheck|racecheck)
       note="${note:+$note; }$(tail -n +"$((from + 1))" "$LOG" | grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' | tail -n1)" ;;
   esac
-  [[ $status == pass ]] || FAILED=1
+  # The profile is a measurement: its failure does not fail the check.
+  [[ $status == pass || $name == ncu ]] || FAILED=1
   ROWS+=("| $name | $status | $dt | ${note//|//} |")
   echo "## step $name: $status in $dt s ($note)" >>"$LOG"
   return $rc
@@ -157,7 +184,12 @@ if run_step build "$T_BUILD" "${BUILD_CMD[@]}"; then
   run_step memcheck "$T_MEMCHECK" "$SANITIZER" --tool memcheck --error-exitcode 1 "$EXE" --small
   run_step racecheck "$T_RACECHECK" "$SANITIZER" --tool racecheck --error-exitcode 1 "$EXE" --small
   BENCH_FROM=$(wc -l <"$LOG")
-  run_step bench "$T_BENCH" "$EXE" --bench-only --quick
+  run_step bench "$T_BENCH" "$EXE" --bench-only --quick --variant all
+  if command -v "$NCU" >/dev/null 2>&1; then
+    run_step ncu "$T_NCU" "${NCU_CMD[@]}" "$EXE" --profile
+  else
+    ROWS+=("| ncu | SKIPPED | 0 | ncu not found (set NCU or put Nsight Compute on PATH) |")
+  fi
 fi
 
 {

@@ -32,6 +32,7 @@ struct CodesGradArgs {
   bool codes_vec;
   bool g_in_smem;     // G in shared memory (else in `out` directly)
   float scale;
+  const float* scale_ptr;  // device scale (wins over `scale`), or null
   const float* lse;        // [batch]
   const float* grad_loss;  // [batch]
   int64_t batch, num_classes, code_length, kp;
@@ -64,6 +65,7 @@ __global__ void __launch_bounds__(kThreads) CodesGradSplitKernel(CodesGradArgs a
   float* g_s = W_s + BT * kSPitch;
 
   const int64_t k = a.code_length;
+  const float scale = ReadScale(a.scale_ptr, a.scale);
   const int64_t c0 = int64_t{blockIdx.x} * CT;
   const int split = blockIdx.y;
   const int nvalid = static_cast<int>(a.num_classes - c0 < CT ? a.num_classes - c0 : CT);
@@ -117,7 +119,7 @@ __global__ void __launch_bounds__(kThreads) CodesGradSplitKernel(CodesGradArgs a
         const int64_t b = b0 + r;
         float w = 0.0f;
         if (cvalid && r < rows_valid) {
-          const float x = Logit(W_s[r * kSPitch + lane], a.scale, ct, a.rowc[b]);
+          const float x = Logit(W_s[r * kSPitch + lane], scale, ct, a.rowc[b]);
           const float p = expf(x - a.lse[b]);
           const int64_t y = LoadLabel(a.labels, a.labels_int64, b);
           w = a.grad_loss[b] * (p - (y == c ? 1.0f : 0.0f));
@@ -153,15 +155,16 @@ __global__ void __launch_bounds__(kThreads) CodesGradSplitKernel(CodesGradArgs a
   const bool final = a.splits == 1;
   if (a.g_in_smem || final) {
     for (int64_t e = threadIdx.x; e < nvalid * k; e += kThreads) {
-      slot[e] = final ? a.scale * g[e] : g[e];
+      slot[e] = final ? scale * g[e] : g[e];
     }
   }
 }
 
 // grad_codes[e] = s * sum_{split} part[split][e], splits in increasing order.
 __global__ void __launch_bounds__(kThreads) CodesGradCombineKernel(
-    const float* __restrict__ part, int splits, int64_t elems, float scale,
-    float* __restrict__ grad_codes) {
+    const float* __restrict__ part, int splits, int64_t elems, float host_scale,
+    const float* scale_ptr, float* __restrict__ grad_codes) {
+  const float scale = ReadScale(scale_ptr, host_scale);
   for (int64_t e = int64_t{blockIdx.x} * kThreads + threadIdx.x; e < elems;
        e += int64_t{gridDim.x} * kThreads) {
     float acc = 0.0f;

@@ -92,6 +92,12 @@ __device__ __forceinline__ float Logit(float dot, float s, float ct, float rowc)
   return __fadd_rn(__fmaf_rn(s, dot, ct), rowc);
 }
 
+// ct_i = -s/2 ||M_i||^2 from ||M_i||^2 (one expression for the prep kernel
+// and the forward's folded norms, so both give the same bits).
+__device__ __forceinline__ float ClassTerm(float s, float sqn) {
+  return -0.5f * s * sqn;
+}
+
 // The FP32 inner product's chain: one sequential fma per element, in
 // increasing j, starting from +0. The FP32 engine (ecoc_engine.cuh) runs the
 // same chain on staged tiles (its zero padding adds exact zeros), so a dot
@@ -101,6 +107,15 @@ __device__ __forceinline__ float DotChain(const float* __restrict__ u,
   float d = 0.0f;
   for (int64_t j = 0; j < k; ++j) d = __fmaf_rn(u[j], m[j], d);
   return d;
+}
+
+// The scale of a pass: *ptr (a device float, contract field scale_ptr)
+// when ptr is non-null, else the host value. Not a finite number > 0: NaN,
+// so that every output of the pass is NaN (a device scalar cannot be
+// checked on the host without a copy and a stream sync).
+__device__ __forceinline__ float ReadScale(const float* ptr, float host) {
+  const float s = ptr != nullptr ? *ptr : host;
+  return (s > 0.0f && s <= 3.402823466e38f) ? s : NAN;
 }
 
 __device__ __forceinline__ int64_t LoadLabel(const void* labels, bool int64,
@@ -116,7 +131,8 @@ struct PrepArgs {
   const void* labels;      // [batch] or null (no label keys)
   bool labels_int64;
   float scale;             // 1 for the scale-free keys
-  bool keys;               // rank / nearest: rowc = 0
+  const float* scale_ptr;  // device scale (wins over `scale`), or null
+  bool keys;               // rank / nearest: rowc = 0, s = 1
   float epsilon;
   int64_t batch, num_classes, code_length;
   int64_t kp;              // row stride of u: code_length rounded up to 8
@@ -136,6 +152,7 @@ __global__ void __launch_bounds__(kThreads) PrepRowsKernel(PrepArgs a) {
   const int lane = threadIdx.x % kWarpSize;
   const int64_t k = a.code_length;
   const ZT* z = static_cast<const ZT*>(a.z);
+  const float scale = a.keys ? 1.0f : ReadScale(a.scale_ptr, a.scale);
   for (int64_t b = int64_t{blockIdx.x} * kWarps + warp; b < a.batch;
        b += int64_t{gridDim.x} * kWarps) {
     const ZT* zr = z + b * k;
@@ -154,7 +171,7 @@ __global__ void __launch_bounds__(kThreads) PrepRowsKernel(PrepArgs a) {
       usq = __fmaf_rn(v, v, usq);
     }
     usq = WarpSum(usq);
-    if (lane == 0) a.rowc[b] = a.keys ? 0.0f : -0.5f * a.scale * usq;
+    if (lane == 0) a.rowc[b] = a.keys ? 0.0f : -0.5f * scale * usq;
     if (a.label_key != nullptr) {
       __syncwarp();  // u_b written by all lanes before lane 0 reads it
       if (lane == 0) {
@@ -162,8 +179,8 @@ __global__ void __launch_bounds__(kThreads) PrepRowsKernel(PrepArgs a) {
         float key = NAN;
         if (y >= 0 && y < a.num_classes) {
           // ct comes from PrepClassesKernel, launched first on the stream.
-          key = Logit(DotChain(ur, a.codes + y * k, k), a.scale, a.ct[y],
-                      a.keys ? 0.0f : -0.5f * a.scale * usq);
+          key = Logit(DotChain(ur, a.codes + y * k, k), scale, a.ct[y],
+                      a.keys ? 0.0f : -0.5f * scale * usq);
         }
         a.label_key[b] = key;
       }
@@ -176,6 +193,7 @@ __global__ void __launch_bounds__(kThreads) PrepClassesKernel(PrepArgs a) {
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   const int64_t k = a.code_length;
+  const float scale = a.keys ? 1.0f : ReadScale(a.scale_ptr, a.scale);
   for (int64_t i = int64_t{blockIdx.x} * kWarps + warp; i < a.num_classes;
        i += int64_t{gridDim.x} * kWarps) {
     const float* m = a.codes + i * k;
@@ -184,7 +202,7 @@ __global__ void __launch_bounds__(kThreads) PrepClassesKernel(PrepArgs a) {
     ss = WarpSum(ss);
     if (lane == 0) {
       a.sqn[i] = ss;
-      a.ct[i] = -0.5f * a.scale * ss;
+      a.ct[i] = ClassTerm(scale, ss);
     }
   }
 }

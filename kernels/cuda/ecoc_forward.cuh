@@ -34,6 +34,7 @@ struct ForwardSplitArgs {
   bool codes_vec;     // codes rows can be copied 16 bytes at a time
   bool acc_in_smem;   // expected-code accumulators in shared memory
   float scale;
+  const float* scale_ptr;  // device scale (wins over `scale`), or null
   int64_t batch, num_classes, code_length, kp;
   int kc, nchunks;
   int splits;
@@ -46,14 +47,22 @@ struct ForwardSplitArgs {
 
 // Shared-memory floats of ForwardSplitKernel, in layout order.
 __host__ __device__ constexpr int64_t ForwardSmemFloats(int bt, int kc, int64_t k,
-                                                        bool acc_in_smem) {
+                                                        bool acc_in_smem, bool fold) {
   return 2 * int64_t{bt + kClassTile} * TilePitch(kc)  // double-buffered stages
          + int64_t{bt} * kSPitch                       // logits / p of a tile
          + 2 * bt                                      // alpha, 1/sum per row
-         + (acc_in_smem ? bt * k : 0);                 // expected code
+         + (acc_in_smem ? bt * k : 0)                  // expected code
+         + (fold ? 2 * kClassTile : 0);                // ||M||^2, ct of a tile
 }
 
-template <int kMath, int BT>
+// kFold: ||M_i||^2 and ct_i of each class tile are computed here, from the
+// staged code tiles, instead of being read from the workspace (where
+// PrepClassesKernel, not launched then, would have put them). Warp w owns
+// classes 8w .. 8w + 7 of the tile; lane l sums the squares of the columns
+// j = l (mod 32) in increasing j across the column stages, then WarpSum:
+// exactly PrepClassesKernel's chain (the zero padding past k adds exact
+// zeros), so the bits, the label's logit and the ties are those of v2.
+template <int kMath, int BT, bool kFold>
 __global__ void __launch_bounds__(kThreads) ForwardSplitKernel(ForwardSplitArgs a) {
   extern __shared__ __align__(16) float smem[];
   using Engine = typename EngineFor<kMath, BT>::type;
@@ -67,8 +76,12 @@ __global__ void __launch_bounds__(kThreads) ForwardSplitKernel(ForwardSplitArgs 
   float* alpha_s = S_s + BT * kSPitch;
   float* inv_s = alpha_s + BT;
   float* acc_s = inv_s + BT;
+  // kFold only: ||M||^2 and ct of the current class tile.
+  float* fsq_s = acc_s + (a.acc_in_smem ? BT * a.code_length : 0);
+  float* fct_s = fsq_s + CT;
 
   const int64_t k = a.code_length;
+  const float scale = ReadScale(a.scale_ptr, a.scale);
   const int64_t b0 = int64_t{blockIdx.x} * BT;
   const int split = blockIdx.y;
   const int rows_valid = static_cast<int>(a.batch - b0 < BT ? a.batch - b0 : BT);
@@ -99,6 +112,7 @@ __global__ void __launch_bounds__(kThreads) ForwardSplitKernel(ForwardSplitArgs 
 
   Engine engine;
   engine.Init();
+  float fold[CT / kWarps];  // kFold: lane's partial ||M||^2 of the warp's classes
   if (num_stages > 0) {
     StageTile(smem, pitch, a.u, a.kp, b0, a.batch, BT, 0, a.kc, a.kp, true);
     StageTile(smem + BT * pitch, pitch, a.codes, k, t_begin * CT, a.num_classes, CT,
@@ -126,20 +140,49 @@ __global__ void __launch_bounds__(kThreads) ForwardSplitKernel(ForwardSplitArgs 
     const int chunk = static_cast<int>(q % a.nchunks);
     if (chunk == 0) engine.Init();
     engine.Step(cur, cur + BT * pitch, pitch, a.kc);
+    if (kFold) {
+      constexpr int CW = CT / kWarps;
+      if (chunk == 0) {
+#pragma unroll
+        for (int i = 0; i < CW; ++i) fold[i] = 0.0f;
+      }
+      // First column of this stage owned by the lane: j0 + jj = lane mod 32.
+      const int j0 = chunk * a.kc;
+      const float* mt = cur + BT * pitch + warp * CW * pitch;
+      for (int jj = ((lane - j0) % kWarpSize + kWarpSize) % kWarpSize; jj < a.kc;
+           jj += kWarpSize) {
+#pragma unroll
+        for (int i = 0; i < CW; ++i) {
+          const float v = mt[i * pitch + jj];
+          fold[i] = __fmaf_rn(v, v, fold[i]);
+        }
+      }
+      if (chunk == a.nchunks - 1) {
+#pragma unroll
+        for (int i = 0; i < CW; ++i) {
+          const float ss = WarpSum(fold[i]);
+          if (lane == 0) {
+            fsq_s[warp * CW + i] = ss;
+            fct_s[warp * CW + i] = ClassTerm(scale, ss);
+          }
+        }
+      }
+    }
 
     if (chunk == a.nchunks - 1) {
       const int64_t c0 = (t_begin + q / a.nchunks) * CT;
       engine.Store(S_s);
+      // S_s (and, kFold, this tile's ||M||^2 and ct) complete.
       __syncthreads();
       // Online softmax, one warp per row, one lane per class.
       const int64_t c = c0 + lane;
       const bool valid = c < a.num_classes;
-      const float ct = valid ? a.ct[c] : 0.0f;
-      const float sq = valid ? a.sqn[c] : 0.0f;
+      const float ct = valid ? (kFold ? fct_s[lane] : a.ct[c]) : 0.0f;
+      const float sq = valid ? (kFold ? fsq_s[lane] : a.sqn[c]) : 0.0f;
 #pragma unroll
       for (int i = 0; i < RW; ++i) {
         const int r = warp * RW + i;
-        const float x = valid ? Logit(S_s[r * kSPitch + lane], a.scale, ct, rowc[i])
+        const float x = valid ? Logit(S_s[r * kSPitch + lane], scale, ct, rowc[i])
                               : -INFINITY;
         if (valid && c == label[i]) a.label_logit[b0 + r] = x;
         const float new_max = NanMax(run_max[i], WarpNanMax(x));

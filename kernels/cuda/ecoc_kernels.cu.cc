@@ -37,14 +37,24 @@ namespace {
 using detail::kClassTile;
 using detail::kThreads;
 
-// Rows per batch tile of the split kernels (one 16-row mma tile).
+// Rows per batch tile of the split kernels: one 16-row mma tile (v2, and
+// always for the codes gradient), or 64 rows (variant kRows64: 4 warps x 16
+// rows share each staged class tile) for the forward, rank and nearest
+// passes when the batch has more than 16 rows.
 constexpr int kRowTile = 16;
+constexpr int kRowTile64 = 64;
 // Upper bound on the class (or batch) splits: bounds the combine's shared
 // memory (4 bytes per split) and the grid's y dimension.
 constexpr int kMaxSplits = 1024;
 // Shared memory a split kernel aims to stay under, so that two blocks fit on
 // an SM of sm_80 / sm_90 (164 / 228 KiB); the device's opt-in limit caps it.
 constexpr int64_t kSmemTarget = 100 * 1024;
+// The same for the 64-row tile: 112 KiB still lets two blocks share an SM
+// of sm_90 (228 KiB, 1 KiB reserved per block) and keeps k <= 128 in one
+// column stage (forward: 111,104 bytes at k = 128 with the expected-code
+// accumulators in global memory); sm_80 / sm_86 / sm_89 then run one block
+// per SM where a launch needs more than half of the SM's shared memory.
+constexpr int64_t kSmemTarget64 = 112 * 1024;
 constexpr int64_t kDefaultSmem = 48 * 1024;
 
 enum class Pass { kForward, kCodesGrad, kRank, kNearest };
@@ -84,6 +94,8 @@ size_t AlignUp(size_t x) {
 // the workspace query and the entry point.
 struct Plan {
   int math = detail::kMathFp32;  // effective engine
+  int row_tile = kRowTile;       // rows per batch tile (16 or 64)
+  bool fold = false;             // forward: ||M||^2 from the staged tiles
   int64_t kp = 8;                // row stride of u: k rounded up to 8 (>= 8)
   int kc = 8;                    // columns per stage
   int nchunks = 1;               // stages per tile (kp / kc, rounded up)
@@ -98,14 +110,14 @@ struct Plan {
   size_t total = 0;
 };
 
-int64_t SplitSmemFloats(Pass pass, int kc, int64_t k, bool resident) {
+int64_t SplitSmemFloats(Pass pass, int bt, bool fold, int kc, int64_t k, bool resident) {
   switch (pass) {
     case Pass::kForward:
-      return detail::ForwardSmemFloats(kRowTile, kc, k, resident);
+      return detail::ForwardSmemFloats(bt, kc, k, resident, fold);
     case Pass::kCodesGrad:
-      return detail::CodesGradSmemFloats(kRowTile, kc, k, resident);
+      return detail::CodesGradSmemFloats(bt, kc, k, resident);
     default:
-      return detail::DecodeSmemFloats(kRowTile, kc);
+      return detail::DecodeSmemFloats(bt, kc);
   }
 }
 
@@ -115,16 +127,18 @@ int64_t SplitSmemFloats(Pass pass, int kc, int64_t k, bool resident) {
 // that fits (a code length of any size runs, in several stages per tile).
 bool ChooseChunks(Pass pass, int64_t k, int64_t budget, Plan* p) {
   const bool has_acc = pass == Pass::kForward || pass == Pass::kCodesGrad;
+  const int bt = p->row_tile;
+  const bool fold = p->fold;
   p->kp = std::max<int64_t>(8, CeilDiv(k, 8) * 8);
   if (p->kp <= INT_MAX / 2) {
     const int full = static_cast<int>(p->kp);
-    if (has_acc && SplitSmemFloats(pass, full, k, true) * 4 <= budget) {
+    if (has_acc && SplitSmemFloats(pass, bt, fold, full, k, true) * 4 <= budget) {
       p->kc = full;
       p->nchunks = 1;
       p->acc_in_smem = true;
       return true;
     }
-    if (SplitSmemFloats(pass, full, k, false) * 4 <= budget) {
+    if (SplitSmemFloats(pass, bt, fold, full, k, false) * 4 <= budget) {
       p->kc = full;
       p->nchunks = 1;
       p->acc_in_smem = false;
@@ -133,8 +147,8 @@ bool ChooseChunks(Pass pass, int64_t k, int64_t budget, Plan* p) {
   }
   // Widest kc (multiple of 8) with SplitSmemFloats(kc, no acc) <= budget:
   // the stage term is linear in kc.
-  const int64_t fixed = SplitSmemFloats(pass, 0, k, false) * 4;
-  const int64_t per_col = 2 * int64_t{kRowTile + kClassTile} * 4;
+  const int64_t fixed = SplitSmemFloats(pass, bt, fold, 0, k, false) * 4;
+  const int64_t per_col = 2 * int64_t{bt + kClassTile} * 4;
   const int64_t kc = (budget - fixed) / per_col / 8 * 8;
   if (kc < 8) return false;
   p->kc = static_cast<int>(std::min<int64_t>(kc, p->kp));
@@ -158,7 +172,13 @@ bool BadLabelType(IndexType t) {
   return t != IndexType::kInt32 && t != IndexType::kInt64;
 }
 
-cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, Plan* p) {
+bool BadVariant(KernelVariant v) {
+  return static_cast<int>(v) < 0 || static_cast<int>(v) > 3;
+}
+
+cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVariant variant,
+                     Plan* p) {
+  if (BadVariant(variant)) return cudaErrorInvalidValue;
   DeviceInfo info;
   cudaError_t err = GetDeviceInfo(&info);
   if (err != cudaSuccess) return err;
@@ -169,13 +189,26 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, Plan* p) {
     if (math == MathMode::k3xTf32) p->math = detail::kMath3xTf32;
     if (math == MathMode::kTf32) p->math = detail::kMathTf32;
   }
-  const int64_t budget = std::min<int64_t>(info.smem_optin, kSmemTarget);
-  if (!ChooseChunks(pass, k, budget, p)) return cudaErrorInvalidValue;
-  p->smem_bytes = SplitSmemFloats(pass, p->kc, k, p->acc_in_smem) * 4;
+  const int v = static_cast<int>(variant);
+  const bool rows64 = (v & static_cast<int>(KernelVariant::kRows64)) != 0;
+  p->row_tile = rows64 && pass != Pass::kCodesGrad && B > kRowTile ? kRowTile64 : kRowTile;
+  p->fold = pass == Pass::kForward && (v & static_cast<int>(KernelVariant::kFoldNorms)) != 0;
+  const int64_t budget = std::min<int64_t>(
+      info.smem_optin, p->row_tile == kRowTile64 ? kSmemTarget64 : kSmemTarget);
+  if (!ChooseChunks(pass, k, budget, p)) {
+    // A long code that leaves no room for 8 columns of the 64-row tile
+    // still runs on the 16-row tile.
+    if (p->row_tile == kRowTile) return cudaErrorInvalidValue;
+    p->row_tile = kRowTile;
+    if (!ChooseChunks(pass, k, std::min<int64_t>(info.smem_optin, kSmemTarget), p)) {
+      return cudaErrorInvalidValue;
+    }
+  }
+  p->smem_bytes = SplitSmemFloats(pass, p->row_tile, p->fold, p->kc, k, p->acc_in_smem) * 4;
 
   // Splits: at least two blocks per SM where the work allows it.
   const int64_t want_blocks = 2 * int64_t{info.num_sms};
-  const int64_t row_tiles = CeilDiv(B, kRowTile);
+  const int64_t row_tiles = CeilDiv(B, p->row_tile);
   const int64_t class_tiles = CeilDiv(n, kClassTile);
   int64_t other = 0;
   if (pass == Pass::kCodesGrad) {
@@ -254,14 +287,15 @@ cudaError_t LaunchSplit(Kernel kernel, const Plan& p, const Args& args,
 
 // Steps 1 and 2 of every pass.
 cudaError_t LaunchPrep(const ProblemArgs& pr, const Plan& p, void* ws, float scale,
-                       bool keys, const void* labels, IndexType label_type,
-                       bool label_keys, cudaStream_t stream) {
+                       const float* scale_ptr, bool keys, const void* labels,
+                       IndexType label_type, bool label_keys, cudaStream_t stream) {
   detail::PrepArgs a{};
   a.z = pr.z;
   a.codes = pr.codes;
   a.labels = labels;
   a.labels_int64 = label_type == IndexType::kInt64;
   a.scale = scale;
+  a.scale_ptr = keys ? nullptr : scale_ptr;
   a.keys = keys;
   a.epsilon = pr.epsilon;
   a.batch = pr.batch;
@@ -274,7 +308,8 @@ cudaError_t LaunchPrep(const ProblemArgs& pr, const Plan& p, void* ws, float sca
   a.ct = At<float>(ws, p.ct);
   a.label_key = label_keys ? At<float>(ws, p.a) : nullptr;
   const unsigned cap = 65535;
-  if (pr.num_classes > 0) {
+  // The folded forward computes ||M||^2 in its split kernel.
+  if (pr.num_classes > 0 && !p.fold) {
     detail::PrepClassesKernel<<<GridFor(pr.num_classes, detail::kWarps, cap), kThreads, 0,
                                 stream>>>(a);
   }
@@ -319,7 +354,7 @@ cudaError_t ForwardPlan(const ForwardParams& params, Plan* p) {
     return cudaErrorInvalidValue;
   }
   if (pr.batch > 0 && pr.num_classes == 0) return cudaErrorInvalidValue;
-  return MakePlan(Pass::kForward, pr, params.math, p);
+  return MakePlan(Pass::kForward, pr, params.math, params.variant, p);
 }
 
 cudaError_t CodesGradPlan(const CodesGradParams& params, Plan* p) {
@@ -327,7 +362,7 @@ cudaError_t CodesGradPlan(const CodesGradParams& params, Plan* p) {
   if (BadSizes(pr) || BadTypes(pr) || BadLabelType(params.label_type)) {
     return cudaErrorInvalidValue;
   }
-  return MakePlan(Pass::kCodesGrad, pr, params.math, p);
+  return MakePlan(Pass::kCodesGrad, pr, params.math, KernelVariant::kV2, p);
 }
 
 cudaError_t RankPlan(const LabelRankParams& params, Plan* p) {
@@ -336,20 +371,26 @@ cudaError_t RankPlan(const LabelRankParams& params, Plan* p) {
     return cudaErrorInvalidValue;
   }
   if (pr.batch > 0 && pr.num_classes == 0) return cudaErrorInvalidValue;
-  return MakePlan(Pass::kRank, pr, MathMode::kFp32, p);
+  return MakePlan(Pass::kRank, pr, MathMode::kFp32, params.variant, p);
 }
 
 cudaError_t NearestPlan(const NearestParams& params, Plan* p) {
   const ProblemArgs& pr = params.problem;
   if (BadSizes(pr) || BadTypes(pr)) return cudaErrorInvalidValue;
   if (pr.batch > 0 && pr.num_classes == 0) return cudaErrorInvalidValue;
-  return MakePlan(Pass::kNearest, pr, MathMode::kFp32, p);
+  return MakePlan(Pass::kNearest, pr, MathMode::kFp32, params.variant, p);
 }
 
 template <int kMath>
 cudaError_t LaunchForwardSplit(const Plan& p, const detail::ForwardSplitArgs& a,
                                cudaStream_t stream) {
-  return LaunchSplit(detail::ForwardSplitKernel<kMath, kRowTile>, p, a, stream);
+  using detail::ForwardSplitKernel;
+  if (p.row_tile == kRowTile64) {
+    return p.fold ? LaunchSplit(ForwardSplitKernel<kMath, kRowTile64, true>, p, a, stream)
+                  : LaunchSplit(ForwardSplitKernel<kMath, kRowTile64, false>, p, a, stream);
+  }
+  return p.fold ? LaunchSplit(ForwardSplitKernel<kMath, kRowTile, true>, p, a, stream)
+                : LaunchSplit(ForwardSplitKernel<kMath, kRowTile, false>, p, a, stream);
 }
 
 template <int kMath>
@@ -408,8 +449,8 @@ cudaError_t EcocCrossEntropyForward(const ForwardParams& params, cudaStream_t st
   }
   void* ws = params.workspace;
   if ((err = CheckWorkspace(p, ws, params.workspace_bytes)) != cudaSuccess) return err;
-  if ((err = LaunchPrep(pr, p, ws, params.scale, false, nullptr, params.label_type, false,
-                        stream)) != cudaSuccess) {
+  if ((err = LaunchPrep(pr, p, ws, params.scale, params.scale_ptr, false, nullptr,
+                        params.label_type, false, stream)) != cudaSuccess) {
     return err;
   }
   detail::ForwardSplitArgs a{};
@@ -423,6 +464,7 @@ cudaError_t EcocCrossEntropyForward(const ForwardParams& params, cudaStream_t st
   a.codes_vec = CodesVec(pr);
   a.acc_in_smem = p.acc_in_smem;
   a.scale = params.scale;
+  a.scale_ptr = params.scale_ptr;
   a.batch = pr.batch;
   a.num_classes = pr.num_classes;
   a.code_length = pr.code_length;
@@ -491,8 +533,8 @@ cudaError_t EcocCrossEntropyCodesGrad(const CodesGradParams& params, cudaStream_
   }
   void* ws = params.workspace;
   if ((err = CheckWorkspace(p, ws, params.workspace_bytes)) != cudaSuccess) return err;
-  if ((err = LaunchPrep(pr, p, ws, params.scale, false, nullptr, params.label_type, false,
-                        stream)) != cudaSuccess) {
+  if ((err = LaunchPrep(pr, p, ws, params.scale, params.scale_ptr, false, nullptr,
+                        params.label_type, false, stream)) != cudaSuccess) {
     return err;
   }
   detail::CodesGradArgs a{};
@@ -505,6 +547,7 @@ cudaError_t EcocCrossEntropyCodesGrad(const CodesGradParams& params, cudaStream_
   a.codes_vec = CodesVec(pr);
   a.g_in_smem = p.acc_in_smem;
   a.scale = params.scale;
+  a.scale_ptr = params.scale_ptr;
   a.lse = params.lse;
   a.grad_loss = params.grad_loss;
   a.batch = pr.batch;
@@ -530,7 +573,7 @@ cudaError_t EcocCrossEntropyCodesGrad(const CodesGradParams& params, cudaStream_
   if (err != cudaSuccess || p.splits == 1) return err;
   const int64_t elems = pr.num_classes * pr.code_length;
   detail::CodesGradCombineKernel<<<GridFor(elems, kThreads, 65535), kThreads, 0, stream>>>(
-      a.out, p.splits, elems, params.scale, params.grad_codes);
+      a.out, p.splits, elems, params.scale, params.scale_ptr, params.grad_codes);
   return cudaGetLastError();
 }
 
@@ -539,7 +582,8 @@ namespace {
 cudaError_t LaunchDecode(bool rank, const ProblemArgs& pr, const Plan& p, void* ws,
                          const void* labels, IndexType label_type, int32_t* rank_out,
                          int64_t* index_out, cudaStream_t stream) {
-  cudaError_t err = LaunchPrep(pr, p, ws, 1.0f, true, labels, label_type, rank, stream);
+  cudaError_t err =
+      LaunchPrep(pr, p, ws, 1.0f, nullptr, true, labels, label_type, rank, stream);
   if (err != cudaSuccess) return err;
   detail::DecodeSplitArgs a{};
   a.u = At<float>(ws, p.u);
@@ -558,12 +602,16 @@ cudaError_t LaunchDecode(bool rank, const ProblemArgs& pr, const Plan& p, void* 
   if (rank) {
     a.part_count = At<long long>(ws, p.b);
     a.part_bad = At<int>(ws, p.c);
-    err = LaunchSplit(detail::DecodeSplitKernel<true, kRowTile>, p, a, stream);
+    err = p.row_tile == kRowTile64
+              ? LaunchSplit(detail::DecodeSplitKernel<true, kRowTile64>, p, a, stream)
+              : LaunchSplit(detail::DecodeSplitKernel<true, kRowTile>, p, a, stream);
   } else {
     a.part_key = At<float>(ws, p.a);
     a.part_index = At<long long>(ws, p.b);
     a.part_bad = At<int>(ws, p.c);
-    err = LaunchSplit(detail::DecodeSplitKernel<false, kRowTile>, p, a, stream);
+    err = p.row_tile == kRowTile64
+              ? LaunchSplit(detail::DecodeSplitKernel<false, kRowTile64>, p, a, stream)
+              : LaunchSplit(detail::DecodeSplitKernel<false, kRowTile>, p, a, stream);
   }
   if (err != cudaSuccess) return err;
   detail::DecodeCombineArgs c{};

@@ -53,6 +53,26 @@ enum class IndexType : int { kInt32 = 0, kInt64 = 1 };
 //            later, kFp32 elsewhere.
 enum class MathMode : int { kFp32 = 0, k3xTf32 = 1, kTf32 = 2 };
 
+// Launch variants of the forward, label-rank and nearest-codeword passes,
+// kept side by side so that one device run can time them against each other
+// (harness --bench-only --variant all). Bit flags; every variant computes
+// the same function (checked against float64 by the harness), only the
+// launch shape and the order of work differ.
+//   kV2:        the default: 16-row batch tiles, ||M_i||^2 from a prep
+//               kernel (PrepClassesKernel).
+//   kRows64:    64-row batch tiles (4 warps x 16 rows share each staged
+//               class tile) where the batch has more than 16 rows, so the
+//               codes are staged ceil(B/64) instead of ceil(B/16) times.
+//   kFoldNorms: the forward computes ||M_i||^2 from its staged code tile
+//               (the prep kernel's chain, so the same bits) and launches no
+//               pass over the codes before the split kernel.
+enum class KernelVariant : int {
+  kV2 = 0,
+  kRows64 = 1,
+  kFoldNorms = 2,
+  kRows64FoldNorms = 3,
+};
+
 // Every workspace pointer is aligned to this many bytes.
 constexpr size_t kWorkspaceAlignment = 256;
 
@@ -72,8 +92,14 @@ struct ForwardParams {
   ProblemArgs problem;
   const void* labels = nullptr;
   IndexType label_type = IndexType::kInt32;
+  // The scale s: *scale_ptr (a device float, read by the kernels on the
+  // stream: no host copy, no stream sync) when scale_ptr is non-null, else
+  // `scale`. A scale that is not a finite number > 0 makes every output of
+  // the pass NaN (the pointer form cannot be checked on the host).
   float scale = 1.0f;
+  const float* scale_ptr = nullptr;
   MathMode math = MathMode::k3xTf32;
+  KernelVariant variant = KernelVariant::kV2;
   // Outputs (float32):
   float* loss = nullptr;             // [batch]  lse_b - logit_{b, y_b}
   float* lse = nullptr;              // [batch]  log-sum-exp of the logits
@@ -92,6 +118,7 @@ struct CodesGradParams {
   const void* labels = nullptr;
   IndexType label_type = IndexType::kInt32;
   float scale = 1.0f;
+  const float* scale_ptr = nullptr;  // as in ForwardParams
   MathMode math = MathMode::k3xTf32;
   const float* lse = nullptr;        // [batch]
   const float* grad_loss = nullptr;  // [batch]
@@ -107,6 +134,7 @@ struct LabelRankParams {
   ProblemArgs problem;
   const void* labels = nullptr;
   IndexType label_type = IndexType::kInt32;
+  KernelVariant variant = KernelVariant::kV2;  // kFoldNorms has no effect here
   int32_t* rank = nullptr;  // [batch]
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
@@ -116,6 +144,7 @@ struct LabelRankParams {
 // smallest i); -1 when a logit of the row is not finite.
 struct NearestParams {
   ProblemArgs problem;
+  KernelVariant variant = KernelVariant::kV2;  // kFoldNorms has no effect here
   int64_t* index = nullptr;  // [batch]
   void* workspace = nullptr;
   size_t workspace_bytes = 0;

@@ -6,7 +6,8 @@
 //       -Ikernels -x cu kernels/cuda/harness.cu kernels/cuda/ecoc_kernels.cu.cc
 //       -o build/ecoc_harness
 //   build/ecoc_harness [--check-only | --bench-only | --grid | --small |
-//                       --smem-limit] [--quick] [--math fp32|3xtf32|tf32]
+//                       --smem-limit | --profile] [--quick] [--math fp32|3xtf32|tf32]
+//                      [--variant v2|rows64|foldnorms|rows64+foldnorms|all]
 // (add -Xcompiler -fopenmp to spread the host reference of --grid over cores)
 // (one command; "-x cu" is needed because nvcc would hand a .cc file to the
 // host compiler.)
@@ -114,9 +115,33 @@ struct DeviceBuffer {
 // cudaMalloc'd buffer that only grows (outside the kernels: a check that
 // measures free device memory runs every call once before measuring).
 
+using keras_ecoc::cuda::KernelVariant;
 using keras_ecoc::cuda::MathMode;
 
 MathMode g_math = MathMode::k3xTf32;  // loss passes; rank / nearest are FP32
+// Launch variant of the forward, rank and nearest passes (--variant).
+KernelVariant g_variant = KernelVariant::kV2;
+// When non-null, the loss passes get the scale as this device float
+// (contract field scale_ptr) instead of the host value.
+const float* g_scale_ptr = nullptr;
+
+struct VariantName {
+  KernelVariant variant;
+  const char* name;
+};
+constexpr VariantName kVariants[] = {
+    {KernelVariant::kV2, "v2"},
+    {KernelVariant::kRows64, "rows64"},
+    {KernelVariant::kFoldNorms, "foldnorms"},
+    {KernelVariant::kRows64FoldNorms, "rows64+foldnorms"},
+};
+
+const char* VariantString(KernelVariant v) {
+  for (const VariantName& e : kVariants) {
+    if (e.variant == v) return e.name;
+  }
+  return "?";
+}
 
 const char* MathName(MathMode m) {
   switch (m) {
@@ -183,7 +208,9 @@ cudaError_t Forward(const void* z, FloatType z_type, const float* codes, const v
   p.labels = labels;
   p.label_type = label_type;
   p.scale = scale;
+  p.scale_ptr = g_scale_ptr;
   p.math = g_math;
+  p.variant = g_variant;
   p.loss = loss;
   p.lse = lse;
   p.expected_code = expected_code;
@@ -201,6 +228,7 @@ cudaError_t CodesGrad(const void* z, FloatType z_type, const float* codes, const
   p.labels = labels;
   p.label_type = label_type;
   p.scale = scale;
+  p.scale_ptr = g_scale_ptr;
   p.math = g_math;
   p.lse = lse;
   p.grad_loss = grad_loss;
@@ -216,6 +244,7 @@ cudaError_t LabelRank(const void* z, FloatType z_type, const float* codes, const
   p.problem = Problem(z, z_type, codes, epsilon, B, n, k);
   p.labels = labels;
   p.label_type = label_type;
+  p.variant = g_variant;
   p.rank = rank;
   return RunWithWorkspace(&p, keras_ecoc::cuda::EcocLabelRankWorkspaceSize,
                           keras_ecoc::cuda::EcocLabelRank, stream);
@@ -225,6 +254,7 @@ cudaError_t Nearest(const void* z, FloatType z_type, const float* codes, float e
                     int64_t B, int64_t n, int64_t k, int64_t* index, cudaStream_t stream) {
   keras_ecoc::cuda::NearestParams p;
   p.problem = Problem(z, z_type, codes, epsilon, B, n, k);
+  p.variant = g_variant;
   p.index = index;
   return RunWithWorkspace(&p, keras_ecoc::cuda::EcocNearestWorkspaceSize,
                           keras_ecoc::cuda::EcocNearestCodeword, stream);
@@ -492,9 +522,12 @@ void RunCase(const Case& c, FloatType z_type, IndexType label_type, uint64_t see
                               d_index.ptr, 0));
   CUDA_OK(cudaDeviceSynchronize());
 
-  char prefix[160];
-  std::snprintf(prefix, sizeof(prefix), "%s [math=%s z=%s labels=%s B=%lld n=%lld k=%lld s=%g]",
-                c.name.c_str(), MathName(g_math), TypeName(z_type),
+  char prefix[200];
+  std::snprintf(prefix, sizeof(prefix),
+                "%s [math=%s%s%s z=%s labels=%s B=%lld n=%lld k=%lld s=%g]", c.name.c_str(),
+                MathName(g_math), g_variant == KernelVariant::kV2 ? "" : " variant=",
+                g_variant == KernelVariant::kV2 ? "" : VariantString(g_variant),
+                TypeName(z_type),
                 label_type == IndexType::kInt32 ? "int32" : "int64",
                 static_cast<long long>(B), static_cast<long long>(n),
                 static_cast<long long>(k), c.scale);
@@ -576,6 +609,170 @@ void RunEmptyBatch() {
                                                     : "grad_codes not zeroed");
 }
 
+// The scale as a device pointer (contract field scale_ptr) gives the same
+// bits as the host value, in every math mode, with one batch split of the
+// codes gradient (the split kernel scales) and with several (the combine
+// scales); a device scale that is not a finite number > 0 makes the loss
+// passes' outputs NaN.
+void RunScalePointer(int sms) {
+  using namespace keras_ecoc::cuda;
+  struct Shape {
+    int64_t B, n, k;
+  };
+  const Shape shapes[] = {{37, 100, 32}, {2LL * sms * 16 + 37, 40, 24}};
+  DeviceBuffer<float> d_scale(1);
+  for (const Shape& sh : shapes) {
+    const int64_t B = sh.B, n = sh.n, k = sh.k;
+    std::vector<float> z(B * k), codes(n * k), g(B);
+    std::vector<int32_t> labels(B);
+    Rng rng(777 + B);
+    for (auto& v : z) v = static_cast<float>(rng.Normal());
+    for (auto& v : codes) v = static_cast<float>(rng.Normal() / std::sqrt(double(k)));
+    for (auto& v : g) v = static_cast<float>(2.0 * rng.Uniform() - 1.0);
+    for (auto& y : labels) y = static_cast<int32_t>(rng.Below(n));
+    DeviceBuffer<float> d_z(B * k), d_codes(n * k), d_g(B);
+    DeviceBuffer<int32_t> d_labels(B);
+    d_z.Upload(z);
+    d_codes.Upload(codes);
+    d_g.Upload(g);
+    d_labels.Upload(labels);
+    for (MathMode math : {MathMode::k3xTf32, MathMode::kFp32, MathMode::kTf32}) {
+      g_math = math;
+      std::vector<float> out[2][5];
+      for (int form = 0; form < 3; ++form) {
+        const float scale = 7.5f;
+        d_scale.Upload({form == 2 ? -1.0f : scale});
+        g_scale_ptr = form == 0 ? nullptr : d_scale.ptr;
+        DeviceBuffer<float> d_loss(B), d_lse(B), d_ecode(B * k), d_esq(B), d_grad(n * k);
+        // The host value is a decoy in the pointer forms: the pointer wins.
+        const float host = form == 0 ? scale : 1.0f;
+        CUDA_OK(Forward(d_z.ptr, FloatType::kFloat32, d_codes.ptr, d_labels.ptr,
+                        IndexType::kInt32, host, kEpsilon, B, n, k, d_loss.ptr, d_lse.ptr,
+                        d_ecode.ptr, d_esq.ptr, 0));
+        CUDA_OK(CodesGrad(d_z.ptr, FloatType::kFloat32, d_codes.ptr, d_labels.ptr,
+                          IndexType::kInt32, host, kEpsilon, d_lse.ptr, d_g.ptr, B, n, k,
+                          d_grad.ptr, 0));
+        CUDA_OK(cudaDeviceSynchronize());
+        g_scale_ptr = nullptr;
+        char prefix[160];
+        std::snprintf(prefix, sizeof(prefix), "scale pointer [math=%s B=%lld n=%lld k=%lld]",
+                      MathName(math), static_cast<long long>(B), static_cast<long long>(n),
+                      static_cast<long long>(k));
+        if (form == 2) {
+          const std::vector<float> loss = d_loss.Download(), grad = d_grad.Download();
+          const bool nan = std::all_of(loss.begin(), loss.end(),
+                                       [](float v) { return std::isnan(v); }) &&
+                           std::all_of(grad.begin(), grad.end(),
+                                       [](float v) { return std::isnan(v); });
+          Report(std::string(prefix) + " scale -1", nan,
+                 nan ? "loss and grad_codes all NaN" : "a finite output for scale -1");
+          continue;
+        }
+        out[form][0] = d_loss.Download();
+        out[form][1] = d_lse.Download();
+        out[form][2] = d_ecode.Download();
+        out[form][3] = d_esq.Download();
+        out[form][4] = d_grad.Download();
+        if (form == 1) {
+          int64_t differ = 0;
+          for (int o = 0; o < 5; ++o) {
+            differ += std::memcmp(out[0][o].data(), out[1][o].data(),
+                                  out[0][o].size() * sizeof(float)) != 0;
+          }
+          char buf[96];
+          std::snprintf(buf, sizeof(buf), "%lld of 5 outputs differ in their bits",
+                        static_cast<long long>(differ));
+          Report(std::string(prefix) + " same bits as the host scale", differ == 0, buf);
+        }
+      }
+    }
+  }
+  g_math = MathMode::k3xTf32;
+}
+
+// Every launch variant against float64 at batch sizes around the row tiles
+// (16 and 64), for every output of the four entry points; the default-mode
+// loss passes and FP32 rank / nearest. n spans several class tiles and
+// splits; k = 130 exercises the 64-row tile's column stages.
+void RunVariants(bool quick) {
+  // --quick keeps one B below the 64-row tile's threshold (16), one partial
+  // 64-row tile and one full tile plus a partial one.
+  const std::vector<int64_t> batches =
+      quick ? std::vector<int64_t>{7, 17, 65} : std::vector<int64_t>{1, 7, 16, 17, 63, 64, 65, 256};
+  uint64_t seed = 4242;
+  for (const VariantName& v : kVariants) {
+    if (v.variant == KernelVariant::kV2) continue;
+    g_variant = v.variant;
+    for (int64_t B : batches) {
+      RunCase({"variant", B, 301, 32, 8.0f, B > 1, B > 2, B > 0}, FloatType::kFloat32,
+              IndexType::kInt32, seed++);
+    }
+    RunCase({"variant k=130", 70, 77, 130, 5.0f, true, true, true}, FloatType::kBFloat16,
+            IndexType::kInt64, seed++);
+    g_math = MathMode::kFp32;
+    RunCase({"variant", 65, 301, 32, 8.0f}, FloatType::kFloat32, IndexType::kInt32, seed++);
+    g_math = MathMode::k3xTf32;
+  }
+  g_variant = KernelVariant::kV2;
+  // Folding ||M||^2 into the forward's split kernel keeps PrepClassesKernel's
+  // chain: with the same row tile (so the same splits), every forward output
+  // has the bits of the unfolded launch; k = 300 and 1000 run in several
+  // column stages (the partial sums carried across stages).
+  using namespace keras_ecoc::cuda;
+  struct Shape {
+    int64_t B, n, k;
+  };
+  const Shape shapes[] = {{37, 301, 32}, {70, 77, 300}, {5, 40, 1000}};
+  for (const Shape& sh : shapes) {
+    const int64_t B = sh.B, n = sh.n, k = sh.k;
+    std::vector<float> z(B * k), codes(n * k);
+    std::vector<int32_t> labels(B);
+    Rng rng(99 + k);
+    for (auto& v : z) v = static_cast<float>(rng.Normal());
+    for (auto& v : codes) v = static_cast<float>(rng.Normal() / std::sqrt(double(k)));
+    for (auto& y : labels) y = static_cast<int32_t>(rng.Below(n));
+    DeviceBuffer<float> d_z(B * k), d_codes(n * k);
+    DeviceBuffer<int32_t> d_labels(B);
+    d_z.Upload(z);
+    d_codes.Upload(codes);
+    d_labels.Upload(labels);
+    const KernelVariant pairs[2][2] = {{KernelVariant::kV2, KernelVariant::kFoldNorms},
+                                       {KernelVariant::kRows64, KernelVariant::kRows64FoldNorms}};
+    for (MathMode math : {MathMode::k3xTf32, MathMode::kFp32}) {
+      g_math = math;
+      for (const auto& pair : pairs) {
+        std::vector<float> out[2][4];
+        for (int f = 0; f < 2; ++f) {
+          g_variant = pair[f];
+          DeviceBuffer<float> d_loss(B), d_lse(B), d_ecode(B * k), d_esq(B);
+          CUDA_OK(Forward(d_z.ptr, FloatType::kFloat32, d_codes.ptr, d_labels.ptr,
+                          IndexType::kInt32, 6.0f, kEpsilon, B, n, k, d_loss.ptr, d_lse.ptr,
+                          d_ecode.ptr, d_esq.ptr, 0));
+          CUDA_OK(cudaDeviceSynchronize());
+          out[f][0] = d_loss.Download();
+          out[f][1] = d_lse.Download();
+          out[f][2] = d_ecode.Download();
+          out[f][3] = d_esq.Download();
+        }
+        int differ = 0;
+        for (int o = 0; o < 4; ++o) {
+          differ += std::memcmp(out[0][o].data(), out[1][o].data(),
+                                out[0][o].size() * sizeof(float)) != 0;
+        }
+        char name[160], buf[96];
+        std::snprintf(name, sizeof(name), "folded norms [math=%s %s vs %s B=%lld n=%lld k=%lld]",
+                      MathName(math), VariantString(pair[1]), VariantString(pair[0]),
+                      static_cast<long long>(B), static_cast<long long>(n),
+                      static_cast<long long>(k));
+        std::snprintf(buf, sizeof(buf), "%d of 4 forward outputs differ in their bits", differ);
+        Report(name, differ == 0, buf);
+      }
+    }
+  }
+  g_math = MathMode::k3xTf32;
+  g_variant = KernelVariant::kV2;
+}
+
 void RunChecks(int sms, bool quick) {
   // Shapes chosen to hit every launch variant of the split kernels on this
   // device: B and n not multiples of the tiles (16 rows, 32 classes); k = 0
@@ -647,6 +844,8 @@ void RunChecks(int sms, bool quick) {
   }
   g_math = MathMode::k3xTf32;
   RunEmptyBatch();
+  RunScalePointer(sms);
+  RunVariants(quick);
 }
 
 
@@ -834,8 +1033,10 @@ void RunGridCase(int64_t B, int64_t n, int64_t k, const std::vector<float>& code
     if (gi < 0 || gi >= n || ref.dist[s][gi] > ref.dmin[s] + 1e-5 * (1.0 + ref.dmin[s])) ++index_bad;
   }
   char prefix[160];
-  std::snprintf(prefix, sizeof(prefix), "grid [math=%s B=%lld n=%lld k=%lld, %s]",
-                MathName(g_math), static_cast<long long>(B), static_cast<long long>(n), static_cast<long long>(k),
+  std::snprintf(prefix, sizeof(prefix), "grid [math=%s%s%s B=%lld n=%lld k=%lld, %s]",
+                MathName(g_math), g_variant == KernelVariant::kV2 ? "" : " variant=",
+                g_variant == KernelVariant::kV2 ? "" : VariantString(g_variant),
+                static_cast<long long>(B), static_cast<long long>(n), static_cast<long long>(k),
                 full ? "all rows" : "8 sampled rows");
   const std::string p(prefix);
   const double tol = LossTol();
@@ -868,6 +1069,15 @@ void RunGrid(bool small) {
     ks = {1, 31};
     ns = {1, 33};
   }
+  // --small (the sanitizers' run) covers every launch variant, with B = 65
+  // for a partial 64-row tile; --grid the one of --variant.
+  std::vector<KernelVariant> variants = {g_variant};
+  if (small) {
+    Bs.push_back(65);
+    variants.clear();
+    for (const VariantName& e : kVariants) variants.push_back(e.variant);
+  }
+  const KernelVariant given = g_variant;
   uint64_t seed = 777;
   for (int64_t n : ns) {
     for (int64_t k : ks) {
@@ -875,10 +1085,14 @@ void RunGrid(bool small) {
       FillNormal(&codes, seed++, 1.0 / std::sqrt(double(k)));
       DeviceBuffer<float> d_codes(n * k);
       d_codes.Upload(codes);
-      for (int64_t B : Bs) RunGridCase(B, n, k, codes, d_codes, seed++, !small);
+      for (KernelVariant v : variants) {
+        g_variant = v;
+        for (int64_t B : Bs) RunGridCase(B, n, k, codes, d_codes, seed++, !small);
+      }
       std::fflush(stdout);
     }
   }
+  g_variant = given;
 }
 
 // --smem-limit: the Python guard (keras_ecoc/ops/_gpu_guard.py) predicts
@@ -997,6 +1211,17 @@ Peaks CardPeaks(const cudaDeviceProp& prop) {
 #endif
 }
 
+// The launch variants --bench-only times (--variant NAME or all); v2 alone
+// by default.
+std::vector<KernelVariant> g_bench_variants = {KernelVariant::kV2};
+
+// "fp32" for v2 (the rows of earlier runs), "fp32+rows64" for a variant.
+std::string ModeLabel(MathMode m, KernelVariant v) {
+  std::string label = MathName(m);
+  if (v != KernelVariant::kV2) label += std::string("+") + VariantString(v);
+  return label;
+}
+
 void RunBench(bool quick, const cudaDeviceProp& prop) {
   using namespace keras_ecoc::cuda;
   const int warmup = quick ? 1 : 3;
@@ -1021,13 +1246,17 @@ void RunBench(bool quick, const cudaDeviceProp& prop) {
               "Peaks: FP32 %.1f TFLOP/s, TF32 %.1f TFLOP/s (SM count x clock x per-SM rate).\n",
               peaks.fp32, peaks.tf32);
   long long worst_delta = 0;
+  const MathMode modes[3] = {MathMode::kFp32, MathMode::k3xTf32, MathMode::kTf32};
+  // One column per (variant, math mode), variant-major.
+  const int ncols = static_cast<int>(g_bench_variants.size()) * 3;
+  auto col_mode = [&](int c) { return modes[c % 3]; };
+  auto col_variant = [&](int c) { return g_bench_variants[c / 3]; };
   struct Row {
     int64_t B, k, n;
-    float fwd[3], both[3];
-    size_t peak[3];  // workspace + outputs, bytes
+    std::vector<float> fwd, both;
+    std::vector<size_t> peak;  // workspace + outputs, bytes
   };
   std::vector<Row> rows;
-  const MathMode modes[3] = {MathMode::kFp32, MathMode::k3xTf32, MathMode::kTf32};
   for (int64_t n : ns) {
     for (int64_t k : ks) {
       if (n * k > kMaxCodes) continue;
@@ -1060,9 +1289,11 @@ void RunBench(bool quick, const cudaDeviceProp& prop) {
                            IndexType::kInt32, 10.0f, kEpsilon, d_lse.ptr, d_g.ptr, B, n, k,
                            d_grad.ptr, 0);
         };
-        Row row{B, k, n, {}, {}, {}};
-        for (int m = 0; m < 3; ++m) {
-          g_math = modes[m];
+        Row row{B, k, n, std::vector<float>(ncols), std::vector<float>(ncols),
+                std::vector<size_t>(ncols)};
+        for (int m = 0; m < ncols; ++m) {
+          g_math = col_mode(m);
+          g_variant = col_variant(m);
           g_ws_cell = 0;
           CUDA_OK(both());  // sizes the workspace, loads the modules
           // Device bytes beyond the inputs: the larger workspace of the two
@@ -1083,8 +1314,10 @@ void RunBench(bool quick, const cudaDeviceProp& prop) {
     }
   }
   g_math = MathMode::k3xTf32;
-  for (int m = 0; m < 3; ++m) {
-    std::printf("\n### math mode %s\n\n", MathName(modes[m]));
+  g_variant = KernelVariant::kV2;
+  for (int m = 0; m < ncols; ++m) {
+    std::printf("\n### math mode %s, variant %s\n\n", MathName(col_mode(m)),
+                VariantString(col_variant(m)));
     std::printf("| B | k | n | forward ms | forward + codes grad ms | TFLOP/s | %% of FP32 peak "
                 "| %% of TF32 peak |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (const Row& r : rows) {
@@ -1105,12 +1338,13 @@ void RunBench(bool quick, const cudaDeviceProp& prop) {
       std::fprintf(f, "[");
       bool first = true;
       for (const Row& r : rows) {
-        for (int m = 0; m < 3; ++m) {
+        for (int m = 0; m < ncols; ++m) {
           std::fprintf(f, "%s\n {\"B\": %lld, \"k\": %lld, \"n\": %lld, \"mode\": \"%s\", "
                        "\"fwd_ms\": %.6g, \"fwdbwd_ms\": %.6g, \"peak_bytes\": %zu}",
                        first ? "" : ",", static_cast<long long>(r.B),
                        static_cast<long long>(r.k), static_cast<long long>(r.n),
-                       MathName(modes[m]), r.fwd[m], r.both[m], r.peak[m]);
+                       ModeLabel(col_mode(m), col_variant(m)).c_str(), r.fwd[m], r.both[m],
+                       r.peak[m]);
           first = false;
         }
       }
@@ -1130,11 +1364,51 @@ void RunBench(bool quick, const cudaDeviceProp& prop) {
   std::fflush(stdout);
 }
 
+// --profile: the forward alone, once per launch variant of --variant (default
+// every variant) in the --math mode (default 3xtf32), at the two cells the
+// device run profiles with Nsight Compute (B = 256, n = 1e5, k = 128 and
+// B = 16, n = 1e6, k = 128). No warm-up and no timing: ncu replays each
+// kernel itself (device_check.sh filters on ForwardSplitKernel).
+void RunProfile() {
+  using namespace keras_ecoc::cuda;
+  struct Cell {
+    int64_t B, n, k;
+  };
+  const Cell cells[] = {{256, 100000, 128}, {16, 1000000, 128}};
+  for (const Cell& c : cells) {
+    std::vector<float> codes(c.n * c.k), z(c.B * c.k);
+    FillNormal(&codes, 5 + c.n, 1.0 / std::sqrt(double(c.k)));
+    FillNormal(&z, 6 + c.B, 1.0);
+    std::vector<int32_t> labels(c.B);
+    Rng rng(7);
+    for (auto& y : labels) y = static_cast<int32_t>(rng.Below(c.n));
+    DeviceBuffer<float> d_codes(c.n * c.k), d_z(c.B * c.k), d_loss(c.B), d_lse(c.B),
+        d_ecode(c.B * c.k), d_esq(c.B);
+    DeviceBuffer<int32_t> d_labels(c.B);
+    d_codes.Upload(codes);
+    d_z.Upload(z);
+    d_labels.Upload(labels);
+    for (KernelVariant v : g_bench_variants) {
+      g_variant = v;
+      CUDA_OK(Forward(d_z.ptr, FloatType::kFloat32, d_codes.ptr, d_labels.ptr,
+                      IndexType::kInt32, 10.0f, kEpsilon, c.B, c.n, c.k, d_loss.ptr,
+                      d_lse.ptr, d_ecode.ptr, d_esq.ptr, 0));
+      CUDA_OK(cudaDeviceSynchronize());
+      std::printf("profiled forward: B=%lld n=%lld k=%lld math=%s variant=%s\n",
+                  static_cast<long long>(c.B), static_cast<long long>(c.n),
+                  static_cast<long long>(c.k), MathName(g_math), VariantString(v));
+    }
+  }
+  g_variant = KernelVariant::kV2;
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 const char kUsage[] =
-    "usage: %s [--check-only | --bench-only | --grid | --small | --smem-limit] [--quick]\n"
-    "          [--math fp32|3xtf32|tf32]\n"
+    "usage: %s [--check-only | --bench-only | --grid | --small | --smem-limit | --profile]\n"
+    "          [--quick]\n"
+    "          [--math fp32|3xtf32|tf32] [--variant v2|rows64|foldnorms|rows64+foldnorms|all]\n"
     "  (default)      the checks, then the benchmark table\n"
     "  --check-only   the checks over odd shapes and dtypes (--quick: the smallest shapes\n"
     "                 that reach every launch variant, for the CPU emulator)\n"
@@ -1142,12 +1416,18 @@ const char kUsage[] =
     "  --grid         B in {1,7,16,256} x k in {1,31,128,1000} x n in {1,33,1e4,1e6}\n"
     "  --math MODE    fp32 | 3xtf32 | tf32: the loss passes' mode in --grid / --small\n"
     "                 (default 3xtf32; the checks run every mode, the timings all three)\n"
+    "  --variant V    launch variant of the forward / rank / nearest passes in --grid,\n"
+    "                 --small and --bench-only (default v2; `all`: --bench-only times every\n"
+    "                 variant side by side; the checks always run every variant)\n"
     "  --small        a small grid (for compute-sanitizer)\n"
     "  --smem-limit   the Python guard's shared-memory need and code-length limit hold\n"
-    "                 (--quick: a long code of 2^12 instead of 2^16)\n";
+    "                 (--quick: a long code of 2^12 instead of 2^16)\n"
+    "  --profile      one forward per --variant (default all) at B=256,n=1e5,k=128 and\n"
+    "                 B=16,n=1e6,k=128, for Nsight Compute (no checks, no timing)\n";
 
 int main(int argc, char** argv) {
-  bool check = true, bench = true, quick = false, grid = false, small = false, smem = false;
+  bool check = true, bench = true, quick = false, grid = false, small = false, smem = false,
+       profile = false, variant_given = false;
   int modes = 0;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--check-only") == 0) {
@@ -1165,8 +1445,27 @@ int main(int argc, char** argv) {
     } else if (std::strcmp(argv[i], "--smem-limit") == 0) {
       smem = true;
       ++modes;
+    } else if (std::strcmp(argv[i], "--profile") == 0) {
+      profile = true;
+      ++modes;
     } else if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
+    } else if (std::strcmp(argv[i], "--variant") == 0 && i + 1 < argc) {
+      const char* v = argv[++i];
+      g_bench_variants.clear();
+      for (const VariantName& e : kVariants) {
+        if (std::strcmp(v, "all") == 0 || std::strcmp(v, e.name) == 0) {
+          g_bench_variants.push_back(e.variant);
+        }
+      }
+      if (g_bench_variants.empty()) {
+        std::fprintf(stderr,
+                     "--variant must be v2, rows64, foldnorms, rows64+foldnorms or all; got %s\n",
+                     v);
+        return 3;
+      }
+      g_variant = g_bench_variants.size() == 1 ? g_bench_variants[0] : KernelVariant::kV2;
+      variant_given = true;
     } else if (std::strcmp(argv[i], "--math") == 0 && i + 1 < argc) {
       const char* m = argv[++i];
       if (std::strcmp(m, "fp32") == 0) {
@@ -1185,11 +1484,16 @@ int main(int argc, char** argv) {
     }
   }
   if (modes > 1) {
-    std::fprintf(stderr, "at most one of --check-only, --bench-only, --grid, --small, --smem-limit\n");
+    std::fprintf(stderr, "at most one of --check-only, --bench-only, --grid, --small, "
+                         "--smem-limit, --profile\n");
     std::fprintf(stderr, kUsage, argv[0]);
     return 3;
   }
-  if (grid || small || smem) check = bench = false;
+  if (grid || small || smem || profile) check = bench = false;
+  if (profile && !variant_given) {
+    g_bench_variants.clear();
+    for (const VariantName& e : kVariants) g_bench_variants.push_back(e.variant);
+  }
 
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
@@ -1211,6 +1515,7 @@ int main(int argc, char** argv) {
   if (check) RunChecks(prop.multiProcessorCount, quick);
   if (grid || small) RunGrid(small);
   if (smem) RunSmemLimit(static_cast<int>(prop.sharedMemPerBlockOptin), quick);
+  if (profile) RunProfile();
   PrintModeErrors();
   if (check || grid || small || smem) std::printf("\n%d checks, %d failed\n", g_checks, g_failures);
   if (bench) RunBench(quick, prop);

@@ -10,8 +10,11 @@
 //
 // Handler signatures are those of the CPU handlers (ecoc_ffi_cpu.cc), except
 // that z may be float32, float16 or bfloat16 (the kernels convert), and that
-// the scale, a device scalar, is copied to the host on the stream first (the
-// v2 params take it by value): one small synchronous copy per loss pass.
+// the scale, a device scalar, goes to the kernels as a device pointer
+// (contract field scale_ptr): they read it on the stream, so a loss pass
+// makes no device-to-host copy and no stream sync. A scale that is not a
+// finite number > 0 gives NaN outputs (the value is never seen on the host).
+// The C entry points (PyTorch) still take a host float.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -79,15 +82,6 @@ ffi::Error Workspace(ffi::ScratchAllocator& scratch, size_t bytes, void** ptr) {
   return ffi::Error::Success();
 }
 
-ffi::Error HostScale(cudaStream_t stream, ffi::BufferR0<ffi::F32> scale,
-                     float* out) {
-  cudaError_t err = cudaMemcpyAsync(out, scale.typed_data(), sizeof(float),
-                                    cudaMemcpyDeviceToHost, stream);
-  if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
-  return err == cudaSuccess ? ffi::Error::Success()
-                            : CudaError("reading the scale", err);
-}
-
 // Math mode of the loss passes: $KERAS_ECOC_CUDA_MATH = fp32 | 3xtf32 | tf32
 // (default: the contract's default, 3xTF32).
 kc::MathMode Math() {
@@ -126,7 +120,7 @@ ffi::Error ForwardImpl(cudaStream_t stream, ffi::ScratchAllocator scratch,
                        float epsilon) {
   kc::ForwardParams p;
   if (auto e = Problem(z, codes, epsilon, &p.problem); e.failure()) return e;
-  if (auto e = HostScale(stream, scale, &p.scale); e.failure()) return e;
+  p.scale_ptr = scale.typed_data();  // read by the kernels on the stream
   p.labels = labels.typed_data();
   p.label_type = kc::IndexType::kInt32;
   p.math = Math();
@@ -148,7 +142,7 @@ ffi::Error CodesGradImpl(cudaStream_t stream, ffi::ScratchAllocator scratch,
                          float epsilon) {
   kc::CodesGradParams p;
   if (auto e = Problem(z, codes, epsilon, &p.problem); e.failure()) return e;
-  if (auto e = HostScale(stream, scale, &p.scale); e.failure()) return e;
+  p.scale_ptr = scale.typed_data();  // read by the kernels on the stream
   p.labels = labels.typed_data();
   p.label_type = kc::IndexType::kInt32;
   p.math = Math();
