@@ -100,8 +100,8 @@ class RowBlockProduct:
     def __matmul__(self, x):
         if self.pool is None:
             return self.matrix @ x
-        out = np.empty((self.shape[0],) + x.shape[1:], dtype=np.result_type(
-            self.matrix.dtype, x.dtype))
+        dtype = np.result_type(self.matrix.dtype, x.dtype)
+        out = np.empty((self.shape[0],) + x.shape[1:], dtype=dtype)
 
         def run(index):
             start, stop = self.bounds[index]
@@ -323,8 +323,9 @@ def _chebyshev_eigenpairs(adjacency, null, k, rng, tol, block):
         RuntimeWarning,
         stacklevel=4,
     )
-    matrix = adjacency.matrix if isinstance(adjacency, RowBlockProduct) else adjacency
-    return arpack_eigenpairs(matrix, null, k, rng)
+    if isinstance(adjacency, RowBlockProduct):
+        adjacency = adjacency.matrix
+    return arpack_eigenpairs(adjacency, null, k, rng)
 
 
 def _block_lanczos(apply, null, rng, block, max_dim, wanted=0, tol=0.0):
