@@ -29,8 +29,10 @@ Optional rows (`--reload`): save the trained classifier to .keras, reload it
 in the same process and compare predictions (peak of the load reported).
 
 Spectral code generation (`--spectral`, a row group of its own): calls
-`keras_ecoc.codes.class_similarity(..., n_neighbors=10)` on random class means
-(256 features), a sparse k-nearest-neighbour graph, then
+`keras_ecoc.codes.class_similarity(..., n_neighbors=10)` on the synthetic
+class means of `bench_spectral_scale.py` (256 features; same data and calls
+as that benchmark, whose table in docs/benchmarks.md has the stage times,
+recall and residuals), a sparse k-nearest-neighbour graph, then
 `keras_ecoc.codes.spectral`; the row says "not available" when the package
 cannot build such a similarity.
 
@@ -206,8 +208,11 @@ def spectral_worker(args):
         row["status"] = "not available: keras_ecoc.codes lacks spectral/class_similarity"
         print("ROW " + json.dumps(row), flush=True)
         return
-    rng = np.random.default_rng(0)
-    means = rng.standard_normal((args.n, args.features_spectral)).astype("float32")
+    # The data of bench_spectral_scale.py (this directory), so that both
+    # benchmarks time the same code path on the same means.
+    from bench_spectral_scale import _class_means
+
+    means = _class_means(args.n, args.features_spectral, seed=0)
     rss = _status("VmRSS")
     _reset_peak()
     t0 = time.perf_counter()

@@ -109,6 +109,7 @@ def child(n, dim, code_length, n_neighbors, seed):
     labels = np.arange(n)
     rss_inputs = _rss_mib()
     reset = _reset_peak()
+    load_at_start = os.getloadavg()[0]
 
     start, cpu = time.perf_counter(), _cpu_s()
     graph = ecoc_codes.class_similarity(
@@ -165,6 +166,7 @@ def child(n, dim, code_length, n_neighbors, seed):
         "max_eigen_residual": residual,
         "eigenvalue_range": [float(eigenvalues[0]), float(eigenvalues[-1])],
         "cpu_count": os.cpu_count(),
+        "load_average_1min_at_start": load_at_start,
         "load_average_1min_at_end": os.getloadavg()[0],
     }
 

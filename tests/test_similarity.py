@@ -408,3 +408,39 @@ def test_class_similarity_rejects_an_unknown_neighbor_search():
     features = np.zeros((4, 2)) + 1.0
     with pytest.raises(ValueError, match="neighbor_search"):
         codes.class_similarity(features, np.arange(4), n_neighbors=2, neighbor_search="ivf")
+
+
+def test_float32_means_reach_the_approximate_search_without_a_float64_copy(
+    monkeypatch,
+):
+    pytest.importorskip("faiss")
+    # 200 classes: every cell probed, so the float32 graph must equal the
+    # float64 exact one, with weights to float32 round-off.
+    rng = np.random.default_rng(25)
+    means = rng.standard_normal((200, 8)).astype(np.float32)
+    original = means.copy()
+    seen = []
+    search = _neighbors.approximate_nearest_neighbors
+
+    def spy(points, *args, **kwargs):
+        seen.append(points.dtype)
+        return search(points, *args, **kwargs)
+
+    monkeypatch.setattr(_neighbors, "approximate_nearest_neighbors", spy)
+    approximate = codes.class_similarity(
+        means, np.arange(200), n_neighbors=6, neighbor_search="approximate"
+    )
+    assert seen == [np.float32]
+    exact = codes.class_similarity(
+        means.astype(np.float64), np.arange(200), n_neighbors=6,
+        neighbor_search="exact",
+    )
+    np.testing.assert_array_equal(approximate.indices, exact.indices)
+    unit = means.astype(np.float64)
+    unit /= np.linalg.norm(unit, axis=1, keepdims=True)
+    coo = approximate.tocoo()
+    reference = np.einsum("ij,ij->i", unit[coo.row], unit[coo.col])
+    assert approximate.dtype == np.float64
+    np.testing.assert_allclose(coo.data, reference, rtol=1e-6)
+    # The caller's array is not modified.
+    np.testing.assert_array_equal(means, original)

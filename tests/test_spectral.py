@@ -420,3 +420,52 @@ def test_spectral_codes_of_20k_classes_from_256_features():
     residuals = np.linalg.norm(laplacian_m - m * eigenvalues, axis=0) / np.sqrt(n)
     assert residuals.max() < 1e-5
     np.testing.assert_allclose(_trivial_vector(graph) @ m / np.sqrt(n), 0, atol=1e-5)
+
+
+# Threaded sparse products (codes/_eigen.py RowBlockProduct)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_row_block_product_equals_the_float64_product(threads, monkeypatch):
+    from keras_ecoc.codes import _eigen
+
+    monkeypatch.setattr(_eigen, "_PARALLEL_MIN_NNZ", 0)
+    rng = np.random.default_rng(31)
+    # Uneven rows (some empty) so that the blocks split by stored entries.
+    matrix = scipy.sparse.random(
+        500, 500, density=0.02, random_state=31, format="csr"
+    )
+    matrix = scipy.sparse.vstack(
+        [matrix[:200], scipy.sparse.csr_matrix((50, 500)), matrix[200:450]]
+    ).tocsr()
+    x = rng.standard_normal((500, 5))
+    with _eigen.RowBlockProduct(matrix, threads=threads) as product:
+        assert len(product.bounds) == threads
+        out = product @ x
+        vector_out = product @ x[:, 0]
+    reference = matrix.toarray() @ x
+    np.testing.assert_allclose(out, reference, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(vector_out, reference[:, 0], rtol=1e-12, atol=1e-12)
+
+
+def test_chebyshev_solver_on_threaded_products_matches_the_dense_reference(
+    monkeypatch,
+):
+    from keras_ecoc.codes import _eigen
+
+    # Force the row-block threads on a small graph.
+    monkeypatch.setattr(_eigen, "_PARALLEL_MIN_NNZ", 0)
+    graph = _knn_graph(np.random.default_rng(32), 600)
+    out, values = codes.spectral(
+        graph, 16, solver="chebyshev", normalization=None, return_eigenvalues=True
+    )
+    laplacian = _reference_laplacian(graph)
+    reference_values, reference_vectors = scipy.linalg.eigh(laplacian)
+    np.testing.assert_allclose(values, reference_values[1:17], rtol=1e-9, atol=1e-12)
+    # Largest principal angle between the code space and the reference
+    # eigenspace (the values are distinct, see the assertion).
+    assert np.diff(reference_values[:18]).min() > 1e-4
+    angles = scipy.linalg.subspace_angles(
+        out.astype(np.float64), reference_vectors[:, 1:17]
+    )
+    assert angles.max() < 1e-5

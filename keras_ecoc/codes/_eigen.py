@@ -12,7 +12,9 @@ multiplicity `c`, which single-vector Krylov methods can miss.
 The spectrum of `L` lies in `[0, 2]`.
 """
 
+import os
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import scipy.linalg
@@ -26,6 +28,87 @@ _FILTER_GAIN = 8.0
 
 # Lanczos steps of the spectrum estimate that places the filter.
 _ESTIMATE_STEPS = 100
+
+# Float64 entries the filtered Lanczos basis may hold (1.5 GiB). At a
+# million classes and code_length 64 this allows about 200 vectors; the
+# former 512 MiB allowed 96, below the basis of about 2 k that the filtered
+# run needs, so it fell back to ARPACK on the filter.
+_BASIS_ENTRIES = 3 << 26
+
+# Below this many stored entries a sparse product is not split over threads:
+# the thread hand-off would cost more than it saves.
+_PARALLEL_MIN_NNZ = 1 << 18
+
+
+def cpu_threads():
+    """Number of CPU cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+class RowBlockProduct:
+    """`X -> A @ X` for a CSR matrix, with row blocks on a thread pool.
+
+    SciPy's sparse-dense product runs on one thread but releases the GIL
+    inside its C++ loop, so products of row blocks of `A` on Python threads
+    run in parallel. The blocks hold about equal numbers of stored entries.
+    Use as a context manager, which shuts the pool down.
+
+    Args:
+        matrix: float64 `scipy.sparse.csr_matrix` `(n, n)`.
+        threads: Number of row blocks and threads; defaults to the cores
+            this process may use.
+        pool: A `ThreadPoolExecutor` to share (with another product of the
+            same shape); a new pool, closed by `close`, by default.
+    """
+
+    def __init__(self, matrix, threads=None, pool=None):
+        self.matrix = matrix
+        self.shape = matrix.shape
+        threads = cpu_threads() if threads is None else threads
+        if threads < 2 or matrix.nnz < _PARALLEL_MIN_NNZ:
+            self.bounds = [(0, matrix.shape[0])]
+        else:
+            cuts = np.searchsorted(
+                matrix.indptr, np.linspace(0, matrix.nnz, threads + 1)[1:-1]
+            )
+            edges = np.concatenate([[0], cuts, [matrix.shape[0]]])
+            self.bounds = [
+                (int(a), int(b)) for a, b in zip(edges[:-1], edges[1:]) if b > a
+            ]
+        self.blocks = [matrix[a:b] for a, b in self.bounds]
+        self.owned = pool is None and len(self.blocks) > 1
+        if len(self.blocks) < 2:
+            pool = None
+        elif pool is None:
+            pool = ThreadPoolExecutor(len(self.blocks))
+        self.pool = pool
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        if self.pool is not None and self.owned:
+            self.pool.shutdown()
+        self.pool = None
+
+    def __matmul__(self, x):
+        if self.pool is None:
+            return self.matrix @ x
+        dtype = np.result_type(self.matrix.dtype, x.dtype)
+        out = np.empty((self.shape[0],) + x.shape[1:], dtype=dtype)
+
+        def run(index):
+            start, stop = self.bounds[index]
+            out[start:stop] = self.blocks[index] @ x
+
+        list(self.pool.map(run, range(len(self.blocks))))
+        return out
 
 
 def project_out(null, x):
@@ -170,6 +253,15 @@ def chebyshev_eigenpairs(adjacency, null, k, rng, tol=1e-8, block=4):
     Returns:
         `(eigenvalues (k,), vectors (n, k))`, eigenvalues ascending.
     """
+    if scipy.sparse.issparse(adjacency):
+        with RowBlockProduct(adjacency.tocsr()) as product:
+            return _chebyshev_eigenpairs(product, null, k, rng, tol, block)
+    return _chebyshev_eigenpairs(adjacency, null, k, rng, tol, block)
+
+
+def _chebyshev_eigenpairs(adjacency, null, k, rng, tol, block):
+    """`chebyshev_eigenpairs` on `adjacency`, a dense array or a
+    `RowBlockProduct`."""
     n = adjacency.shape[0]
     dim = n - null.shape[1]  # dimension of the space searched
     block = max(1, min(block, (dim - k) // 4))
@@ -185,10 +277,10 @@ def chebyshev_eigenpairs(adjacency, null, k, rng, tol=1e-8, block=4):
         apply_laplacian, null, rng, 1, max_dim=min(dim - 1, _ESTIMATE_STEPS)
     )
     upper, cut, kth = _spectrum_bounds(estimate, dim, k, k + buffer, 1)
-    # The basis may hold about 512 MiB, and at least k + 8 blocks.
+    # The basis may hold about 1.5 GiB, and at least k + 8 blocks.
     max_dim = min(
         dim - block,
-        max(k + 8 * block, min(4 * k + 8 * block, (1 << 26) // n)),
+        max(k + 8 * block, min(4 * k + 8 * block, _BASIS_ENTRIES // n)),
     )
     for _ in range(3):
         degree = _filter_degree(kth, cut, upper)
@@ -231,6 +323,8 @@ def chebyshev_eigenpairs(adjacency, null, k, rng, tol=1e-8, block=4):
         RuntimeWarning,
         stacklevel=4,
     )
+    if isinstance(adjacency, RowBlockProduct):
+        adjacency = adjacency.matrix
     return arpack_eigenpairs(adjacency, null, k, rng)
 
 
@@ -353,9 +447,12 @@ def _orthonormalize(vectors):
     """
     gram = vectors.T @ vectors
     factor = np.linalg.cholesky((gram + gram.T) / 2.0)
-    return scipy.linalg.solve_triangular(
-        factor, vectors.T, lower=True, check_finite=False
-    ).T
+    # V L^-T as one matrix product: a triangular solve with the n columns of
+    # V^T as right-hand sides copied V twice and ran several times slower.
+    inverse = scipy.linalg.solve_triangular(
+        factor, np.eye(len(factor)), lower=True, check_finite=False
+    )
+    return vectors @ inverse.T
 
 
 def _filter_degree(kth, cut, upper):
@@ -383,6 +480,10 @@ def _chebyshev_filter(adjacency, null, degree, cut, upper):
     half_width = (upper - cut) / 2.0
     # Z = (L - center) / half_width = ((1 - center) I - A) / half_width,
     # formed once so that each step is a single sparse product.
+    threaded = isinstance(adjacency, RowBlockProduct)
+    if threaded:
+        pool = adjacency.pool
+        adjacency = adjacency.matrix
     if scipy.sparse.issparse(adjacency):
         identity = scipy.sparse.identity(n, format="csr")
     else:
@@ -390,6 +491,8 @@ def _chebyshev_filter(adjacency, null, degree, cut, upper):
     shifted = (identity * (1.0 - center) - adjacency) / half_width
     if scipy.sparse.issparse(shifted):
         shifted = shifted.tocsr()
+    if threaded:
+        shifted = RowBlockProduct(shifted, pool=pool)
     sign = -1.0 if degree % 2 else 1.0
 
     def apply(x):

@@ -205,8 +205,11 @@ def approximate_nearest_neighbors(points, k, metric, faiss):
 
 
 def _exact_rows(points, rows, k, metric, block_size=1024):
-    """Exact neighbours of `points[rows]` among all points (self excluded)."""
-    points = np.asarray(points, dtype=np.float64)
+    """Exact neighbours of `points[rows]` among all points (self excluded).
+
+    Scores in the dtype of `points` (float32 from the approximate search,
+    which ranks in float32 too): a float64 copy would double the memory.
+    """
     if metric == "l2":
         squared = np.einsum("ij,ij->i", points, points)
         targets = points.T

@@ -162,16 +162,18 @@ def make_rng(seed, name="seed"):
     return np.random.default_rng(int(seed))
 
 
-def as_float_matrix(value, name, allow_empty=False):
+def as_float_matrix(value, name, allow_empty=False, keep_float32=False):
     """Converts `value` to a finite 2-D float64 array.
 
     Args:
         value: Array-like.
         name: The argument name, for the error message.
         allow_empty: Whether a dimension of size 0 is allowed.
+        keep_float32: Whether a float32 array stays float32 (no copy), for
+            callers that compute in float32 anyway.
 
     Returns:
-        A float64 `np.ndarray` of rank 2.
+        A float64 (or, with `keep_float32`, float32) `np.ndarray` of rank 2.
 
     Raises:
         TypeError: If `value` is sparse or not numeric.
@@ -198,7 +200,8 @@ def as_float_matrix(value, name, allow_empty=False):
             f"Argument `{name}` must have at least one row and one column. "
             f"Received: {name}={describe(array)}"
         )
-    array = array.astype(np.float64, copy=False)
+    if not (keep_float32 and array.dtype == np.float32):
+        array = array.astype(np.float64, copy=False)
     check_finite(array, name)
     return array
 

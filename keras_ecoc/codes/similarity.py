@@ -122,7 +122,10 @@ def class_similarity(
             extra "scale") is not installed; checked before any work.
     """
     original = features
-    features = as_float_matrix(features, "features")
+    # float32 features stay float32 until the search is chosen: the faiss
+    # search computes in float32, and at a million classes of 256 features a
+    # float64 copy would cost 2 GB.
+    features = as_float_matrix(features, "features", keep_float32=True)
     # Whether `features` may be overwritten (a fresh float64 copy).
     owned = not (
         isinstance(original, np.ndarray)
@@ -191,13 +194,16 @@ def class_similarity(
             faiss = _neighbors.import_faiss(
                 f"neighbor_search='approximate' for num_classes={num_classes}"
             )
+    if faiss is None and features.dtype != np.float64:
+        # The dense and exact paths rank and weigh in float64.
+        features, owned = features.astype(np.float64), True
 
     described = describe(features)
     means, owned = _class_means(features, labels, num_classes, owned)
     # The float64 copy of the features is not needed once the means exist.
     del features
     if kernel == "cosine":
-        norms = np.linalg.norm(means, axis=1)
+        norms = np.sqrt(np.einsum("ij,ij->i", means, means, dtype=np.float64))
         zero = np.flatnonzero(norms == 0)
         if len(zero):
             raise ValueError(
@@ -208,10 +214,11 @@ def class_similarity(
             )
         # In place where `means` is ours: at a million classes every copy
         # of the means costs 2 GB.
+        scale = (1.0 / norms[:, None]).astype(means.dtype)
         if owned:
-            means /= norms[:, None]
+            means *= scale
         else:
-            means = means / norms[:, None]
+            means = means * scale
     elif kernel == "rbf":
         # Distances are shift-invariant; centering reduces the cancellation
         # in |a|^2 + |b|^2 - 2<a, b>.
@@ -465,9 +472,10 @@ def _knn_similarity(means, kernel, gamma, n_neighbors, block_size, faiss):
     # the (edges, d) temporaries stay small.
     values = np.empty(len(rows))
     chunk = max(1, (1 << 22) // means.shape[1])
+    # In float64 also for float32 means, like the exact search.
     for start in range(0, len(rows), chunk):
-        a = means[rows[start : start + chunk]]
-        b = means[cols[start : start + chunk]]
+        a = means[rows[start : start + chunk]].astype(np.float64)
+        b = means[cols[start : start + chunk]].astype(np.float64)
         if kernel == "rbf":
             a = a - b
             b = a
