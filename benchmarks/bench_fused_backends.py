@@ -37,6 +37,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -210,17 +211,29 @@ def main():
     for backend in args.backends.split(","):
         env = dict(os.environ, KERAS_BACKEND=backend, PYTHONPATH=ROOT + os.pathsep + os.environ.get(
             "PYTHONPATH", ""), TF_CPP_MIN_LOG_LEVEL="3")
-        proc = subprocess.run([sys.executable, __file__, "--worker", "--cells", json.dumps(cells),
-                               "--reps", str(args.reps), "--big-reps", str(args.big_reps)],
-                              env=env, capture_output=True, text=True)
-        got = [json.loads(line[4:]) for line in proc.stdout.splitlines() if line.startswith("ROW ")]
+        errf = tempfile.TemporaryFile("w+")  # a file, not a pipe: a chatty stderr cannot block
+        proc = subprocess.Popen([sys.executable, __file__, "--worker", "--cells", json.dumps(cells),
+                                 "--reps", str(args.reps), "--big-reps", str(args.big_reps)],
+                                env=env, stdout=subprocess.PIPE, stderr=errf, text=True)
+        got = 0
+        for line in proc.stdout:  # rows as they come: a run cut short keeps its rows
+            if line.startswith("ROW "):
+                rows.append(json.loads(line[4:]))
+                got += 1
+                _save(args.json, rows, skipped)
+        proc.wait()
+        errf.seek(0)
+        err = errf.read()
         if not got:
-            print(f"{backend}: worker failed\n{proc.stderr[-3000:]}", file=sys.stderr)
-        rows += got
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"rows": rows, "skipped": skipped, "argv": sys.argv[1:]}, f, indent=1)
+            print(f"{backend}: worker failed\n{err[-3000:]}", file=sys.stderr)
+    _save(args.json, rows, skipped)
     render(rows, skipped, args)
+
+
+def _save(path, rows, skipped):
+    if path:
+        with open(path, "w") as f:
+            json.dump({"rows": rows, "skipped": skipped, "argv": sys.argv[1:]}, f, indent=1)
     return 0
 
 
