@@ -8,7 +8,9 @@ and ``KERAS_ECOC_LOSS_PATH=streaming|dense``), one step computes the loss and
 its gradient with respect to z and the scale (the codes fixed, as in ECOC
 training) under the backend's compiler: ``jax.jit``, ``tf.function`` (graph
 mode; the fused op runs its CPU kernel), PyTorch eagerly. Time: median of
-`--reps` steps after one warm-up (compile) step. Peak memory: the rise of the
+`--reps` steps after one warm-up (compile) step, in wall-clock time and in
+CPU time of the process (all its threads: the work a path does, which a
+loaded machine changes far less than the wall-clock time). Peak memory: the rise of the
 process's resident-set high-water mark (VmHWM, reset through
 /proc/self/clear_refs before the warm-up) over its resident set before the
 cell, so it includes compilation and every temporary, in MiB.
@@ -19,7 +21,13 @@ skipped (the dense path holds several B x n arrays).
 Usage::
 
     python benchmarks/bench_fused_backends.py [--quick] [--backends jax,torch,tensorflow]
-        [--batch 16,256] [--k 32,128] [--n 10000,100000,1000000] [--reps 3] [--markdown]
+        [--batch 16,256] [--k 32,128] [--n 10000,100000,1000000] [--reps 3]
+        [--big-reps 1] [--json rows.json]
+    python benchmarks/bench_fused_backends.py --render a.json,b.json
+
+`--big-reps` applies to the n >= 10^6 cells (a streaming step there takes
+minutes); `--json` writes the measured rows, `--render` prints the table of
+rows written by earlier runs (e.g. one run per backend).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -134,13 +143,18 @@ def worker(args):
             t0 = time.perf_counter()
             run()  # warm-up / compile
             row["first_s"] = time.perf_counter() - t0
-            times = []
-            for _ in range(args.reps):
-                t0 = time.perf_counter()
+            times, cpu = [], []
+            for _ in range(args.big_reps if n >= 10**6 else args.reps):
+                t0, c0 = time.perf_counter(), time.process_time()
                 run()
                 times.append(time.perf_counter() - t0)
+                cpu.append(time.process_time() - c0)
             times.sort()
+            cpu.sort()
             row["ms"] = 1e3 * times[len(times) // 2]
+            row["cpu_ms"] = 1e3 * cpu[len(cpu) // 2]
+            row["reps"] = len(times)
+            row["load1"] = os.getloadavg()[0]
             row["peak_mb"] = (_rss_mb("VmHWM") - base) if hwm_ok else None
         except Exception as e:  # noqa: BLE001 - report the cell, go on
             row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
@@ -155,6 +169,9 @@ def main():
     p.add_argument("--n", default="10000,100000,1000000")
     p.add_argument("--paths", default="fused,streaming,dense")
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--big-reps", type=int, default=1, help="timed steps of the n >= 1e6 cells")
+    p.add_argument("--json", default=None, help="write the measured rows to this file")
+    p.add_argument("--render", default=None, help="comma-separated JSON files: print their table")
     p.add_argument("--dense-max-mb", type=float, default=256.0)
     p.add_argument("--quick", action="store_true",
                    help="n = 1e6 only at B = 16, k = 32")
@@ -164,6 +181,16 @@ def main():
     args = p.parse_args()
     if args.worker:
         worker(args)
+        return 0
+    if args.render:
+        rows, skipped = [], []
+        for path in args.render.split(","):
+            with open(path) as f:
+                saved = json.load(f)
+            rows += saved["rows"]
+            skipped += [tuple(c) for c in saved["skipped"]]
+        args.backends = ",".join(dict.fromkeys(r["backend"] for r in rows))
+        render(rows, skipped, args)
         return 0
     bs = [int(x) for x in args.batch.split(",")]
     ks = [int(x) for x in args.k.split(",")]
@@ -184,13 +211,29 @@ def main():
     for backend in args.backends.split(","):
         env = dict(os.environ, KERAS_BACKEND=backend, PYTHONPATH=ROOT + os.pathsep + os.environ.get(
             "PYTHONPATH", ""), TF_CPP_MIN_LOG_LEVEL="3")
-        proc = subprocess.run([sys.executable, __file__, "--worker", "--cells", json.dumps(cells),
-                               "--reps", str(args.reps)], env=env, capture_output=True, text=True)
-        got = [json.loads(line[4:]) for line in proc.stdout.splitlines() if line.startswith("ROW ")]
+        errf = tempfile.TemporaryFile("w+")  # a file, not a pipe: a chatty stderr cannot block
+        proc = subprocess.Popen([sys.executable, __file__, "--worker", "--cells", json.dumps(cells),
+                                 "--reps", str(args.reps), "--big-reps", str(args.big_reps)],
+                                env=env, stdout=subprocess.PIPE, stderr=errf, text=True)
+        got = 0
+        for line in proc.stdout:  # rows as they come: a run cut short keeps its rows
+            if line.startswith("ROW "):
+                rows.append(json.loads(line[4:]))
+                got += 1
+                _save(args.json, rows, skipped)
+        proc.wait()
+        errf.seek(0)
+        err = errf.read()
         if not got:
-            print(f"{backend}: worker failed\n{proc.stderr[-3000:]}", file=sys.stderr)
-        rows += got
+            print(f"{backend}: worker failed\n{err[-3000:]}", file=sys.stderr)
+    _save(args.json, rows, skipped)
     render(rows, skipped, args)
+
+
+def _save(path, rows, skipped):
+    if path:
+        with open(path, "w") as f:
+            json.dump({"rows": rows, "skipped": skipped, "argv": sys.argv[1:]}, f, indent=1)
     return 0
 
 
@@ -199,12 +242,13 @@ def render(rows, skipped, args):
     backends = args.backends.split(",")
     paths = args.paths.split(",")
     keys = sorted({(r["B"], r["k"], r["n"]) for r in rows})
-    head = ["backend", "B", "k", "n"] + [f"{p} ms" for p in paths] + [f"{p} MiB" for p in paths]
+    head = (["backend", "B", "k", "n"] + [f"{p} ms" for p in paths]
+            + [f"{p} CPU ms" for p in paths] + [f"{p} MiB" for p in paths])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for backend in backends:
         for b, k, n in keys:
             cells = [backend, str(b), str(k), f"{n:.0e}".replace("e+0", "e")]
-            for field in ("ms", "peak_mb"):
+            for field in ("ms", "cpu_ms", "peak_mb"):
                 for path in paths:
                     r = by.get((backend, b, k, n, path))
                     if r is None:

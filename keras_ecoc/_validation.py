@@ -6,6 +6,7 @@ and what was received, in the style of Keras' own errors.
 
 import base64
 import warnings
+import weakref
 
 import numpy as np
 from keras import ops
@@ -65,8 +66,10 @@ def _is_variable(value):
 def function_codes(codes, name="codes"):
     """Codes passed to the function API, checked as far as they are known.
 
-    Lists, NumPy arrays and concrete (eager) tensors are converted to a
-    validated float32 (n, k) array (rank 2, finite, distinct rows). Variables
+    Lists and NumPy arrays are converted to a validated float32 (n, k) array
+    (rank 2, finite, distinct rows). A concrete (eager) tensor is checked the
+    same way the first time it is passed and returned as it is (see
+    `_validated_before`: the same tensor is not read again). Variables
     (a layer's `codes` weight) and symbolic tensors are returned unchanged
     after a check of their static rank, since their values are either not
     known yet or owned by a layer that validated them.
@@ -81,13 +84,40 @@ def function_codes(codes, name="codes"):
             f"Argument `{name}` must be a 2-D (num_classes, code_length) code "
             f"matrix. Received: {name} of shape {tuple(shape)}"
         )
-    if _is_variable(codes):
+    if _is_variable(codes) or _validated_before(codes):
         return codes
     try:
         values = ops.convert_to_numpy(codes)
     except Exception:  # Symbolic / traced: values unknown.
         return codes
-    return codes_array(values, name)
+    codes_array(values, name)  # raises for bad codes
+    _remember_validated(codes)
+    # The tensor itself, not its host copy: it stays where it is, and the
+    # next call with the same tensor skips the device-to-host copy and the
+    # check (`_validated_before`).
+    return codes
+
+
+# Concrete code tensors that passed `function_codes`, by id: a weak reference
+# (so a dead tensor's id is never mistaken for a new one) and PyTorch's
+# in-place version counter (a tensor changed in place is checked again; JAX
+# and TensorFlow tensors are immutable).
+_VALIDATED = {}
+
+
+def _validated_before(codes):
+    entry = _VALIDATED.get(id(codes))
+    return (entry is not None and entry[0]() is codes
+            and entry[1] == getattr(codes, "_version", None))
+
+
+def _remember_validated(codes):
+    key = id(codes)
+    try:
+        ref = weakref.ref(codes, lambda _: _VALIDATED.pop(key, None))
+    except TypeError:  # not weak-referenceable: checked on every call
+        return
+    _VALIDATED[key] = (ref, getattr(codes, "_version", None))
 
 
 def function_scale(scale, name="scale"):

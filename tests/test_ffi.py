@@ -236,6 +236,66 @@ def test_compiled_program_contains_the_custom_call():
             assert_close_grad(g, r, name)
 
 
+def test_jax_fixed_codes_never_run_the_codes_gradient_pass(monkeypatch):
+    """Eager `jax.grad`: the codes-gradient custom call runs only when a
+    gradient flows into the codes (symbolic zeros), and then matches float64."""
+    if BACKEND != "jax":
+        pytest.skip("JAX custom_vjp")
+    import jax
+    import jax.numpy as jnp
+
+    from keras_ecoc.ops import _fused_jax
+
+    calls = []
+    original = _fused_jax._codes_grad_call
+
+    def counting(*args):
+        calls.append(1)
+        return original(*args)
+
+    monkeypatch.setattr(_fused_jax, "_codes_grad_call", counting)
+    rng = np.random.default_rng(17)
+    z, codes, labels, scale = random_problem(rng, 6, 41, 9)
+    w = _weights(6)
+
+    def total(z, c, s):
+        return jnp.sum(eops.ecoc_cross_entropy(labels, z, c, s, fused=True) * w)
+
+    want = ref_loss_and_grads(z, codes, labels, scale, w)
+    dz, dscale = jax.grad(total, argnums=(0, 2))(jnp.asarray(z), jnp.asarray(codes), scale)
+    assert calls == []
+    assert_close_grad(dz, want[1], "dz")
+    assert_close_grad(dscale, want[3], "dscale")
+    dcodes = jax.grad(total, argnums=1)(jnp.asarray(z), jnp.asarray(codes), scale)
+    assert len(calls) == 1
+    assert_close_grad(dcodes, want[2], "dcodes")
+
+
+def test_jax_eager_backward_is_one_compiled_program_with_the_codes_gradient_call():
+    """The custom_vjp backward is a jitted function: under an eager `jax.grad`
+    it runs compiled, and its program holds the codes-gradient custom call."""
+    if BACKEND != "jax":
+        pytest.skip("JAX custom_vjp")
+    import jax
+    import jax.numpy as jnp
+
+    from keras_ecoc.ops import _fused_jax
+
+    rng = np.random.default_rng(18)
+    z, codes, labels, scale = random_problem(rng, 3, 19, 5)
+    before = _fused_jax._ce_bwd_math._cache_size()
+    jax.grad(lambda c: jnp.sum(eops.ecoc_cross_entropy(labels, z, c, scale, fused=True)))(
+        jnp.asarray(codes))
+    assert _fused_jax._ce_bwd_math._cache_size() == before + 1
+    b = len(labels)
+    args = (jnp.asarray(z), jnp.asarray(codes), jnp.asarray(labels), jnp.ones(b, bool),
+            jnp.float32(scale), jnp.zeros(b), jnp.zeros((b, 5)), jnp.zeros(b), jnp.ones(b))
+    with_codes = _fused_jax._ce_bwd_math.lower(*args, True).as_text()
+    without = _fused_jax._ce_bwd_math.lower(*args, False).as_text()
+    assert "keras_ecoc_codes_grad" in with_codes
+    assert "keras_ecoc_codes_grad" not in without
+
+
 def test_kernel_library_loads_without_any_framework():
     """The kernel library needs no framework: a fresh interpreter loads it with
     ctypes alone and calls the CPU forward entry point."""

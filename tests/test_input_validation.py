@@ -175,3 +175,69 @@ def test_int64_labels_at_or_above_2_31_are_rejected_not_wrapped(rng):
         keras_ecoc.ECOCLoss(_codes())(y, z)
     with pytest.raises(ValueError, match="y_true"):
         keras_ecoc.ECOCAccuracy(_codes()).update_state(y, z)
+
+
+def test_a_code_tensor_is_validated_once_and_kept_as_a_tensor(rng, monkeypatch):
+    """The function API reads and checks a concrete code tensor the first time
+    it sees it; later calls with the same tensor use it as it is."""
+    from keras_ecoc import _validation
+
+    checked = []
+    original = _validation.codes_array
+
+    def counting(*args, **kwargs):
+        checked.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(_validation, "codes_array", counting)
+    codes = _codes()
+    tensor = ops.convert_to_tensor(codes)
+    y = rng.integers(0, 6, size=5)
+    z = rng.normal(size=(5, 4)).astype("float32")
+    for _ in range(3):
+        got = ops.convert_to_numpy(keras_ecoc.ecoc_cross_entropy(y, z, tensor))
+        np.testing.assert_allclose(got, _reference_loss(y, z, codes), rtol=1e-5, atol=1e-6)
+    assert len(checked) == 1
+    assert _validation.function_codes(tensor) is tensor
+    # Another tensor with the same values is checked again.
+    keras_ecoc.ecoc_cross_entropy(y, z, ops.convert_to_tensor(codes))
+    assert len(checked) == 2
+    if keras.backend.backend() == "torch":
+        # A tensor changed in place is checked again (its version moved).
+        import torch
+
+        with torch.no_grad():
+            tensor[3] = tensor[1]
+        with pytest.raises(ValueError, match="codes.*distinct"):
+            keras_ecoc.ecoc_cross_entropy(y, z, tensor)
+
+
+def test_label_tensor_is_converted_once_per_call(rng, monkeypatch):
+    """Float label tensors are made integers once, where they enter: by the
+    public op, or by the loss / metric on their unchecked path."""
+    from keras_ecoc.ops import _checks
+
+    converted = []
+    original = _checks.integer_label_tensor
+
+    def counting(*args, **kwargs):
+        converted.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(_checks, "integer_label_tensor", counting)
+    codes = _codes()
+    y = rng.integers(0, 6, size=5)
+    labels = ops.convert_to_tensor(y.astype("float32"))
+    z = rng.normal(size=(5, 4)).astype("float32")
+    got = ops.convert_to_numpy(keras_ecoc.ops.ecoc_cross_entropy(labels, z, codes))
+    np.testing.assert_allclose(got, _reference_loss(y, z, codes), rtol=1e-5, atol=1e-6)
+    assert len(converted) == 1
+    rank = ops.convert_to_numpy(keras_ecoc.ops.label_rank(labels, z, codes))
+    logits = reference_logits(z, codes, 1.0)
+    want = (logits > logits[np.arange(5), y][:, None]).sum(-1)
+    np.testing.assert_array_equal(rank, want)
+    assert len(converted) == 2
+    loss = keras_ecoc.ECOCLoss(codes, reduction=None)
+    got = ops.convert_to_numpy(loss(labels, z))
+    np.testing.assert_allclose(got, _reference_loss(y, z, codes), rtol=1e-5, atol=1e-6)
+    assert len(converted) == 3

@@ -230,16 +230,22 @@ def ecoc_cross_entropy(labels, z, codes, scale=1.0, fused=None):
     _checks.check_scale(scale, backend)
     codes, n, k = _check_codes(codes)
     labels = _check_labels(labels, n, backend)
-    return _cross_entropy_checked(labels, z, codes, scale, n, k, fused)
+    return _cross_entropy_impl(labels, z, codes, scale, n, k, fused)
 
 
 def _cross_entropy_checked(labels, z, codes, scale, n, k, fused=None):
     """`ecoc_cross_entropy` after its checks: the path `keras_ecoc.ECOCLoss`
     calls, whose codes and scale were checked when it was constructed and
-    whose labels were checked where they entered (host data only)."""
-    backend = _dispatch._loader.backend()
+    whose labels were checked where they entered (host data only). Converts a
+    label tensor to integers (`_checks.integer_label_tensor`), once."""
     if not isinstance(labels, np.ndarray):
         labels = _checks.integer_label_tensor(labels, n)
+    return _cross_entropy_impl(labels, z, codes, scale, n, k, fused)
+
+
+def _cross_entropy_impl(labels, z, codes, scale, n, k, fused=None):
+    """The loss on the chosen path; labels already integers (NumPy or tensor)."""
+    backend = _dispatch._loader.backend()
     path, _ = _dispatch.choose(n, k, fused=fused, tensor=z)
     _warn_if_tensorflow_unfused(path, fused)
     if path == "fused" and backend == "tensorflow":
@@ -270,16 +276,22 @@ def _decode(z, codes, labels, fused):
     codes, n, k = _check_codes(codes)
     if labels is not None:
         labels = _check_labels(labels, n, backend)
-    return _decode_checked(z, codes, labels, n, k, fused)
+    return _decode_impl(z, codes, labels, n, k, fused)
 
 
 def _decode_checked(z, codes, labels, n, k, fused=None):
-    """`_decode` after its checks (labels None: nearest codeword)."""
+    """`_decode` after its checks (labels None: nearest codeword); converts a
+    label tensor to integers, once (the metrics' entry)."""
+    if labels is not None and not isinstance(labels, np.ndarray):
+        labels = _checks.integer_label_tensor(labels, n)
+    return _decode_impl(z, codes, labels, n, k, fused)
+
+
+def _decode_impl(z, codes, labels, n, k, fused=None):
+    """Label rank or nearest codeword on the chosen path; labels already integers."""
     from keras import ops as kops  # noqa: PLC0415
 
     backend = _dispatch._loader.backend()
-    if labels is not None and not isinstance(labels, np.ndarray):
-        labels = _checks.integer_label_tensor(labels, n)
     path, _ = _dispatch.choose(n, k, fused=fused, op="decode", tensor=z)
     _warn_if_tensorflow_unfused(path, fused)
     if path == "fused" and backend == "tensorflow":

@@ -10,9 +10,10 @@ built with them); they are registered once per process with
 Loss (`jax.custom_vjp`): the forward handler returns the loss and the
 residuals lse (B,), expected code E = sum_i p_i M_i (B, k) and expected squared
 norm Q = sum_i p_i ||M_i||^2 (B,); dz and dscale follow from them in closed form
-(as in `_streaming_jax`), dcodes comes from the codes-gradient handler, which
-XLA removes from a jitted program when the codes' gradient is not used (the
-custom call has no side effect).
+(as in `_streaming_jax`), dcodes comes from the codes-gradient handler, only
+when a gradient flows into the codes (`symbolic_zeros`: fixed codes never run
+it, eagerly or under `jax.jit`). The backward is one jitted function, so an
+eager `jax.grad` runs it as a compiled program too.
 
 Invalid labels: the handlers take labels already made safe (invalid ones
 replaced by 0); the loss of such rows is NaN and their gradient zero, the
@@ -101,12 +102,22 @@ def _cross_entropy(z, codes, labels, valid, scale):
 
 
 def _ce_fwd(z, codes, labels, valid, scale):
+    # symbolic_zeros=True: each argument is a CustomVJPPrimal whose
+    # `perturbed` says whether a gradient flows into it. Whether the codes
+    # need one is carried to the backward in the (static) length of an empty
+    # residual, so that an eager `jax.grad` with fixed codes never runs the
+    # codes-gradient pass (under `jax.jit` XLA would drop it anyway).
+    want_dcodes = jnp.zeros((1 if codes.perturbed else 0,), jnp.float32)
+    z, codes, labels, valid, scale = (a.value for a in (z, codes, labels, valid, scale))
     loss, lse, e, q = _forward_call(z, codes, labels, scale)
-    return jnp.where(valid, loss, jnp.nan), (z, codes, labels, valid, scale, lse, e, q)
+    loss = jnp.where(valid, loss, jnp.nan)
+    return loss, (z, codes, labels, valid, scale, lse, e, q, want_dcodes)
 
 
-def _ce_bwd(res, g):
-    z, codes, labels, valid, scale, lse, e, q = res
+@functools.partial(jax.jit, static_argnums=(9,), inline=True)
+def _ce_bwd_math(z, codes, labels, valid, scale, lse, e, q, g, want_dcodes):
+    """(dz (B, k), dscale (), dcodes (n, k) or None): one traced program, so
+    that an eager `jax.grad` runs it compiled rather than op by op."""
     # Invalid labels (NaN loss) contribute nothing, even through NaN rows.
     g = jnp.where(valid, g.astype(jnp.float32), 0.0)
     sq = jnp.sum(z * z, axis=-1, keepdims=True)
@@ -119,11 +130,20 @@ def _ce_bwd(res, g):
     dz = jnp.where(valid[:, None], r * (du - radial), 0.0)
     per_row = g * (-0.5 * (q - jnp.sum(m_y * m_y, -1)) + jnp.sum(diff * u, -1))
     dscale = jnp.sum(jnp.where(valid, per_row, 0.0))
-    dcodes = _codes_grad_call(z, codes, labels, scale, lse, g)
+    dcodes = _codes_grad_call(z, codes, labels, scale, lse, g) if want_dcodes else None
+    return dz, dscale, dcodes
+
+
+def _ce_bwd(res, g):
+    z, codes, labels, valid, scale, lse, e, q, want_dcodes = res
+    if isinstance(g, jax.custom_derivatives.SymbolicZero):
+        g = jnp.zeros(z.shape[:1], jnp.float32)
+    dz, dscale, dcodes = _ce_bwd_math(z, codes, labels, valid, scale, lse, e, q, g,
+                                      want_dcodes.shape[0] == 1)
     return dz, dcodes, None, None, dscale
 
 
-_cross_entropy.defvjp(_ce_fwd, _ce_bwd)
+_cross_entropy.defvjp(_ce_fwd, _ce_bwd, symbolic_zeros=True)
 
 
 def cross_entropy(z, codes, labels, valid, scale):
