@@ -280,7 +280,8 @@ def main(argv=None):
     p.add_argument("--timeout", type=int, default=1800, help="seconds per run")
     p.add_argument("--out", help="JSON lines file, one row per finished run")
     p.add_argument("--overwrite", action="store_true")
-    p.add_argument("--render", help="print a Markdown table of a JSON lines file")
+    p.add_argument("--render", nargs="+", metavar="FILE",
+                   help="print a Markdown table of the rows of JSON lines files")
     # Worker mode (internal).
     p.add_argument("--worker", choices=("fit", "spectral"))
     p.add_argument("--backend", choices=BACKENDS)
@@ -294,7 +295,7 @@ def main(argv=None):
         args.n = args.n[0]
         return spectral_worker(args)
     if args.render:
-        print(render(args.render))
+        print(render(*args.render))
         return 0
     if args.out and os.path.exists(args.out) and not args.overwrite:
         p.error(f"{args.out} exists; pass --overwrite to replace it")
@@ -355,9 +356,9 @@ def _load(row):
     return f"{start:.1f}-{_fmt(end, '.1f')}"
 
 
-def render(path):
-    """A Markdown table of the fit rows (and the spectral rows) of a JSON lines file."""
-    rows = [json.loads(line) for line in open(path) if line.strip()]
+def render(*paths):
+    """A Markdown table of the fit rows (and the spectral rows) of JSON lines files."""
+    rows = [json.loads(line) for path in paths for line in open(path) if line.strip()]
     fits = [r for r in rows if r.get("model") in MODELS]
     lines = [
         "| n | k | backend | model | codes MiB | peak above codes MiB | first epoch s "
