@@ -304,7 +304,7 @@ def main(argv=None):
     header = {"host": platform.node(), "cpus": os.cpu_count(),
               "started": time.strftime("%Y-%m-%d %H:%M:%S"),
               "note": "machine shared with other jobs; see load1",
-              "load1": os.getloadavg()[0]}
+              "load1": os.getloadavg()[0], "commit": _commit()}
     _emit(header, args.out)
     for n in args.n:
         k = args.k_for_1e7 if n >= 10_000_000 else args.k
@@ -334,6 +334,18 @@ def main(argv=None):
                 row["load1"] = os.getloadavg()[0]
                 _emit(row, args.out)
     return 0
+
+
+def _commit():
+    """The checked-out commit (with "+dirty" for local changes), or None."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+dirty" if dirty else "")
 
 
 def _emit(row, out):
