@@ -11,6 +11,11 @@ then a model, and trains it with `model.fit` on random data:
   onehot      a Dense(n) head with `SparseCategoricalCrossentropy
               (from_logits=True)` and the "accuracy" metric
 
+The one-hot rows run `--onehot-steps` steps for `--onehot-epochs` epochs
+(default 3 x 2): a Dense(10^6) head takes minutes a step on a 2-core CPU,
+and what its rows are for is the peak RSS the ECOC heads must stay below,
+plus a step time from those few steps.
+
 Reported per run (one JSON line each, appended to --out as soon as the run
 ends, so a killed benchmark keeps what finished):
 
@@ -107,7 +112,7 @@ def worker(args):
     row = {
         "backend": args.backend, "model": args.model, "n": args.n, "k": args.k,
         "batch": args.batch, "steps": args.steps, "epochs": args.epochs,
-        "features": args.features,
+        "features": args.features, "load1_start": os.getloadavg()[0],
     }
     if args.backend == "tensorflow":
         row["loss_path"] = keras_ecoc.ops.loss_path(args.n)
@@ -263,6 +268,11 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--onehot-steps", type=int, default=3,
+                   help="steps per epoch of the one-hot rows: a Dense(n) head at n = 10^6 "
+                        "takes minutes a step here, so its rows measure the peak and a "
+                        "step time from a few steps (with --onehot-epochs)")
+    p.add_argument("--onehot-epochs", type=int, default=2)
     p.add_argument("--features", type=int, default=64)
     p.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
@@ -275,7 +285,8 @@ def main(argv=None):
     p.add_argument("--timeout", type=int, default=1800, help="seconds per run")
     p.add_argument("--out", help="JSON lines file, one row per finished run")
     p.add_argument("--overwrite", action="store_true")
-    p.add_argument("--render", help="print a Markdown table of a JSON lines file")
+    p.add_argument("--render", nargs="+", metavar="FILE",
+                   help="print a Markdown table of the rows of JSON lines files")
     # Worker mode (internal).
     p.add_argument("--worker", choices=("fit", "spectral"))
     p.add_argument("--backend", choices=BACKENDS)
@@ -289,7 +300,7 @@ def main(argv=None):
         args.n = args.n[0]
         return spectral_worker(args)
     if args.render:
-        print(render(args.render))
+        print(render(*args.render))
         return 0
     if args.out and os.path.exists(args.out) and not args.overwrite:
         p.error(f"{args.out} exists; pass --overwrite to replace it")
@@ -298,7 +309,7 @@ def main(argv=None):
     header = {"host": platform.node(), "cpus": os.cpu_count(),
               "started": time.strftime("%Y-%m-%d %H:%M:%S"),
               "note": "machine shared with other jobs; see load1",
-              "load1": os.getloadavg()[0]}
+              "load1": os.getloadavg()[0], "commit": _commit()}
     _emit(header, args.out)
     for n in args.n:
         k = args.k_for_1e7 if n >= 10_000_000 else args.k
@@ -314,9 +325,12 @@ def main(argv=None):
                 env = dict(os.environ, KERAS_BACKEND=backend,
                            PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
                 env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+                onehot = model == "onehot"
+                steps = args.onehot_steps if onehot else args.steps
+                epochs = args.onehot_epochs if onehot else args.epochs
                 wargs = ["--worker", "fit", "--backend", backend, "--model", model,
                          "--n", str(n), "--k", str(k), "--batch", str(args.batch),
-                         "--steps", str(args.steps), "--epochs", str(args.epochs),
+                         "--steps", str(steps), "--epochs", str(epochs),
                          "--features", str(args.features)]
                 if args.reload:
                     wargs.append("--reload")
@@ -325,6 +339,18 @@ def main(argv=None):
                 row["load1"] = os.getloadavg()[0]
                 _emit(row, args.out)
     return 0
+
+
+def _commit():
+    """The checked-out commit (with "+dirty" for local changes), or None."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+dirty" if dirty else "")
 
 
 def _emit(row, out):
@@ -339,9 +365,17 @@ def _fmt(value, spec):
     return "-" if value is None else format(value, spec)
 
 
-def render(path):
-    """A Markdown table of the fit rows (and the spectral rows) of a JSON lines file."""
-    rows = [json.loads(line) for line in open(path) if line.strip()]
+def _load(row):
+    """The 1-minute load average at the start and at the end of a run."""
+    start, end = row.get("load1_start"), row.get("load1")
+    if start is None:
+        return _fmt(end, ".1f")
+    return f"{start:.1f}-{_fmt(end, '.1f')}"
+
+
+def render(*paths):
+    """A Markdown table of the fit rows (and the spectral rows) of JSON lines files."""
+    rows = [json.loads(line) for path in paths for line in open(path) if line.strip()]
     fits = [r for r in rows if r.get("model") in MODELS]
     lines = [
         "| n | k | backend | model | codes MiB | peak above codes MiB | first epoch s "
@@ -354,7 +388,7 @@ def render(path):
                          f"| | | | | | {r.get('status')} |")
             continue
         later = r.get("epoch_s") or []
-        notes = []
+        notes = [f"{r.get('steps', '?')} steps/epoch"]
         if "reload_identical" in r:
             notes.append(f"reload: identical={r['reload_identical']}, "
                          f"load peak {r['load_peak_mib']:.0f} MiB, file {r['saved_mib']:.0f} MiB")
@@ -362,7 +396,7 @@ def render(path):
             f"| {r['n']:,} | {r['k']} | {r['backend']} | {r['model']} "
             f"| {r['codes_mib']:.0f} | {r['peak_mib']:,.0f} | {r['first_epoch_s']:.1f} "
             f"| {', '.join(f'{t:.1f}' for t in later)} | {r['step_ms']:.0f} "
-            f"| load1 {_fmt(r.get('load1'), '.1f')}{'; ' if notes else ''}{'; '.join(notes)} |"
+            f"| load1 {_load(r)}; {'; '.join(notes)} |"
         )
     spectral = [r for r in rows if r.get("model") == "spectral"]
     if spectral:

@@ -225,11 +225,12 @@ class ECOCDecoder(keras.layers.Layer):
         self._check_load_own_variables(store)
         all_vars = self._trainable_variables + self._non_trainable_variables
         for i, variable in enumerate(all_vars):
-            if variable is self.codes and keras.backend.backend() == "tensorflow":
-                # Row blocks into the existing variable: a whole-matrix
-                # assign would hold the file's array and a tensor copy of it
-                # next to the variable (3x the codes at load).
-                _assign_in_row_blocks(variable.value, store[f"{i}"])
+            if variable is self.codes:
+                # Row blocks read from the file straight into the existing
+                # variable: `store[key]` would read the whole matrix into
+                # NumPy, and a whole-matrix assign would then hold a tensor
+                # copy of it next to the variable (4x the codes at load).
+                load_rows(variable, _stored_dataset(store, f"{i}"))
             else:
                 variable.assign(store[f"{i}"])
         for follower in list(self._codes_followers):
@@ -241,13 +242,101 @@ class ECOCDecoder(keras.layers.Layer):
         return self._initial_codes
 
 
-def _assign_in_row_blocks(tf_variable, source, block_bytes=1 << 24):
-    """tf_variable[i:j] = source[i:j] over row blocks (an h5 dataset or array)."""
-    rows, cols = (int(d) for d in tf_variable.shape)
-    step = max(1, block_bytes // (4 * max(1, cols)))
-    for start in range(0, rows, step):
-        stop = min(rows, start + step)
-        tf_variable[start:stop].assign(np.asarray(source[start:stop], "float32"))
+# Rows per block of `load_rows`: 4 MiB of float32 at a time, the only
+# transient memory of a load besides what the backend keeps.
+_LOAD_BLOCK_BYTES = 1 << 22
+
+
+def _stored_dataset(store, key):
+    """The h5py dataset behind `store[key]`, unread, or `store[key]` itself.
+
+    `H5IOStore.__getitem__` returns `np.array(dataset)`: the whole matrix.
+    Its entry group is read here through Keras' own `safe_get_h5_dataset`
+    (the same link and external-file checks) so that `load_rows` reads row
+    blocks; any other store (NumPy archives, a shard that holds the key
+    elsewhere, bfloat16 data) gives `store[key]`.
+    """
+    group = getattr(store, "_h5_entry_group", None)
+    try:
+        from keras.src.saving.saving_lib import safe_get_h5_dataset  # noqa: PLC0415
+
+        if group is not None and not isinstance(group, dict) and key in group:
+            dataset = safe_get_h5_dataset(group, key)
+            if dataset.attrs.get("dtype") != "bfloat16" and dataset.ndim == 2:
+                return dataset
+    except (ImportError, AttributeError, TypeError):
+        pass
+    return store[key]
+
+
+def load_rows(variable, source, block_bytes=None):
+    """variable[i:j] = source[i:j] over row blocks, in place on every backend.
+
+    `source` is an h5py dataset or an array of the variable's shape (n, k).
+    Nothing of size n x k is allocated: TensorFlow writes each block with
+    `ResourceStridedSliceAssign` (slicing the variable first would read it
+    and make the write copy the whole buffer), PyTorch copies into the
+    tensor, JAX updates a donated buffer (`dynamic_update_slice`).
+    """
+    rows, cols = (int(d) for d in variable.shape)
+    if tuple(int(d) for d in source.shape) != (rows, cols):
+        raise ValueError(
+            f"The stored codes have shape {tuple(source.shape)}; the layer's "
+            f"codes weight has shape {(rows, cols)}. They must be equal."
+        )
+    if rows == 0:
+        return
+    block_bytes = _LOAD_BLOCK_BYTES if block_bytes is None else block_bytes
+    step = min(rows, max(1, block_bytes // (4 * max(1, cols))))
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax.numpy as jnp  # noqa: PLC0415
+
+        value = jnp.asarray(variable.value, dtype="float32")
+        for start in range(0, rows, step):
+            # Every block has `step` rows (one compiled update): the last
+            # one starts earlier and rewrites a few rows with equal values.
+            start = min(start, rows - step)
+            block = np.asarray(source[start:start + step], "float32")
+            value = _jax_put_rows(value, block, start)
+        variable.assign(value)
+        return
+    if backend == "tensorflow":
+        import tensorflow as tf  # noqa: PLC0415
+
+        handle = variable.value.handle
+        for start in range(0, rows, step):
+            stop = min(rows, start + step)
+            tf.raw_ops.ResourceStridedSliceAssign(
+                ref=handle, begin=[start, 0], end=[stop, cols], strides=[1, 1],
+                value=np.asarray(source[start:stop], "float32"))
+        return
+    if backend == "torch":
+        import torch  # noqa: PLC0415
+
+        target = variable.value
+        with torch.no_grad():
+            for start in range(0, rows, step):
+                stop = min(rows, start + step)
+                block = torch.from_numpy(np.ascontiguousarray(source[start:stop], "float32"))
+                target[start:stop].copy_(block)
+        return
+    variable.assign(np.asarray(source, "float32"))
+
+
+_JAX_PUT_ROWS = []
+
+
+def _jax_put_rows(value, block, start):
+    """value[start:start + len(block)] = block in `value`'s own (donated) buffer."""
+    if not _JAX_PUT_ROWS:
+        import jax  # noqa: PLC0415
+
+        def put(value, block, start):
+            return jax.lax.dynamic_update_slice(value, block, (start, 0))
+
+        _JAX_PUT_ROWS.append(jax.jit(put, donate_argnums=0))
+    return _JAX_PUT_ROWS[0](value, block, np.int32(start))
 
 
 def _positive_int(value, name):

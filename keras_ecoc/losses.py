@@ -226,8 +226,13 @@ class CodesSource:
         return self
 
     def _refresh_codes(self):
-        """Called by the bound decoder (JAX metrics) when its codes were loaded."""
-        self._holder.variable.assign(_copy_of(self._decoder.codes))
+        """Called by the bound decoder (JAX metrics) when its codes were loaded.
+
+        The decoder's codes are copied into this metric's own buffer
+        (donated), so a load holds no third matrix next to the two.
+        """
+        variable = self._holder.variable
+        variable.assign(_copy_into(variable.value, self._decoder.codes.value))
 
     @property
     def decoder_name(self):
@@ -285,6 +290,21 @@ def _copy_of(variable):
     import jax.numpy as jnp  # noqa: PLC0415
 
     return jnp.array(variable.value, dtype="float32", copy=True)
+
+
+_COPY_INTO = []
+
+
+def _copy_into(target, source):
+    """A JAX array equal to `source` written into `target`'s (donated) buffer."""
+    if not _COPY_INTO:
+        import jax  # noqa: PLC0415
+
+        def copy(target, source):
+            return jax.lax.dynamic_update_slice(target, source.astype(target.dtype), (0, 0))
+
+        _COPY_INTO.append(jax.jit(copy, donate_argnums=0))
+    return _COPY_INTO[0](target, source)
 
 
 def _codes_from_config(config):

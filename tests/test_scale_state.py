@@ -305,3 +305,109 @@ def test_reloaded_classifier_stores_codes_once_and_its_metric_follows_them(tmp_p
     metric = [m for m in loaded._compile_metrics.metrics
               if isinstance(m, keras_ecoc.ECOCAccuracy)][0]
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(metric.codes), codes)
+
+
+def _count_host_reads(monkeypatch, torch):
+    """Patches torch.Tensor's value reads; returns the list of reads made by
+    keras_ecoc's own code (caller frame in the package)."""
+    import os
+    import sys
+
+    package = os.path.dirname(keras_ecoc.__file__)
+    reads = []
+    for name in ("item", "cpu", "numpy", "tolist", "__bool__", "__int__",
+                 "__float__", "__index__"):
+        original = getattr(torch.Tensor, name)
+
+        def counting(self, *args, _name=name, _original=original, **kwargs):
+            caller = sys._getframe(1).f_code.co_filename
+            if caller.startswith(package):
+                reads.append((_name, caller, sys._getframe(1).f_lineno))
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counting)
+    return reads
+
+
+def test_torch_fit_and_evaluate_steps_read_no_tensor_value_in_keras_ecoc(monkeypatch):
+    if BACKEND != "torch":
+        pytest.skip("PyTorch trains eagerly: a value read is a sync per step")
+    import torch
+
+    x, y = _data()
+    for name, model in _models():
+        model.fit(x, y, batch_size=B, epochs=1, verbose=0)  # builds outside the count
+        reads = _count_host_reads(monkeypatch, torch)
+        model.fit(x, y, batch_size=B, epochs=1, verbose=0)
+        model.evaluate(x, y, batch_size=B, verbose=0)
+        monkeypatch.undo()
+        assert reads == [], name
+
+
+# ------------------------------------------------------------- loading
+
+
+def test_load_rows_writes_row_blocks_in_place_and_matches_the_source():
+    from keras_ecoc.layers import load_rows
+
+    rng = np.random.default_rng(7)
+    n, k = 1001, 7
+    source = rng.standard_normal((n, k)).astype("float32")
+    variable = keras.Variable(np.full((n, k), np.nan, "float32"), trainable=False)
+    before = _buffer_address(variable)
+    # 100-row blocks: ten full ones and a ragged last block of one row.
+    load_rows(variable, source, block_bytes=100 * k * 4)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(variable), source)
+    if BACKEND in ("torch", "tensorflow"):
+        assert _buffer_address(variable) == before
+    with pytest.raises(ValueError, match=r"shape \(1000, 7\)"):
+        load_rows(variable, source[:1000])
+
+
+def _buffer_address(variable):
+    if BACKEND == "torch":
+        return variable.value.data_ptr()
+    if BACKEND == "tensorflow":
+        return id(variable.value.handle)
+    return None
+
+
+def test_reload_reads_the_codes_in_row_blocks_never_the_whole_matrix(monkeypatch, tmp_path):
+    import h5py
+
+    from keras_ecoc import layers
+
+    n = 5000
+    codes = _codes(n=n)
+    model = _classifier(codes)
+    model.compile()
+    x, _ = _data(n=n)
+    expected = model.predict_classes(x, verbose=0)
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+
+    block_rows = 700
+    monkeypatch.setattr(layers, "_LOAD_BLOCK_BYTES", block_rows * K * 4)
+    code_reads, whole_reads = [], []
+    getitem, as_array = h5py.Dataset.__getitem__, h5py.Dataset.__array__
+
+    def recording_getitem(self, selection, *args, **kwargs):
+        out = getitem(self, selection, *args, **kwargs)
+        if self.shape == (n, K):
+            code_reads.append(np.shape(out))
+        return out
+
+    def recording_array(self, *args, **kwargs):
+        if self.shape == (n, K):
+            whole_reads.append(self.name)
+        return as_array(self, *args, **kwargs)
+
+    monkeypatch.setattr(h5py.Dataset, "__getitem__", recording_getitem)
+    monkeypatch.setattr(h5py.Dataset, "__array__", recording_array)
+    loaded = keras.saving.load_model(path)
+    monkeypatch.undo()
+    assert whole_reads == []
+    assert code_reads and all(s[0] <= block_rows for s in code_reads)
+    assert sum(s[0] for s in code_reads) >= n
+    np.testing.assert_array_equal(loaded.predict_classes(x, verbose=0), expected)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(loaded.codes), codes)
