@@ -224,9 +224,11 @@ def _add_grid_parser(sub):
     g = p.add_argument_group("protocol")
     g.add_argument("--protocol", choices=runner_lib.PROTOCOLS,
                    default="retrain")
-    g.add_argument("--variant", choices=runner_lib.VARIANTS, default=None,
-                   help="retrain: 'transfer' (default; pretrain on half of "
-                   "the alphabets/classes, retrain on the others) or 'same'")
+    # "external" (pretraining on another data set) is cub-bits' variant.
+    g.add_argument("--variant", choices=("same", "transfer"), default=None,
+                   help="retrain / finetune: 'transfer' (default; pretrain "
+                   "on half of the alphabets/classes, retrain on the "
+                   "others) or 'same'")
     g.add_argument("--pretrain-epochs", type=int,
                    default=defaults.pretrain_epochs,
                    help="most epochs of the one-hot pretraining (early stop "
