@@ -10,6 +10,9 @@ from scipy import stats
 from ecoc_research.experiments import __main__ as cli
 from ecoc_research.experiments import attributes as attr
 from ecoc_research.experiments import cub_bits
+from ecoc_research.experiments import protocols
+from ecoc_research.experiments import runner as runner_lib
+from ecoc_research.experiments import stats as stats_lib
 
 
 def _fake_source(tmp_path, num_classes=4, per_class=8, size=16):
@@ -41,36 +44,163 @@ def _fake_cub(tmp_path, num_classes=6, attributes=20, size=16):
 # --- codes -----------------------------------------------------------------
 
 
-def test_truncated_one_hot_keeps_distinct_rows_only_at_n_minus_1():
-    codes = cub_bits.truncated_one_hot(5, 4)
-    np.testing.assert_array_equal(codes, np.eye(5, 4))
-    assert len(np.unique(codes, axis=0)) == 5  # last class: the zero row
-    with pytest.raises(ValueError, match="code_length"):
-        cub_bits.truncated_one_hot(5, 3)  # classes 3 and 4 would share 0
+def _records(values, encoding, code_length=None, lr=0.01):
+    """Stored-run records (as `Runner.run` writes them) of one encoding."""
+    spec = runner_lib.RunSpec(
+        encoding=encoding, code_length=code_length,
+        normalize_rows=True if encoding == "spectral" else None,
+        learning_rate=lr)
+    return [{"spec": {**spec.to_dict(), "seed": seed}, "status": "ok",
+             "outputs": code_length or 6, "test_accuracy": v}
+            for seed, v in enumerate(values)]
 
 
-def test_make_code_data_based_codes_ignore_the_seed():
+def test_imprinted_pretrained_head_is_the_normalised_class_means_of_pretrained_fc7(
+        tmp_path):
+    import keras
+
+    from ecoc_research import training
+
+    rng = np.random.default_rng(3)
+    feats = rng.normal(size=(30, 7)).astype("float32")
+    labels = np.repeat(np.arange(3), 10)
+    head = training.build_head(7, 3, hidden=5, seed=0)
+    # A stand-in for the pretrained network: only its fc7 is used (on the
+    # 7 frozen features), with a non-zero bias so that fc7 really matters.
+    pretrained = keras.Sequential(
+        [keras.Input((7,)),
+         keras.layers.Dense(5, activation="relu", name="fc7")])
+    pretrained.get_layer("fc7").set_weights(
+        [rng.normal(0, 0.5, (7, 5)).astype("float32"),
+         rng.normal(0, 0.5, 5).astype("float32")])
+    protocols.copy_pretrained_fc7(head, pretrained)
+    training.imprint_output_layer(head, feats, labels, 3)
+    kernel, bias = pretrained.get_layer("fc7").get_weights()
+    h = np.maximum(feats.astype(np.float64) @ kernel + bias, 0.0)
+    overall = h.mean(0)
+    means = np.stack([h[labels == c].mean(0) for c in range(3)]) - overall
+    w = means / np.linalg.norm(means, axis=1, keepdims=True)
+    fc8 = head.get_layer("fc8")
+    np.testing.assert_allclose(fc8.kernel.numpy(), w.T, rtol=1e-5,
+                               atol=1e-6)
+    np.testing.assert_allclose(fc8.bias.numpy(), -w @ overall, rtol=1e-5,
+                               atol=1e-6)
+    np.testing.assert_array_equal(head.get_layer("fc7").kernel.numpy(),
+                                  kernel)
+    with pytest.raises(ValueError, match="hidden"):
+        protocols.copy_pretrained_fc7(
+            training.build_head(7, 3, hidden=4, seed=0), pretrained)
+
+
+def test_imprinted_pretrained_is_refused_where_there_is_no_pretrained_fc7():
+    with pytest.raises(ValueError, match="scratch"):
+        runner_lib.RunSpec(encoding="one_hot_imprinted_pretrained",
+                           protocol="scratch", variant="same")
+
+
+def test_new_spec_fields_keep_the_keys_of_stored_runs():
+    spec = runner_lib.RunSpec()
+    assert "pretrain_dataset" not in spec.to_dict()
+    # The key of the default spec before the external variant existed.
+    assert spec.key == "2ea098fdee423bec"
+    external = runner_lib.RunSpec(variant="external",
+                                  pretrain_dataset="c.npz")
+    assert external.key != spec.key
+    assert external.pretrain_settings()["pretrain_dataset"] == "c.npz"
+    assert runner_lib.RunSpec.from_dict(external.to_dict()) == external
+    with pytest.raises(ValueError, match="pretrain_dataset"):
+        runner_lib.RunSpec(variant="external")
+    with pytest.raises(ValueError, match="pretrain_dataset"):
+        runner_lib.RunSpec(pretrain_dataset="c.npz")
+    with pytest.raises(ValueError, match="head_lr_multiplier"):
+        runner_lib.RunSpec(protocol="finetune", head_lr_multiplier=10.0)
+
+
+def test_external_split_uses_the_shared_validation_rule(tmp_path):
+    from ecoc_research import datasets
+
+    cub = datasets.load_dataset(_fake_cub(tmp_path))
+    source = datasets.load_dataset(_fake_source(tmp_path), image_size=16)
+    task = protocols.split_task(cub, "retrain", "external", None, 1, 7,
+                                pretrain_data=source)
+    tr, va = protocols.validation_split(cub.y_train, 1, 7)
+    np.testing.assert_array_equal(task.val[1], cub.y_train[va])
+    np.testing.assert_array_equal(task.train[0], cub.x_train[tr])
+    ptr, pva = protocols.validation_split(source.y_train, 1, 7)
+    np.testing.assert_array_equal(task.pretrain_val[0], source.x_train[pva])
+    assert task.pretrain_classes == list(source.class_names)
+    assert task.num_classes == cub.num_classes
+    with pytest.raises(ValueError, match="pretrain_data"):
+        protocols.split_task(cub, "retrain", "external", None, 1, 7)
+
+
+def test_finetune_network_copies_the_backbone_and_pairs_the_new_head():
+    from ecoc_research import training
+
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((6, 4))
-    similarity = np.exp(-np.sum((x[:, None] - x[None]) ** 2, -1))
-    a = cub_bits.make_code("spectral", 6, 3, similarity, seed=0)
-    b = cub_bits.make_code("spectral", 6, 3, similarity, seed=5)
-    np.testing.assert_array_equal(a, b)
-    g0 = cub_bits.make_code("gaussian", 6, 3, None, seed=0)
-    g1 = cub_bits.make_code("gaussian", 6, 3, None, seed=1)
-    assert not np.allclose(g0, g1)
-    np.testing.assert_allclose(np.linalg.norm(g0, axis=1), np.sqrt(3),
-                               rtol=1e-5)
-    assert cub_bits.make_code("one_hot", 6, 6, None, 0) is None
+    pretrained = protocols.build_pretrain_network((8, 8, 3), 4, hidden=6)
+    for w in pretrained.weights:
+        w.assign(rng.normal(0, 0.1, w.shape).astype("float32"))
+    codes = np.sign(rng.normal(size=(5, 3))).astype("float32")
+    one_hot = protocols.build_finetune_network(pretrained, 5, hidden=6,
+                                               seed=4)
+    ecoc = protocols.build_finetune_network(pretrained, 5, codes, hidden=6,
+                                            seed=4, scale=1.0,
+                                            learnable_scale=False)
+    head = training.build_head(256, 5, hidden=6, seed=4)
+    for name in ("conv0", "conv1", "conv2", "features"):
+        for a, b in zip(one_hot.get_layer(name).get_weights(),
+                        pretrained.get_layer(name).get_weights()):
+            np.testing.assert_array_equal(a, b)
+    # Same seed: the same re-initialised fc7 as the frozen-feature head.
+    np.testing.assert_array_equal(one_hot.get_layer("fc7").kernel.numpy(),
+                                  head.get_layer("fc7").kernel.numpy())
+    np.testing.assert_array_equal(
+        ecoc.backbone.get_layer("fc7").kernel.numpy(),
+        head.get_layer("fc7").kernel.numpy())
+    assert not np.allclose(one_hot.get_layer("fc7").kernel.numpy(),
+                           pretrained.get_layer("fc7").kernel.numpy())
+    x = rng.normal(size=(2, 8, 8, 3)).astype("float32")
+    assert tuple(one_hot(x).shape) == (2, 5)
+    assert tuple(ecoc(x).shape) == (2, 3)
 
 
-def test_build_head_sets_the_initial_decoding_scale():
-    codes = cub_bits.truncated_one_hot(5, 4)
-    model = cub_bits.build_head(7, 5, codes, fc_width=3, scale=7.0)
-    assert float(np.asarray(model.decoder.scale)) == pytest.approx(7.0)
-    assert model.code_length == 4 and model.num_classes == 5
-    one_hot = cub_bits.build_head(7, 5, None, fc_width=3)
-    assert one_hot.output_shape == (None, 5)
+def test_summarize_cub_pairs_seeds_with_tost_and_holm():
+    rng = np.random.default_rng(0)
+    one_hot = rng.uniform(0.3, 0.4, 5)
+    spectral = one_hot - 0.04 + rng.normal(0, 0.005, 5)
+    imprinted = one_hot + rng.normal(0, 0.002, 5)
+    records = (_records(one_hot, "one_hot")
+               + _records(spectral, "spectral", 3)
+               + _records(imprinted, "one_hot_imprinted_pretrained"))
+    out = cub_bits.summarize_cub(records, margin=1.0)
+    rows = {r["label"]: r for r in out["rows"]}
+    d = 100 * (spectral - one_hot)
+    test = rows["spectral_norm k=3"]["vs_one_hot"]
+    assert test["mean"] == pytest.approx(d.mean())
+    p = stats.ttest_1samp(d, 0.0).pvalue
+    assert test["p_difference"] == pytest.approx(p)
+    d2 = 100 * (imprinted - one_hot)
+    p2 = stats.ttest_1samp(d2, 0.0).pvalue
+    # Holm over the two comparisons with one-hot.
+    low, high = sorted([p, p2])
+    expected = {p: min(1, 2 * p) if p == low else max(min(1, 2 * low), p),
+                p2: min(1, 2 * p2) if p2 == low else max(min(1, 2 * low),
+                                                         p2)}
+    assert test["p_difference_holm"] == pytest.approx(expected[p])
+    assert test["verdict"] == "below one-hot"
+    assert rows["one_hot_imprinted_pretrained"]["vs_one_hot"][
+        "verdict"].startswith("matches one-hot")
+    mean, low_ci, high_ci = 100 * one_hot.mean(), *stats.t.interval(
+        0.95, 4, loc=100 * one_hot.mean(), scale=stats.sem(100 * one_hot))
+    assert rows["one_hot"]["mean"] == pytest.approx(mean)
+    assert rows["one_hot"]["ci95"] == pytest.approx([low_ci, high_ci])
+    control = out["controls"][0]
+    assert control["control"] == "one_hot_imprinted_pretrained"
+    assert control["mean"] == pytest.approx(np.mean(100 * (spectral
+                                                           - imprinted)))
+    assert control["p_difference_holm"] == pytest.approx(
+        control["p_difference"])  # A family of one.
 
 
 # --- statistics ------------------------------------------------------------
@@ -78,7 +208,7 @@ def test_build_head_sets_the_initial_decoding_scale():
 
 def test_paired_equivalence_matches_two_one_sided_t_tests():
     d = np.array([0.3, -0.2, 0.5, 0.1, 0.4, -0.1])
-    out = cub_bits.paired_equivalence(d, margin=1.0)
+    out = stats_lib.paired_equivalence(d, margin=1.0)
     s, mean, sem = len(d), d.mean(), d.std(ddof=1) / np.sqrt(len(d))
     p_lower = stats.t.sf((mean + 1.0) / sem, s - 1)
     p_upper = stats.t.cdf((mean - 1.0) / sem, s - 1)
@@ -90,46 +220,21 @@ def test_paired_equivalence_matches_two_one_sided_t_tests():
     # TOST at 5% <=> the 90% CI inside the margin.
     assert out["equivalent"] == (-1 < out["ci90"][0] and out["ci90"][1] < 1)
     assert out["equivalent"]
-    assert cub_bits.verdict(out).startswith("matches one-hot")
+    assert stats_lib.equivalence_verdict(out).startswith("matches one-hot")
 
 
 def test_paired_equivalence_rejects_a_clear_loss_and_bad_input():
-    out = cub_bits.paired_equivalence([-4.0, -5.0, -3.5, -4.5, -6.0])
+    out = stats_lib.paired_equivalence([-4.0, -5.0, -3.5, -4.5, -6.0])
     assert not out["equivalent"] and out["ci95"][1] < 0
-    assert cub_bits.verdict(out) == "below one-hot"
-    wide = cub_bits.paired_equivalence([3.0, -3.0, 2.0, -2.5])
-    assert cub_bits.verdict(wide) == "inconclusive"
-    constant = cub_bits.paired_equivalence([0.5, 0.5, 0.5])
+    assert stats_lib.equivalence_verdict(out) == "below one-hot"
+    wide = stats_lib.paired_equivalence([3.0, -3.0, 2.0, -2.5])
+    assert stats_lib.equivalence_verdict(wide) == "inconclusive"
+    constant = stats_lib.paired_equivalence([0.5, 0.5, 0.5])
     assert constant["equivalent"] and constant["ci95"] == [0.5, 0.5]
     with pytest.raises(ValueError, match="differences"):
-        cub_bits.paired_equivalence([1.0])
+        stats_lib.paired_equivalence([1.0])
     with pytest.raises(ValueError, match="margin"):
-        cub_bits.paired_equivalence([1.0, 2.0], margin=0)
-
-
-def test_validation_split_is_stratified_and_fixed():
-    labels = np.repeat(np.arange(4), [7, 5, 6, 9])
-    train, val = cub_bits.validation_split(labels, per_class=2, seed=3)
-    assert np.bincount(labels[val]).tolist() == [2, 2, 2, 2]
-    np.testing.assert_array_equal(np.sort(np.concatenate([train, val])),
-                                  np.arange(len(labels)))
-    again = cub_bits.validation_split(labels, per_class=2, seed=3)
-    np.testing.assert_array_equal(val, again[1])
-    with pytest.raises(ValueError, match="per_class"):
-        cub_bits.validation_split(labels, per_class=5)  # class 1 has 5
-
-
-def test_pretrain_settings_key_tracks_every_setting():
-    a = cub_bits.PretrainSettings(source="/x/cifar.npz")
-    assert a.key() == cub_bits.PretrainSettings(source="/y/cifar.npz").key()
-    assert a.key() != cub_bits.PretrainSettings(source="/x/cifar.npz",
-                                                epochs=7).key()
-    assert a.key() != cub_bits.PretrainSettings(source="/x/cifar.npz",
-                                                train_per_class=3).key()
-    with pytest.raises(ValueError, match="epochs"):
-        cub_bits.PretrainSettings(source="s.npz", epochs=0)
-    with pytest.raises(ValueError, match="learning_rate"):
-        cub_bits.PretrainSettings(source="s.npz", learning_rate=-1.0)
+        stats_lib.paired_equivalence([1.0, 2.0], margin=0)
 
 
 # --- attribute correlation and its null --------------------------------------
@@ -236,54 +341,59 @@ def test_run_attributes_reports_null_and_p_values(tmp_path):
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"seeds": [0]}, "seeds"),
-    ({"encodings": ["one_hot", "hadamard"]}, "encodings"),
-    ({"code_lengths": [1, 4]}, "code_lengths"),
+    ({"seeds": [0, 1], "select_seed": 1}, "select_seed"),
+    ({"encodings": ["one_hot", "nope"]}, "encodings"),
+    ({"code_lengths": ["1"]}, "code_lengths"),
     ({"learning_rates": [0.01, -1.0]}, "learning_rates"),
+    ({"protocol": "scratch"}, "protocol"),
 ])
-def test_run_cub_bits_rejects_bad_arguments_before_training(
-        tmp_path, kwargs, match):
-    pretrain = cub_bits.PretrainSettings(source="missing.npz")
+def test_cub_grid_rejects_bad_arguments_before_training(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        cub_bits.run_cub_bits("missing.npz", str(tmp_path), pretrain,
-                              **kwargs)
-    assert not os.listdir(tmp_path)  # nothing written
+        cub_bits.cub_grid("cub.npz", "source.npz", **kwargs)
 
 
 @pytest.mark.slow
-def test_cub_bits_command_end_to_end_with_resume(tmp_path):
+@pytest.mark.parametrize("protocol", ["retrain", "finetune"])
+def test_cub_bits_command_end_to_end_with_resume(tmp_path, protocol):
     source, cub = _fake_source(tmp_path), _fake_cub(tmp_path)
     out = tmp_path / "out"
-    argv = ["cub-bits", "--dataset", cub, "--pretrain-source", source,
-            "--pretrain-epochs", "1", "--pretrain-image-size", "16",
-            "--val-per-class", "1", "--seeds", "0", "1", "--epochs", "2",
-            "--batch-size", "8", "--learning-rates", "0.01", "0.1",
-            "--code-lengths", "3", "5", "6", "--encodings", "one_hot",
-            "truncated_one_hot", "spectral", "--verbose", "0",
+    argv = ["cub-bits", "--protocol", protocol, "--dataset", cub,
+            "--pretrain-source", source, "--pretrain-epochs", "1",
+            "--pretrain-image-size", "16", "--val-per-class", "1",
+            "--seeds", "0", "1", "--select-seed", "9", "--epochs", "2",
+            "--batch-size", "4", "--learning-rates", "0.01", "0.1",
+            "--code-lengths", "3", "6", "--encodings", "one_hot",
+            "one_hot_imprinted_pretrained", "spectral",
+            "--min-pretrain-chance-multiple", "0", "--verbose", "0",
             "--output", str(out)]
     results = cli.main(argv)["cub-bits"]
-    rows = {(r["encoding"], r["code_length"]): r for r in results["summary"]}
-    # n = 6: truncated one-hot only at k >= n - 1; spectral only k <= n - 1.
-    assert set(rows) == {("one_hot", 6), ("truncated_one_hot", 5),
-                         ("truncated_one_hot", 6), ("spectral", 3),
-                         ("spectral", 5)}
-    for row in rows.values():
-        assert row["status"] == "ok" and row["learning_rate"] in (0.01, 0.1)
-        assert len(row["test_accuracy"]) == 2
-    assert "equivalence" in rows[("spectral", 3)]
-    # Same decoder, one-hot codewords (k = n): the code-only comparison.
-    assert "equivalence_ecoc_identity" in rows[("spectral", 3)]
-    assert "equivalence_ecoc_identity" not in rows[("truncated_one_hot", 6)]
-    runs = sorted(os.listdir(out / "runs"))
-    # Per (encoding, k): 2 learning rates at seed 0, then seed 1.
-    assert len(runs) == 5 * 3
-    assert (out / "cub_bits.png").exists() and (out / "cub_bits.json").exists()
-    backbones = [d for d in os.listdir(out) if d.startswith("backbone-")]
-    assert len(backbones) == 1
-    with pytest.raises(FileExistsError, match="--resume"):
+    rows = {r["label"]: r for r in results["cub"]["rows"]}
+    # n = 6: spectral codes only for k <= n - 1.
+    assert set(rows) == {"one_hot", "one_hot_imprinted_pretrained",
+                         "spectral_norm k=3"}
+    for label, row in rows.items():
+        assert row["seeds"] == [0, 1]
+        assert row["learning_rate"] in (0.01, 0.1)
+        assert ("vs_one_hot" in row) == (label != "one_hot")
+    # The rate is chosen with seed 9, which is never reported.
+    runs = [json.loads(p.read_text()) for p in (out / "runs").iterdir()
+            if p.suffix == ".json"]
+    assert {r["spec"]["seed"] for r in runs} == {0, 1, 9}
+    assert [r["status"] for r in runs if r["spec"]["code_length"] == 6] == [
+        "no_code"] * 2  # tried at both rates, never reported
+    assert all(r["spec"]["protocol"] == protocol and r["spec"]["scale"] == 1.0
+               and not r["spec"]["learnable_scale"] for r in runs)
+    assert [c["control"] for c in results["cub"]["controls"]] == [
+        "one_hot_imprinted_pretrained"]
+    name = f"cub_bits_{protocol}"
+    assert (out / f"{name}.png").exists() and (out / f"{name}.md").exists()
+    stored = json.loads((out / f"{name}.json").read_text())
+    assert stored["cub"]["rows"][0]["label"] == "one_hot"
+    with pytest.raises(SystemExit):  # A refused output folder.
         cli.main(argv)
     again = cli.main(argv + ["--resume"])["cub-bits"]
-    assert [r["test_accuracy"] for r in again["summary"]] == [
-        r["test_accuracy"] for r in results["summary"]]
+    assert [r["test_accuracy"] for r in again["cub"]["rows"]] == [
+        r["test_accuracy"] for r in results["cub"]["rows"]]
 
 
 @pytest.mark.slow
@@ -294,7 +404,8 @@ def test_attributes_command_uses_the_pretrained_backbone(tmp_path):
         "attributes", "--dataset", cub, "--pretrain-source", source,
         "--pretrain-epochs", "1", "--pretrain-image-size", "16",
         "--val-per-class", "1", "--code-lengths", "3",
-        "--random-draws", "10", "--verbose", "0", "--output", str(out)])
+        "--random-draws", "10", "--min-pretrain-chance-multiple", "0",
+        "--verbose", "0", "--output", str(out)])
     results = results["attributes"]
     assert results["settings"]["num_attributes"] == 20
     assert {r["encoding"] for r in results["codes"]} == set(

@@ -11,7 +11,9 @@ Examples:
     python -m ecoc_research.experiments grid --smoke --output /tmp/smoke
     python -m ecoc_research.experiments cub-bits \
         --dataset ../shared/data/cub50_64px.npz \
-        --pretrain-source ../shared/data/cifar10_jpeg_bytes.npz
+        --pretrain-source ../shared/data/cifar10_jpeg_bytes.npz \
+        --protocol finetune --encodings one_hot \
+        one_hot_imprinted_pretrained spectral --code-lengths 12
     python -m ecoc_research.experiments attributes \
         --dataset ../shared/data/cub50_64px.npz
     python -m ecoc_research.experiments pictures --dataset cifar100
@@ -111,6 +113,11 @@ def _pretrain_parser():
     g.add_argument("--val-per-class", type=int, default=None,
                    help="validation images per class carved from the "
                    "training split (default 5)")
+    g.add_argument("--min-pretrain-chance-multiple", type=float,
+                   default=None,
+                   help="stop before any head trains when the pretrained "
+                   "network's best validation accuracy is below this "
+                   "multiple of chance (default 3; 0 disables)")
     return p
 
 
@@ -122,12 +129,24 @@ def build_parser():
         "(one-hot vs ECOC output codes) on a data set.")
     sub = parser.add_subparsers(dest="experiment", required=True)
     p = sub.add_parser("cub-bits", parents=[common, _pretrain_parser()],
-                       help="accuracy against code length, fc7+fc8 "
-                       "retrained on a pretrained backbone (paired seeds, "
-                       "TOST against one-hot)")
+                       help="accuracy against code length on a pretrained "
+                       "backbone, frozen features or whole network (the "
+                       "shared runner; paired seeds, TOST and Holm against "
+                       "one-hot)")
+    p.add_argument("--protocol", choices=("retrain", "finetune"),
+                   default="retrain",
+                   help="retrain: fc7 + fc8 on frozen fc6 features; "
+                   "finetune: the whole network (default retrain)")
     p.add_argument("--learning-rates", type=float, nargs="+", default=None,
-                   help="SGD learning-rate grid, chosen on validation "
-                   "(default 0.003 0.01 0.03 0.1)")
+                   help="SGD learning-rate grid, chosen on validation with "
+                   "--select-seed (default retrain 0.003 0.01 0.03 0.1, "
+                   "finetune 0.001 0.003 0.01)")
+    p.add_argument("--select-seed", type=int, default=None,
+                   help="seed of the learning-rate selection; not a "
+                   "reported seed (default 100)")
+    p.add_argument("--learnable-scale", action="store_true",
+                   help="learn the decoding scale (default: fixed at "
+                   "--scale, 1)")
     p.add_argument("--margin", type=float, default=1.0,
                    help="equivalence margin in accuracy points (default 1)")
     p.add_argument("--resume", action="store_true",
@@ -205,9 +224,11 @@ def _add_grid_parser(sub):
     g = p.add_argument_group("protocol")
     g.add_argument("--protocol", choices=runner_lib.PROTOCOLS,
                    default="retrain")
-    g.add_argument("--variant", choices=runner_lib.VARIANTS, default=None,
-                   help="retrain: 'transfer' (default; pretrain on half of "
-                   "the alphabets/classes, retrain on the others) or 'same'")
+    # "external" (pretraining on another data set) is cub-bits' variant.
+    g.add_argument("--variant", choices=("same", "transfer"), default=None,
+                   help="retrain / finetune: 'transfer' (default; pretrain "
+                   "on half of the alphabets/classes, retrain on the "
+                   "others) or 'same'")
     g.add_argument("--pretrain-epochs", type=int,
                    default=defaults.pretrain_epochs,
                    help="most epochs of the one-hot pretraining (early stop "
@@ -476,15 +497,30 @@ def _data_options(o):
         cub_crop=o["cub_crop"], dedupe=not o["keep_duplicate_classes"])
 
 
-def _pretrain_settings(o):
+def _pretrain_kwargs(o):
+    """The pretraining options of cub-bits and attributes (`cub_bits`)."""
     from ecoc_research.experiments import cub_bits
 
-    return cub_bits.PretrainSettings(
-        source=o["pretrain_source"],
-        image_size=_pick(o, "pretrain_image_size",
-                         cub_bits.PRETRAIN_IMAGE_SIZE),
-        epochs=_pick(o, "pretrain_epochs", cub_bits.PRETRAIN_EPOCHS),
-        train_per_class=o.get("pretrain_per_class"))
+    pretrain = dict(cub_bits.PRETRAIN)
+    if o.get("pretrain_epochs") is not None:
+        pretrain["pretrain_epochs"] = pretrain["pretrain_patience"] = \
+            int(o["pretrain_epochs"])
+    return dict(
+        pretrain_dataset=o["pretrain_source"],
+        image_size=_pick(o, "pretrain_image_size", cub_bits.IMAGE_SIZE),
+        val_per_class=_pick(o, "val_per_class", cub_bits.VAL_PER_CLASS),
+        pretrain=pretrain, pretrain_per_class=o.get("pretrain_per_class"))
+
+
+def _chance_multiple(o):
+    value = o.get("min_pretrain_chance_multiple")
+    if value is not None and value < 0:
+        raise ValueError("Argument `min_pretrain_chance_multiple` must be "
+                         ">= 0 (0 disables the check). Received: "
+                         f"{value}")
+    if value is None and o.get("smoke"):
+        return 0  # One pretraining epoch on a few images is near chance.
+    return value
 
 
 def _pick(o, key, default):
@@ -511,27 +547,41 @@ def run_experiment(experiment, o, output_dir):
                         learnable_scale=False if o["fixed_scale"] else None)
     k = _pick(o, "code_length", 32)
     if experiment == "cub-bits":
-        if o["fixed_scale"]:
-            raise ValueError(
-                "cub-bits learns the ECOC decoding scale; `--scale S` sets "
-                "its initial value. Received: --fixed-scale")
+        from ecoc_research.experiments import runner as runner_lib
+
+        try:  # Every setting is checked before any training.
+            runner_lib.prepare_output(output_dir, resume=o["resume"],
+                                      overwrite=o["overwrite"])
+            if o["cub_crop"] != "bbox":
+                raise ValueError(
+                    "cub-bits runs on the bounding-box crops (the runner's "
+                    "data sets). Received: --cub-crop "
+                    f"{o['cub_crop']}")
+            if o["fixed_scale"] and o.get("learnable_scale"):
+                raise ValueError("Pass at most one of --fixed-scale and "
+                                 "--learnable-scale.")
+            grid = cub_bits.cub_grid(
+                o["dataset"], protocol=o.get("protocol") or "retrain",
+                encodings=_pick(o, "encodings", cub_bits.ENCODINGS),
+                code_lengths=_pick(o, "code_lengths", cub_bits.CODE_LENGTHS),
+                # Paired statistics need two seeds, even under --smoke.
+                seeds=(_pick(o, "seeds", list(cub_bits.SEEDS)) if not o["smoke"]
+                       or len(o["seeds"]) >= 2 else [0, 1]),
+                select_seed=_pick(o, "select_seed", cub_bits.SELECT_SEED),
+                learning_rates=o["learning_rates"],
+                epochs=_pick(o, "epochs", cub_bits.EPOCHS),
+                batch_size=_pick(o, "batch_size", cub_bits.BATCH_SIZE),
+                scale=_pick(o, "scale", 1.0),
+                learnable_scale=bool(o.get("learnable_scale")),
+                classes=o["classes"], train_per_class=o["train_per_class"],
+                test_per_class=o["test_per_class"], **_pretrain_kwargs(o))
+        except ValueError as error:
+            raise common.UsageError(str(error)) from error
         return cub_bits.run_cub_bits(
-            data, output_dir, _pretrain_settings(o),
-            code_lengths=_pick(o, "code_lengths", cub_bits.CODE_LENGTHS),
-            encodings=_pick(o, "encodings", cub_bits.ENCODINGS),
-            # Paired statistics need two seeds, even under --smoke.
-            seeds=(_pick(o, "seeds", [0, 1, 2, 3, 4]) if not o["smoke"]
-                   or len(o["seeds"]) >= 2 else [0, 1]),
-            learning_rates=_pick(o, "learning_rates",
-                                 cub_bits.LEARNING_RATES),
-            epochs=_pick(o, "epochs", cub_bits.HEAD_EPOCHS),
-            batch_size=_pick(o, "batch_size", cub_bits.HEAD_BATCH_SIZE),
-            val_per_class=_pick(o, "val_per_class",
-                                cub_bits.VALIDATION_PER_CLASS),
-            margin=o["margin"], resume=o["resume"], overwrite=o["overwrite"],
-            scale=o["scale"], verbose=min(o["verbose"], 2),
-            name="cub_bits" if o["scale"] is None
-            else f"cub_bits_scale{o['scale']:g}")
+            grid, output_dir, name=f"cub_bits_{grid.base['protocol']}",
+            margin=o["margin"], resume=o["resume"],
+            verbose=min(o["verbose"], 2),
+            chance_multiple=_chance_multiple(o))
     if experiment == "attributes":
         if data.class_attributes is None:
             raise ValueError(
@@ -539,13 +589,12 @@ def run_experiment(experiment, o, output_dir):
                 "CUB `.npz` files of ../shared/data, array "
                 f"`class_attributes_continuous`). Data set {data.name!r} has "
                 "none.")
-        pretrain = _pretrain_settings(o)
-        features, info, _ = cub_bits.pretrained_features(
-            data, pretrain, output_dir,
-            _pick(o, "val_per_class", cub_bits.VALIDATION_PER_CLASS),
-            verbose=min(o["verbose"], 2))
+        similarity, info, _ = cub_bits.pretrained_similarity(
+            o["dataset"], output=output_dir,
+            chance_multiple=_chance_multiple(o),
+            verbose=min(o["verbose"], 2), **_pretrain_kwargs(o))
         return attributes.run_attributes(
-            features.similarity(), data.class_attributes, output_dir,
+            similarity, data.class_attributes, output_dir,
             attribute_names=data.attribute_names,
             code_lengths=_pick(o, "code_lengths", attributes.CODE_LENGTHS),
             encodings=_pick(o, "encodings", attributes.DATA_ENCODINGS),

@@ -14,7 +14,8 @@ dense random, the same k, the same row normalisation as in training), and
 reported as an empirical p-value (share of random draws at least as high).
 
 The data-based codes take their class similarity from the fc7 features of
-the backbone pretrained on CIFAR-10 (`cub_bits.pretrain_backbone`), on the
+the backbone pretrained on CIFAR-10 (the runner's "external" variant,
+`cub_bits.pretrained_similarity`), on the
 CUB training images (validation split excluded), as in the add-bits
 experiment: one similarity, so one data-based code per (encoding, k).
 """

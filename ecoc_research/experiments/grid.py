@@ -124,13 +124,15 @@ def cell_label(spec, several_lengths):
 
 
 def run_grid(grid, output, name, resume=False, verbose=0, log_every=1,
-             chance_multiple=None):
+             chance_multiple=None, jit_compile=False):
     """Runs a grid (selection, then reporting seeds) and summarises it.
 
     The pretrained network (retrain protocol, or data-based codes) is
     trained first and must be above chance (`chance_multiple`, default
     `protocols.CHANCE_MULTIPLE`; 0 disables): otherwise
     `protocols.PretrainingFailed` is raised before any head is trained.
+    `jit_compile`: XLA for the training steps (`runner.Runner`; it pays off
+    for whole-network fine-tuning, not for small heads).
 
     Returns:
         dict written to `<output>/<name>.json`.
@@ -139,7 +141,8 @@ def run_grid(grid, output, name, resume=False, verbose=0, log_every=1,
     if chance_multiple is None:
         chance_multiple = protocols.CHANCE_MULTIPLE
     run = runner_lib.Runner(output, resume=resume, verbose=verbose,
-                            chance_multiple=chance_multiple)
+                            chance_multiple=chance_multiple,
+                            jit_compile=jit_compile)
     first = grid.batch_sizes[0]
     probe = _spec(dict(grid.base, encoding="one_hot", code_length=None,
                        normalize_rows=None, batch_size=first,
@@ -153,7 +156,7 @@ def run_grid(grid, output, name, resume=False, verbose=0, log_every=1,
                f"test images; pretraining on {len(task.pretrain_classes)} "
                "classes")
     cells = grid.cells(n)
-    if probe.protocol == "retrain" or any(
+    if probe.protocol != "scratch" or any(
             c["encoding"] in runner_lib.DATA_ENCODINGS for c in cells):
         run.pretrained(probe)  # stops here when it is near chance
     several = len({c["code_length"] for c in cells
@@ -220,7 +223,7 @@ def run_grid(grid, output, name, resume=False, verbose=0, log_every=1,
                  "val_images": int(len(task.val[1])),
                  "test_images": int(len(task.test[1])),
                  "pretrain_classes": len(task.pretrain_classes)},
-        pretrain=run.pretrained(probe).record if probe.protocol == "retrain"
+        pretrain=run.pretrained(probe).record if probe.protocol != "scratch"
         or any(c["encoding"] in runner_lib.DATA_ENCODINGS for c in cells)
         else None,
         grid={"base": grid.base, "encodings": grid.encodings,

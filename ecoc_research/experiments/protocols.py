@@ -117,19 +117,46 @@ def _select(x, y, classes):
     return x[keep], new_id[y[keep]].astype("int32")
 
 
-def split_task(data, protocol, variant, classes, val_per_class, data_seed):
+def split_task(data, protocol, variant, classes, val_per_class, data_seed,
+               pretrain_data=None):
     """Builds the `Task` of a run from an `ImageDataset`.
 
     Args:
         data: `ImageDataset` (all classes).
-        protocol: "scratch" or "retrain".
-        variant: "same" or "transfer" ("scratch" uses "same").
+        protocol: "scratch", "retrain" or "finetune".
+        variant: "same", "transfer" or "external" ("scratch" uses "same").
         classes: keep so many retraining classes (None: all), drawn with
             `data_seed` among the retraining classes.
         val_per_class: validation images per class, carved from training.
         data_seed: seed of the class draw and of the validation split.
+        pretrain_data: the pretraining `ImageDataset` of the "external"
+            variant (e.g. CIFAR-10 for CUB: a separate data set whose classes
+            are disjoint from the retraining ones); its validation split is
+            drawn by the same rule (`validation_split`, `val_per_class`,
+            `data_seed`). None for the other variants.
     """
-    if variant == "transfer":
+    if (variant == "external") != (pretrain_data is not None):
+        raise ValueError(
+            "Argument `pretrain_data` must be given for variant='external' "
+            "and only for it. Received: variant="
+            f"{variant!r} with pretrain_data "
+            f"{'given' if pretrain_data is not None else 'None'}")
+    if variant == "external":
+        if data.input_shape[-1] == 1 and pretrain_data.input_shape[-1] == 3:
+            # Grayscale retraining data on an RGB backbone: three equal
+            # channels.
+            data = dataclasses.replace(
+                data, x_train=np.repeat(data.x_train, 3, -1),
+                x_test=np.repeat(data.x_test, 3, -1))
+        if tuple(data.input_shape) != tuple(pretrain_data.input_shape):
+            raise ValueError(
+                f"The retraining images have shape {tuple(data.input_shape)} "
+                "but the pretraining images "
+                f"{tuple(pretrain_data.input_shape)}: load both at one "
+                "`image_size`.")
+        pre_ids = np.arange(pretrain_data.num_classes)
+        re_ids = np.arange(data.num_classes)
+    elif variant == "transfer":
         pre_ids, re_ids = transfer_split(data.class_names)
     else:
         pre_ids = re_ids = np.arange(data.num_classes)
@@ -147,6 +174,11 @@ def split_task(data, protocol, variant, classes, val_per_class, data_seed):
     tr, va = validation_split(y_tr, val_per_class, data_seed)
     if variant == "same":
         pre_train, pre_val = (x_tr[tr], y_tr[tr]), (x_tr[va], y_tr[va])
+    elif variant == "external":
+        py = np.asarray(pretrain_data.y_train, np.int32)
+        ptr, pva = validation_split(py, val_per_class, data_seed)
+        pre_train = (pretrain_data.x_train[ptr], py[ptr])
+        pre_val = (pretrain_data.x_train[pva], py[pva])
     else:
         px, py = _select(data.x_train, data.y_train, pre_ids)
         ptr, pva = validation_split(py, val_per_class, data_seed)
@@ -156,7 +188,9 @@ def split_task(data, protocol, variant, classes, val_per_class, data_seed):
         class_names=[data.class_names[i] for i in re_ids],
         train=(x_tr[tr], y_tr[tr]), val=(x_tr[va], y_tr[va]),
         test=(x_te, y_te), pretrain_train=pre_train, pretrain_val=pre_val,
-        pretrain_classes=[data.class_names[i] for i in pre_ids],
+        pretrain_classes=[
+            (data if pretrain_data is None else pretrain_data).class_names[i]
+            for i in pre_ids],
     )
 
 
@@ -340,6 +374,95 @@ class Pretrained:
         if not chunks:
             return np.zeros((0, extractor.output.shape[-1]), np.float32)
         return np.concatenate(chunks).astype(np.float32, copy=False)
+
+
+def copy_pretrained_fc7(model, pretrained_model):
+    """Sets `model`'s fc7 to the pretrained network's fc7 (kernel and bias).
+
+    The "one_hot_imprinted_pretrained" control starts from the pretrained
+    fc7, the layer whose activations give data-based codes their class
+    similarity, instead of a re-initialised one.
+    """
+    from ecoc_research import training
+
+    fc7 = _find_layer(model, "fc7")
+    source = pretrained_model.get_layer("fc7")
+    if tuple(fc7.kernel.shape) != tuple(source.kernel.shape):
+        raise ValueError(
+            f"The model's fc7 has shape {tuple(fc7.kernel.shape)} but the "
+            f"pretrained fc7 has {tuple(source.kernel.shape)}: use the "
+            "pretraining's `hidden` width.")
+    fc7.set_weights(source.get_weights())
+    return training.output_layer(model)
+
+
+def _find_layer(model, name):
+    """Layer `name` of a functional model or of an ECOCClassifier's backbone."""
+    for candidate in [model] + [getattr(model, "backbone", None)]:
+        if candidate is None:
+            continue
+        try:
+            return candidate.get_layer(name)
+        except (ValueError, AttributeError):
+            continue
+    raise ValueError(f"The model has no layer named {name!r}. Received: "
+                     f"{model.name!r}")
+
+
+def build_finetune_network(pretrained_model, num_classes, codes=None,
+                           hidden=256, seed=0, scale=1.0,
+                           learnable_scale=True):
+    """The whole network, fine-tuned: pretrained conv blocks and fc6, new head.
+
+    The paper's CUB protocol fine-tunes every layer of the pretrained
+    network with fc8 replaced for the new classes. Here the conv blocks and
+    fc6 ("features") copy the pretrained weights; fc7 (Dense(hidden) + ReLU)
+    and fc8 (Dense(n) one-hot, or Dense(k) + ECOC decoding) are
+    re-initialised exactly as `training.build_head` does (Glorot-uniform from
+    `numpy.random.default_rng(seed)`, fc7 first, biases zero), so one seed
+    gives every encoding the same new weights.
+
+    Args:
+        pretrained_model: the `build_pretrain_network` model (pretrained).
+        num_classes: n, the retraining classes.
+        codes: (n, k) code matrix, or None for one-hot.
+        hidden: width of fc7.
+        seed: seed of the re-initialised weights.
+        scale, learnable_scale: ECOC decoding scale.
+
+    Returns:
+        An uncompiled model mapping images (batch, H, W, C) to logits
+        (batch, n) or, for an `ECOCClassifier`, z (batch, k).
+    """
+    import keras
+
+    from ecoc_research import training
+    from keras_ecoc.models import ECOCClassifier
+
+    input_shape = tuple(pretrained_model.input.shape[1:])
+    backbone = training.build_backbone(input_shape)
+    for layer in backbone.layers:
+        if layer.weights:
+            layer.set_weights(
+                pretrained_model.get_layer(layer.name).get_weights())
+    fc7 = keras.layers.Dense(int(hidden), activation="relu", name="fc7")
+    trunk = keras.Model(backbone.input, fc7(backbone.output),
+                        name="finetune_trunk")
+    if codes is None:
+        fc8 = keras.layers.Dense(int(num_classes), name="fc8")
+        model = keras.Model(trunk.input, fc8(trunk.output),
+                            name="one_hot_finetune")
+    else:
+        model = ECOCClassifier(trunk, codes, scale=scale,
+                               learnable_scale=learnable_scale,
+                               name="ecoc_finetune")
+    rng = np.random.default_rng(seed)
+    fc7.kernel.assign(training._glorot(rng, int(fc7.kernel.shape[0]),
+                                       int(hidden)))
+    out = training.output_layer(model)
+    out.kernel.assign(training._glorot(rng, int(hidden),
+                                       int(out.kernel.shape[1])))
+    return model
 
 
 def class_similarity_from_features(features, labels, num_classes):

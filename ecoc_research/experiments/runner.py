@@ -48,12 +48,19 @@ import numpy as np
 from ecoc_research.experiments import common
 from ecoc_research.experiments import protocols
 
-PROTOCOLS = ("scratch", "retrain")
-VARIANTS = ("same", "transfer")
+PROTOCOLS = ("scratch", "retrain", "finetune")
+VARIANTS = ("same", "transfer", "external")
 # Encodings whose row normalisation matters (raw real-valued codewords have
 # unequal norms); for the others `normalize_rows` is None.
 ROW_NORM_ENCODINGS = ("gaussian", "spectral")
-ENCODINGS = ("one_hot", "one_hot_imprinted", "dense_random", "hadamard",
+# "one_hot_imprinted": fc8 imprinted from the re-initialised fc7's outputs;
+# "one_hot_imprinted_pretrained": fc7 starts as the PRETRAINED fc7 (whose
+# activations give data-based codes their class similarity) and fc8 is
+# imprinted from its outputs: the control that gets the information the
+# spectral code gets.
+IMPRINTED_ENCODINGS = ("one_hot_imprinted", "one_hot_imprinted_pretrained")
+ENCODINGS = ("one_hot", "one_hot_imprinted", "one_hot_imprinted_pretrained",
+             "dense_random", "hadamard",
              "gaussian", "gaussian_zero", "gaussian_median", "spectral",
              "spectral_zero", "spectral_median")
 DATA_ENCODINGS = common.DATA_ENCODINGS
@@ -71,8 +78,16 @@ class RunSpec:
         classes: retraining classes kept (None: all), drawn with data_seed.
         val_per_class: validation images per class carved from training.
         data_seed: seed of the validation split and class draw.
-        protocol: "retrain" or "scratch".
-        variant: "transfer" or "same" (scratch: "same").
+        protocol: "retrain" (fc7 + fc8 on frozen fc6 features),
+            "finetune" (the whole pretrained network, fc7 + fc8
+            re-initialised) or "scratch".
+        variant: "transfer", "same" (scratch: "same") or "external"
+            (pretrain on `pretrain_dataset`, retrain on all of `dataset`).
+        pretrain_dataset: the pretraining data set of the "external"
+            variant (None otherwise; left out of the key when None, so
+            runs stored before the field existed keep their keys).
+        pretrain_per_class: keep at most so many training images per class
+            of `pretrain_dataset` (None: all; for smoke runs).
         pretrain_epochs, pretrain_batch_size, pretrain_learning_rate,
         pretrain_patience, pretrain_seed: the one-hot pretraining (Adam,
             early stopping on its validation split, best weights kept).
@@ -108,6 +123,8 @@ class RunSpec:
     data_seed: int = 0
     protocol: str = "retrain"
     variant: str = "transfer"
+    pretrain_dataset: str = None
+    pretrain_per_class: int = None
     pretrain_epochs: int = 40
     pretrain_batch_size: int = 32
     pretrain_learning_rate: float = 1e-3
@@ -135,13 +152,31 @@ class RunSpec:
             raise ValueError("The scratch protocol trains on the given "
                              "classes: use variant='same'. Received: "
                              f"variant={self.variant!r}")
-        if self.protocol == "scratch" and self.head_lr_multiplier != 1.0:
+        if self.protocol != "retrain" and self.head_lr_multiplier != 1.0:
             raise ValueError(
                 "Argument `head_lr_multiplier` applies to the re-initialised "
-                "head of the retrain protocol; scratch has none. Received: "
+                "head on frozen features (retrain protocol); "
+                f"{self.protocol} trains every layer at one rate. Received: "
                 f"head_lr_multiplier={self.head_lr_multiplier}")
+        if (self.variant == "external") != (self.pretrain_dataset is not None):
+            raise ValueError(
+                "Argument `pretrain_dataset` names the pretraining data set "
+                "of variant='external' and only of it. Received: "
+                f"pretrain_dataset={self.pretrain_dataset!r} with "
+                f"variant={self.variant!r}")
+        if self.pretrain_per_class is not None and self.pretrain_dataset is None:
+            raise ValueError(
+                "Argument `pretrain_per_class` caps the images of "
+                "`pretrain_dataset` (variant='external'). Received: "
+                f"pretrain_per_class={self.pretrain_per_class} without one")
+        if (self.encoding == "one_hot_imprinted_pretrained"
+                and self.protocol == "scratch"):
+            raise ValueError(
+                "The encoding 'one_hot_imprinted_pretrained' starts from the "
+                "pretrained fc7 of the retrain / finetune protocols; scratch "
+                "has no pretrained fc7. Received: protocol='scratch'")
         for name in ("classes", "train_per_class", "test_per_class",
-                     "image_size"):
+                     "image_size", "pretrain_per_class"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"Argument `{name}` must be a positive "
@@ -182,6 +217,10 @@ class RunSpec:
     def to_dict(self):
         d = dataclasses.asdict(self)
         d["lr_drop_epochs"] = list(self.lr_drop_epochs)
+        # Fields added later stay out when unset: stored runs keep their key.
+        for name in _OPTIONAL_FIELDS:
+            if d[name] is None:
+                del d[name]
         return d
 
     @classmethod
@@ -205,12 +244,14 @@ class RunSpec:
     def pretrain_settings(self):
         """The settings the pretrained network depends on (its cache key)."""
         variant = "same" if self.protocol == "scratch" else self.variant
-        return {
+        extra = {name: getattr(self, name) for name in _OPTIONAL_FIELDS
+                 if getattr(self, name) is not None}
+        return {**extra,
             "dataset": self.dataset, "image_size": self.image_size,
             "train_per_class": self.train_per_class,
             "test_per_class": self.test_per_class, "dedupe": self.dedupe,
-            # The transfer pretraining set does not depend on which
-            # retraining classes are kept.
+            # The transfer / external pretraining set does not depend on
+            # which retraining classes are kept.
             "classes": self.classes if variant == "same" else None,
             "val_per_class": self.val_per_class, "data_seed": self.data_seed,
             "variant": variant, "hidden": self.hidden,
@@ -220,6 +261,9 @@ class RunSpec:
             "pretrain_patience": self.pretrain_patience,
             "pretrain_seed": self.pretrain_seed,
         }
+
+
+_OPTIONAL_FIELDS = ("pretrain_dataset", "pretrain_per_class")
 
 
 def _check_choice(name, value, choices):
@@ -324,7 +368,8 @@ class Runner:
     def task(self, spec):
         key = (spec.dataset, spec.image_size, spec.train_per_class,
                spec.test_per_class, spec.dedupe, spec.protocol, spec.variant,
-               spec.classes, spec.val_per_class, spec.data_seed)
+               spec.classes, spec.val_per_class, spec.data_seed,
+               spec.pretrain_dataset, spec.pretrain_per_class)
         if key not in self._tasks:
             data = common.load_data(common.DataOptions(
                 dataset=spec.dataset, train_per_class=spec.train_per_class,
@@ -332,9 +377,16 @@ class Runner:
                 image_size=spec.image_size, dedupe=spec.dedupe,
                 subset_seed=spec.data_seed))
             variant = "same" if spec.protocol == "scratch" else spec.variant
+            pretrain_data = None
+            if spec.pretrain_dataset is not None:
+                pretrain_data = common.load_data(common.DataOptions(
+                    dataset=spec.pretrain_dataset,
+                    image_size=spec.image_size, dedupe=spec.dedupe,
+                    train_per_class=spec.pretrain_per_class,
+                    subset_seed=spec.data_seed))
             self._tasks[key] = protocols.split_task(
                 data, spec.protocol, variant, spec.classes,
-                spec.val_per_class, spec.data_seed)
+                spec.val_per_class, spec.data_seed, pretrain_data)
         return self._tasks[key]
 
     def pretrained(self, spec):
@@ -374,7 +426,7 @@ class Runner:
         """Class similarity of data-based codes: pretrained fc7 features of
         the retraining classes' TRAINING images (validation excluded)."""
         task = self.task(spec)
-        if spec.protocol == "retrain":
+        if spec.protocol != "scratch":
             fc7 = self.features(spec)["fc7_train"]
         else:
             fc7 = self.pretrained(spec).layer_outputs("fc7", task.train[0])
@@ -430,13 +482,23 @@ class Runner:
                 learnable_scale=spec.learnable_scale)
             learning_rate = spec.learning_rate * spec.head_lr_multiplier
             info["pretrain"] = self.pretrained(spec).record
+        elif spec.protocol == "finetune":
+            train, val, test = task.train, task.val, task.test
+            model = protocols.build_finetune_network(
+                self.pretrained(spec).model, n, codes=codes,
+                hidden=spec.hidden, seed=spec.seed, scale=spec.scale,
+                learnable_scale=spec.learnable_scale)
+            learning_rate = spec.learning_rate
+            info["pretrain"] = self.pretrained(spec).record
         else:
             train, val, test = task.train, task.val, task.test
             model = training.build_model(
                 train[0].shape[1:], n, codes=codes, scale=spec.scale,
                 learnable_scale=spec.learnable_scale)
             learning_rate = spec.learning_rate
-        if spec.encoding == "one_hot_imprinted":
+        if spec.encoding == "one_hot_imprinted_pretrained":
+            protocols.copy_pretrained_fc7(model, self.pretrained(spec).model)
+        if spec.encoding in IMPRINTED_ENCODINGS:
             training.imprint_output_layer(model, train[0], train[1], n)
         steps_per_epoch = len(train[1]) // spec.batch_size
         optimizer = training.make_optimizer(
