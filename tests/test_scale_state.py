@@ -194,25 +194,10 @@ def test_torch_loss_metric_and_ops_read_no_tensor_value_on_the_host(monkeypatch)
     z = torch.as_tensor(np.random.default_rng(2).standard_normal((2 * B, K)),
                         dtype=torch.float32).requires_grad_()
     labels = torch.as_tensor(y)
-    import os
-    import sys
-
-    package = os.path.dirname(keras_ecoc.__file__)
-    reads = []
-    for name in ("item", "cpu", "numpy", "tolist", "__bool__", "__int__",
-                 "__float__", "__index__"):
-        original = getattr(torch.Tensor, name)
-
-        def counting(self, *args, _name=name, _original=original, **kwargs):
-            # Reads made by keras_ecoc's own code. (The CPU-only compiled scan
-            # loop that inductor generates reads its CPU loop counter; it
-            # never runs on a GPU, where the loops are uncompiled.)
-            caller = sys._getframe(1).f_code.co_filename
-            if caller.startswith(package):
-                reads.append((_name, caller, sys._getframe(1).f_lineno))
-            return _original(self, *args, **kwargs)
-
-        monkeypatch.setattr(torch.Tensor, name, counting)
+    # Only reads made by keras_ecoc's own code count. (The CPU-only compiled
+    # scan loop that inductor generates reads its CPU loop counter; it never
+    # runs on a GPU, where the loops are uncompiled.)
+    reads = _count_host_reads(monkeypatch, torch)
     value = loss(labels, z) + standalone(labels[:, None], z)
     metric.update_state(labels, z)
     value.backward()
