@@ -453,6 +453,22 @@ def _stamp_path(out: str, build_dir: str) -> str:
     return os.path.join(build_dir, "stamps", hashlib.sha256(out.encode()).hexdigest()[:16] + ".json")
 
 
+def _up_to_date(out: str, build_dir: str, stamp: dict) -> "BuildResult | None":
+    """The earlier build's result when `out` exists and was built from `stamp`."""
+    path = _stamp_path(out, build_dir)
+    if not (os.path.exists(out) and os.path.exists(path)):
+        return None
+    try:
+        with open(path) as f:
+            old = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if old.get("stamp") != stamp:
+        return None
+    return BuildResult(out, old.get("parts", []), old.get("skipped_reasons", {}), True,
+                       old.get("cuda_archs"))
+
+
 def build_library(out_dir: str | None = None, *, cuda: bool | None = None, xla: bool = True,
                   force: bool = False, verbose: bool = True, jobs: int | None = None,
                   build_dir: str | None = None) -> BuildResult:
@@ -495,16 +511,10 @@ def build_library(out_dir: str | None = None, *, cuda: bool | None = None, xla: 
                  "python": sys.version.split()[0], "build.py": _sha(_read(__file__))[:16]}
     stamp = {"units": {u.name: u.key() for u in units}, "toolchain": toolchain,
              "skipped": sorted(skipped)}
-    if not force and os.path.exists(out) and os.path.exists(_stamp_path(out, build_dir)):
-        try:
-            with open(_stamp_path(out, build_dir)) as f:
-                old = json.load(f)
-            if old.get("stamp") == stamp:
-                _log(f"{out} is up to date (TensorFlow {tf['version']})", verbose)
-                return BuildResult(out, old.get("parts", []), old.get("skipped_reasons", {}), True,
-                                   old.get("cuda_archs"))
-        except (OSError, ValueError):
-            pass
+    cached = None if force else _up_to_date(out, build_dir, stamp)
+    if cached is not None:
+        _log(f"{out} is up to date (TensorFlow {tf['version']})", verbose)
+        return cached
 
     obj_dir = os.path.join(build_dir, "obj")
     os.makedirs(obj_dir, exist_ok=True)
@@ -602,12 +612,17 @@ def _kernel_units(cxx: str, nvcc: str | None, cuda_home: str | None, with_cuda: 
                                    '-DECOC_CPU_ISA_NAME="avx2"'], "cpu", deps=CPU_HEADERS, toolchain=host_tc))
     if with_cuda:
         cuda_tc = f"{host_tc} nvcc={toolchain.get('nvcc')}"
-        cuda_headers = tuple(os.path.join(CUDA_HEADER_DIR, f)
-                             for f in sorted(os.listdir(src(CUDA_HEADER_DIR))) if f.endswith((".h", ".cuh")))
         units.append(_Unit("ffi_cuda", src(FFI_CUDA_SRC), base + [f"-I{os.path.join(cuda_home, 'include')}"],
-                           "cuda", deps=cuda_headers + FFI_HEADERS, toolchain=cuda_tc))
+                           "cuda", deps=_cuda_headers() + FFI_HEADERS, toolchain=cuda_tc))
         units.append(_cuda_kernels_unit(nvcc, archs, toolchain))
     return units
+
+
+def _cuda_headers() -> tuple:
+    """The CUDA headers (relative to kernels/) whose contents key the CUDA objects."""
+    return tuple(os.path.join(CUDA_HEADER_DIR, f)
+                 for f in sorted(os.listdir(os.path.join(KERNELS_DIR, CUDA_HEADER_DIR)))
+                 if f.endswith((".h", ".cuh")))
 
 
 def _cuda_kernels_unit(nvcc: str, archs: list, toolchain: dict) -> _Unit:
@@ -618,13 +633,10 @@ def _cuda_kernels_unit(nvcc: str, archs: list, toolchain: dict) -> _Unit:
     one's object in build/obj: nvcc over every architecture is the slowest
     step of an install (it ran twice before).
     """
-    cuda_headers = tuple(os.path.join(CUDA_HEADER_DIR, f)
-                         for f in sorted(os.listdir(os.path.join(KERNELS_DIR, CUDA_HEADER_DIR)))
-                         if f.endswith((".h", ".cuh")))
     return _Unit("kcuda", os.path.join(KERNELS_DIR, CUDA_SRC), [
         nvcc, "-std=c++17", "-x", "cu", "-O3", "-DNDEBUG", "--expt-relaxed-constexpr",
         "-Xcompiler", "-fPIC", *nvcc_thread_flags(len(archs)), *cuda_gencode_flags(archs),
-        f"-I{KERNELS_DIR}"], "cuda", compiler="nvcc", deps=cuda_headers,
+        f"-I{KERNELS_DIR}"], "cuda", compiler="nvcc", deps=_cuda_headers(),
         toolchain=f"cxx={toolchain.get('cxx')} nvcc={toolchain.get('nvcc')}")
 
 
@@ -673,16 +685,10 @@ def build_kernels(out_dir: str | None = None, *, cuda: bool | None = None, force
     stamp = {"units": {u.name: u.key() for u in units}, "toolchain": {**versions, "archs": archs},
              "skipped": sorted(skipped), "build.py": _sha(_read(__file__))[:16]}
     stamp_path = _stamp_path(out, build_dir)
-    if not force and os.path.exists(out) and os.path.exists(stamp_path):
-        try:
-            with open(stamp_path) as f:
-                old = json.load(f)
-            if old.get("stamp") == stamp:
-                _log(f"{out} is up to date", verbose)
-                return BuildResult(out, old.get("parts", []), old.get("skipped_reasons", {}), True,
-                                   old.get("cuda_archs"))
-        except (OSError, ValueError):
-            pass
+    cached = None if force else _up_to_date(out, build_dir, stamp)
+    if cached is not None:
+        _log(f"{out} is up to date", verbose)
+        return cached
     obj_dir = os.path.join(build_dir, "obj")
     os.makedirs(obj_dir, exist_ok=True)
     jobs = jobs or int(os.environ.get("KERAS_ECOC_BUILD_JOBS", "0")) or min(4, os.cpu_count() or 1)
