@@ -79,6 +79,36 @@ def test_audit_pairs_by_seed_adjusts_by_holm_and_borrows_imprinted_runs(tmp_path
     assert row["tost"]["p_tost"] == pytest.approx(tost["p_tost"], rel=1e-9)
 
 
+def test_audit_compares_spectral_with_both_imprinted_controls_run_in_the_same_grid(tmp_path):
+    rng = np.random.default_rng(1)
+    seeds = range(5)
+    one_hot_test = rng.uniform(0.6, 0.7, 5)
+    tests = {"one_hot": one_hot_test,
+             "spectral": one_hot_test + rng.normal(0.0, 0.01, 5),
+             "one_hot_imprinted": one_hot_test + rng.normal(0.01, 0.01, 5),
+             "one_hot_imprinted_pretrained": one_hot_test + rng.normal(0.02, 0.01, 5)}
+    labels = {"spectral": "spectral_norm"}
+    records, keys = [], []
+    for s in seeds:
+        for enc, test in tests.items():
+            curve = np.clip(np.linspace(0.1, test[s], 5) + rng.normal(0, 0.01, 5), 0, 1)
+            key = f"{enc}-{s}"
+            records.append(_record(key, enc, labels.get(enc, enc), s, curve.tolist(),
+                                   float(test[s])))
+            keys.append(key)
+    _write(tmp_path, records, {"e5_controls": keys})
+    result = audit.audit(str(tmp_path))
+    rows = {(r["label"], r["reference"], r["metric"]): r for r in result["rows"]}
+    for control in ("one_hot_imprinted", "one_hot_imprinted_pretrained"):
+        row = rows[("spectral_norm", control, "test_accuracy")]
+        assert row["imprinted_from"] == "e5_controls"
+        assert row["mean"] == pytest.approx(float(np.mean(tests["spectral"] - tests[control])))
+        assert row["p"] == pytest.approx(
+            sps.ttest_rel(tests["spectral"], tests[control]).pvalue, rel=1e-9)
+    # 3 heads against one-hot and spectral against 2 controls, 3 metrics each.
+    assert result["family_size"] == (3 + 2) * 3
+
+
 def test_audit_cli_refuses_a_folder_without_runs(tmp_path, capsys):
     with pytest.raises(SystemExit) as error:
         audit.main([str(tmp_path)])

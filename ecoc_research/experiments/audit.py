@@ -46,6 +46,7 @@ SPECTRAL = "spectral_norm"
 # hundredth of a point); steps to target exactly up to it.
 ROUNDING_TOLERANCE = 1e-4
 IMPRINTED = "one_hot_imprinted"
+IMPRINTED_PRETRAINED = "one_hot_imprinted_pretrained"
 
 
 def load_runs(folder):
@@ -119,20 +120,33 @@ def _rows_of_group(name, runs_of_group, all_runs, several):
                              metric=metric, **_diff_fields(diff)))
     if SPECTRAL in by_label:
         spectral = {r["spec"]["seed"]: r for r in by_label[SPECTRAL]}
-        source = name
+        controls = []
         if IMPRINTED in by_label:
-            imprinted = {r["spec"]["seed"]: r for r in by_label[IMPRINTED]}
+            controls.append((IMPRINTED, name, by_label[IMPRINTED]))
         else:
-            _, imprinted = _imprinted_runs(all_runs, spec, set(spectral))
-            source = "other experiment (same pairing settings)"
-        if len(set(spectral) & set(imprinted)) >= 2:
+            # Older experiments ran the imprinted head once (E1) and reused
+            # it: borrow the runs with the same pairing settings.
+            _, borrowed = _imprinted_runs(all_runs, spec, set(spectral))
+            controls.append((IMPRINTED,
+                             "other experiment (same pairing settings)",
+                             list(borrowed.values())))
+        if IMPRINTED_PRETRAINED in by_label:
+            # The second control: fc8 imprinted from the pretrained fc7,
+            # the features the spectral code itself comes from. Never
+            # borrowed: it exists only where a grid ran it.
+            controls.append((IMPRINTED_PRETRAINED, name,
+                             by_label[IMPRINTED_PRETRAINED]))
+        for control, source, control_runs in controls:
+            reference = {r["spec"]["seed"]: r for r in control_runs}
+            if len(set(spectral) & set(reference)) < 2:
+                continue
             for metric in METRICS:
                 a = {s: stats.run_metrics(r, target)[metric]
                      for s, r in spectral.items()}
                 b = {s: stats.run_metrics(r, target)[metric]
-                     for s, r in imprinted.items()}
+                     for s, r in reference.items()}
                 diff = stats.paired_difference(a, b)
-                rows.append(dict(where, label=SPECTRAL, reference=IMPRINTED,
+                rows.append(dict(where, label=SPECTRAL, reference=control,
                                  metric=metric, imprinted_from=source,
                                  **_diff_fields(diff)))
     return rows, comparison
