@@ -402,9 +402,10 @@ def test_torch_cpu_kernels_run_on_pytorchs_openmp_team_with_the_same_bits():
     np.testing.assert_array_equal(team[6], logits.argmax(-1))
 
 
-def test_torch_cpu_kernels_inside_an_openmp_region_still_cover_every_row():
-    """Called from a thread that PyTorch's intra-op pool already runs (a
-    nested region gets a team of one), the kernels still compute every row."""
+def test_torch_cpu_kernels_from_a_second_thread_give_the_main_threads_bits():
+    """Called from one of PyTorch's inter-op threads, whose OpenMP regions get
+    a team of their own next to the main thread's, the kernels compute every
+    row and give the main thread's bits."""
     if BACKEND != "torch":
         pytest.skip("PyTorch C entry points")
     import torch
