@@ -155,6 +155,12 @@ def worker(args):
             row["cpu_ms"] = 1e3 * cpu[len(cpu) // 2]
             row["reps"] = len(times)
             row["load1"] = os.getloadavg()[0]
+            if backend == "torch" and path == "fused":
+                from keras_ecoc.ops import _fused_torch
+
+                # Where the CPU kernels' loops ran: PyTorch's OpenMP team or
+                # per-call std::threads (KERAS_ECOC_TORCH_CPU_POOL=threads).
+                row["cpu_pool"] = _fused_torch.cpu_pool()
             row["peak_mb"] = (_rss_mb("VmHWM") - base) if hwm_ok else None
         except Exception as e:  # noqa: BLE001 - report the cell, go on
             row["error"] = f"{type(e).__name__}: {str(e)[:200]}"

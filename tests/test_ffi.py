@@ -353,3 +353,185 @@ print("STATUS", ops.fused_status())
                           env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "the HLO lowering (no custom call: custom calls turned off" in proc.stdout, proc.stdout
+
+
+# ---------------------------------------------------------------------------
+# PyTorch: the C entry points run on PyTorch's own OpenMP team.
+
+def test_torch_cpu_kernels_run_on_pytorchs_openmp_team_with_the_same_bits():
+    """With PyTorch's OpenMP runtime registered (the default) the CPU kernels'
+    loops run as regions of PyTorch's intra-op team; every output has the bits
+    of the per-call std::thread pool and matches float64."""
+    if BACKEND != "torch":
+        pytest.skip("PyTorch C entry points")
+    import torch
+
+    from keras_ecoc.ops import _fused_torch
+
+    if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        pytest.skip("this PyTorch build does not use OpenMP")
+    assert _fused_torch.cpu_pool().startswith("OpenMP (libgomp")
+    lib = _loader.load_kernels()
+    rng = np.random.default_rng(21)
+    # 300 rows and 5000 classes: several work items per thread in every pass.
+    z, codes, labels, scale = random_problem(rng, 300, 5000, 33)
+    tz, tc, ty = torch.tensor(z), torch.tensor(codes), torch.tensor(labels).long()
+    ts, g = torch.tensor(scale, dtype=torch.float32), torch.tensor(_weights(300))
+
+    def run():
+        loss, lse, e, q = _fused_torch._forward(tz, tc, ty, ts)
+        dcodes = _fused_torch._codes_grad(tz, tc, ty, ts, lse, g)
+        rank = _fused_torch._label_rank(tz, tc, ty)
+        nearest = _fused_torch._nearest(tz, tc)
+        return [t.numpy().copy() for t in (loss, lse, e, q, dcodes, rank, nearest)]
+
+    team = run()
+    try:
+        lib.KerasEcocCpuSetOpenMP(None)
+        threads = run()
+    finally:
+        _fused_torch._openmp["done"] = False
+        _fused_torch._lib()  # registers PyTorch's GOMP_parallel again
+    assert _fused_torch.cpu_pool().startswith("OpenMP")
+    for a, b, name in zip(team, threads, ("loss", "lse", "E", "Q", "dcodes", "rank", "nearest")):
+        assert a.tobytes() == b.tobytes(), name
+    want = ref_loss_and_grads(z, codes, labels, scale, _weights(300))
+    np.testing.assert_allclose(team[0], want[0], rtol=1e-5, atol=1e-5)
+    assert_close_grad(team[4], want[2], "dcodes")
+    logits, _ = ref_logits(z, codes)
+    np.testing.assert_array_equal(team[6], logits.argmax(-1))
+
+
+def test_torch_cpu_kernels_from_a_second_thread_give_the_main_threads_bits():
+    """Called from one of PyTorch's inter-op threads, whose OpenMP regions get
+    a team of their own next to the main thread's, the kernels compute every
+    row and give the main thread's bits."""
+    if BACKEND != "torch":
+        pytest.skip("PyTorch C entry points")
+    import torch
+
+    from keras_ecoc.ops import _fused_torch
+
+    rng = np.random.default_rng(22)
+    z, codes, labels, scale = random_problem(rng, 64, 3000, 16)
+    want = ref_loss_and_grads(z, codes, labels, scale, np.ones(64, np.float32))[0]
+    tz, tc, ty = torch.tensor(z), torch.tensor(codes), torch.tensor(labels).long()
+    ts = torch.tensor(scale, dtype=torch.float32)
+    # torch.jit.fork runs on the inter-op pool, whose threads start their own
+    # OpenMP teams: a second team next to the main thread's.
+    fut = torch.jit._fork(lambda: _fused_torch._forward(tz, tc, ty, ts)[0])
+    main = _fused_torch._forward(tz, tc, ty, ts)[0]
+    other = torch.jit._wait(fut)
+    np.testing.assert_allclose(main.numpy(), want, rtol=1e-5, atol=1e-5)
+    assert main.numpy().tobytes() == other.numpy().tobytes()
+
+
+# ---------------------------------------------------------------------------
+# JAX: vmap of the fused loss and decoding ops.
+
+def _jax_or_skip():
+    if BACKEND != "jax":
+        pytest.skip("jax.vmap")
+    import jax
+    import jax.numpy as jnp
+
+    return jax, jnp
+
+
+def test_jax_vmap_of_the_fused_loss_equals_each_slice_and_folds_into_one_call():
+    jax, jnp = _jax_or_skip()
+    rng = np.random.default_rng(31)
+    v, b, n, k = 3, 5, 301, 9
+    z = rng.normal(size=(v, b, k)).astype(np.float32)
+    codes = rng.normal(size=(n, k)).astype(np.float32)
+    labels = rng.integers(0, n, size=(v, b)).astype(np.int32)
+
+    def loss(z, y):
+        return eops.ecoc_cross_entropy(y, z, codes, 3.0, fused=True)
+
+    got = np.asarray(jax.vmap(loss)(z, labels))
+    for i in range(v):
+        assert got[i].tobytes() == np.asarray(loss(z[i], labels[i])).tobytes()
+        want = ref_loss_and_grads(z[i], codes, labels[i], 3.0, np.ones(b, np.float32))[0]
+        np.testing.assert_allclose(got[i], want, rtol=1e-5, atol=1e-5)
+    # The mapped axis is folded into the rows: one forward call on (v * b) rows.
+    hlo = jax.jit(jax.vmap(loss)).lower(z, labels).as_text()
+    assert hlo.count("keras_ecoc_forward") == 1
+    assert f"tensor<{v * b}x{k}xf32>" in hlo
+    # Nested vmap folds both axes; labels mapped over z not: z broadcast.
+    zz = np.stack([z, 2 * z])
+    got2 = np.asarray(jax.vmap(jax.vmap(loss))(zz, np.stack([labels, labels])))
+    np.testing.assert_array_equal(got2[0], got)
+    got3 = np.asarray(jax.vmap(loss, in_axes=(None, 0))(z[0], labels))
+    for i in range(v):
+        assert got3[i].tobytes() == np.asarray(loss(z[0], labels[i])).tobytes()
+
+
+def test_jax_grad_under_vmap_matches_float64_per_slice():
+    jax, jnp = _jax_or_skip()
+    rng = np.random.default_rng(32)
+    v, b, n, k = 2, 6, 257, 11
+    z = rng.normal(size=(v, b, k)).astype(np.float32)
+    codes = rng.normal(size=(n, k)).astype(np.float32)
+    labels = rng.integers(0, n, size=(v, b)).astype(np.int32)
+    w = _weights(b)
+
+    def total(z, c, s, y):
+        return jnp.sum(eops.ecoc_cross_entropy(y, z, c, s, fused=True) * w)
+
+    grads = jax.jit(jax.vmap(jax.grad(total, argnums=(0, 1, 2)), in_axes=(0, None, None, 0)))(
+        z, codes, jnp.float32(3.0), labels)
+    for i in range(v):
+        want = ref_loss_and_grads(z[i], codes, labels[i], 3.0, w)
+        for got, ref, name in zip(grads, want[1:], ("dz", "dcodes", "dscale")):
+            assert_close_grad(np.asarray(got)[i], ref, name)
+    # vmap of the loss under grad: the codes gradient sums over the slices.
+    dcodes = jax.grad(lambda c: jnp.sum(jax.vmap(total, in_axes=(0, None, None, 0))(
+        z, c, jnp.float32(3.0), labels)))(codes)
+    want = sum(ref_loss_and_grads(z[i], codes, labels[i], 3.0, w)[2] for i in range(v))
+    assert_close_grad(dcodes, want, "dcodes summed over slices")
+
+
+def test_jax_vmap_over_codes_and_scale_runs_one_call_per_slice():
+    jax, jnp = _jax_or_skip()
+    rng = np.random.default_rng(33)
+    v, b, n, k = 3, 4, 50, 6
+    z = rng.normal(size=(b, k)).astype(np.float32)
+    codes = rng.normal(size=(v, n, k)).astype(np.float32)
+    labels = rng.integers(0, n, size=b).astype(np.int32)
+    scales = np.array([1.0, 3.0, 8.0], np.float32)
+    w = np.ones(b, np.float32)
+
+    def loss(c, s):
+        return eops.ecoc_cross_entropy(labels, z, c, s, fused=True)
+
+    got = np.asarray(jax.jit(jax.vmap(loss))(codes, scales))
+    for i in range(v):
+        want = ref_loss_and_grads(z, codes[i], labels, float(scales[i]), w)[0]
+        np.testing.assert_allclose(got[i], want, rtol=1e-5, atol=1e-5)
+    dz = jax.vmap(jax.grad(lambda z, c, s: jnp.sum(eops.ecoc_cross_entropy(
+        labels, z, c, s, fused=True))), in_axes=(None, 0, 0))(z, codes, scales)
+    for i in range(v):
+        assert_close_grad(np.asarray(dz)[i],
+                          ref_loss_and_grads(z, codes[i], labels, float(scales[i]), w)[1], "dz")
+
+
+def test_jax_vmap_of_label_rank_and_nearest_matches_numpy():
+    jax, jnp = _jax_or_skip()
+    rng = np.random.default_rng(34)
+    v, b, n, k = 3, 7, 300, 9
+    z = rng.normal(size=(v, b, k)).astype(np.float32)
+    codes = rng.normal(size=(n, k)).astype(np.float32)
+    labels = rng.integers(0, n, size=(v, b)).astype(np.int32)
+    rank = np.asarray(jax.vmap(lambda z, y: eops.label_rank(y, z, codes, fused=True))(z, labels))
+    near = np.asarray(jax.vmap(lambda z: eops.nearest_codeword(z, codes, fused=True))(z))
+    for i in range(v):
+        logits, _ = ref_logits(z[i], codes)
+        want_rank = (logits > logits[np.arange(b), labels[i]][:, None]).sum(-1)
+        np.testing.assert_array_equal(rank[i], want_rank)
+        np.testing.assert_array_equal(near[i], logits.argmax(-1))
+    # A batched code matrix: one call per slice, each against its own codes.
+    codes_v = rng.normal(size=(v, n, k)).astype(np.float32)
+    near_c = np.asarray(jax.vmap(lambda c: eops.nearest_codeword(z[0], c, fused=True))(codes_v))
+    for i in range(v):
+        np.testing.assert_array_equal(near_c[i], ref_logits(z[0], codes_v[i])[0].argmax(-1))

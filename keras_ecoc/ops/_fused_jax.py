@@ -19,6 +19,14 @@ Invalid labels: the handlers take labels already made safe (invalid ones
 replaced by 0); the loss of such rows is NaN and their gradient zero, the
 rank n, as on every path.
 
+`jax.vmap`: each custom call has a batching rule (`_rowwise`). When only
+per-row operands are batched (z, labels, lse, the cotangent), the mapped axis
+is folded into the batch B and the kernel runs once on (V * B) rows: the
+kernels treat rows independently, so each slice gets the bits of its own
+un-vmapped call. A batched code matrix or scale cannot be folded, and neither
+can the codes gradient (a sum over the rows of each slice): those run one
+call per slice (`vmap_method="sequential"`).
+
 Shapes: z (B, k) any float dtype (cast to float32), codes (n, k), labels (B,)
 int32 (safe), valid (B,) bool, scale () float32.
 """
@@ -81,18 +89,79 @@ def _eps():
     return np.float32(EPSILON)
 
 
-def _forward_call(z, codes, labels, scale):
+def _rowwise(call, row_args, rows_out=True):
+    """`call` with a `jax.vmap` rule that folds the mapped axis into the rows.
+
+    call: a function of arrays whose positions `row_args` have the batch B as
+    their leading axis (z, labels, ...) and whose other arguments (codes,
+    scale) are shared by all rows. rows_out: whether every output has B as
+    its leading axis and depends on its own row only. Under `jax.vmap`, when
+    no shared argument is batched and rows_out holds, the per-row arguments
+    (V, B, ...) become (V * B, ...) (an unbatched one is broadcast first), the
+    kernel runs once, and the outputs are split back into (V, B, ...).
+    Otherwise the call runs once per slice (`call` must then take a
+    ``vmap_method`` keyword for its `ffi_call`).
+    """
+    # Positional arguments only: custom_vmap would pass `call`'s defaulted
+    # vmap_method keyword to the rule as one more argument.
+    folded = jax.custom_batching.custom_vmap(lambda *args: call(*args))
+
+    @folded.def_vmap
+    def _rule(axis_size, in_batched, *args):
+        shared_batched = any(b for i, b in enumerate(in_batched) if i not in row_args)
+        if shared_batched or not rows_out:
+            axes = [0 if b else None for b in in_batched]
+            out = jax.vmap(functools.partial(call, vmap_method="sequential"), in_axes=axes)(*args)
+            return out, jax.tree_util.tree_map(lambda _: True, out)
+        flat = []
+        for i, (a, b) in enumerate(zip(args, in_batched)):
+            if i in row_args:
+                a = a if b else jnp.broadcast_to(a, (axis_size, *a.shape))
+                a = a.reshape((-1, *a.shape[2:]))
+            flat.append(a)
+        # Through `folded` again, so that a nested vmap folds its axis too.
+        out = folded(*flat)
+        out = jax.tree_util.tree_map(lambda o: o.reshape((axis_size, -1, *o.shape[1:])), out)
+        return out, jax.tree_util.tree_map(lambda _: True, out)
+
+    return folded
+
+
+def _forward_raw(z, codes, labels, scale, vmap_method=None):
     b, k = z.shape
     f32 = jnp.float32
     out = (jax.ShapeDtypeStruct((b,), f32), jax.ShapeDtypeStruct((b,), f32),
            jax.ShapeDtypeStruct((b, k), f32), jax.ShapeDtypeStruct((b,), f32))
-    return jax.ffi.ffi_call("keras_ecoc_forward", out)(z, codes, labels, scale, epsilon=_eps())
+    return tuple(jax.ffi.ffi_call("keras_ecoc_forward", out, vmap_method=vmap_method)(
+        z, codes, labels, scale, epsilon=_eps()))
 
 
-def _codes_grad_call(z, codes, labels, scale, lse, g):
+def _codes_grad_raw(z, codes, labels, scale, lse, g, vmap_method=None):
     out = jax.ShapeDtypeStruct(codes.shape, jnp.float32)
-    return jax.ffi.ffi_call("keras_ecoc_codes_grad", out)(z, codes, labels, scale, lse, g,
-                                                         epsilon=_eps())
+    return jax.ffi.ffi_call("keras_ecoc_codes_grad", out, vmap_method=vmap_method)(
+        z, codes, labels, scale, lse, g, epsilon=_eps())
+
+
+def _label_rank_raw(z, codes, labels, vmap_method=None):
+    out = jax.ShapeDtypeStruct((z.shape[0],), jnp.int32)
+    return jax.ffi.ffi_call("keras_ecoc_label_rank", out, vmap_method=vmap_method)(
+        z, codes, labels, epsilon=_eps())
+
+
+def _nearest_raw(z, codes, vmap_method=None):
+    # int64 indices as (low, high) int32 words (the kernels write int64; JAX
+    # runs without 64-bit types by default): the low word is the index.
+    out = jax.ShapeDtypeStruct((z.shape[0], 2), jnp.int32)
+    return jax.ffi.ffi_call("keras_ecoc_nearest", out, vmap_method=vmap_method)(
+        z, codes, epsilon=_eps())
+
+
+# Row arguments: z (0), labels (2), and for the codes gradient lse (4), g (5).
+_forward_call = _rowwise(_forward_raw, row_args=(0, 2))
+# The codes gradient sums over the rows of each slice: never folded.
+_codes_grad_call = _rowwise(_codes_grad_raw, row_args=(0, 2, 4, 5), rows_out=False)
+_label_rank_call = _rowwise(_label_rank_raw, row_args=(0, 2))
+_nearest_call = _rowwise(_nearest_raw, row_args=(0,))
 
 
 @jax.custom_vjp
@@ -156,8 +225,7 @@ def cross_entropy(z, codes, labels, valid, scale):
 @functools.partial(jax.jit, inline=True)
 def _label_rank(z, codes, labels, valid):
     n = codes.shape[0]
-    out = jax.ShapeDtypeStruct((z.shape[0],), jnp.int32)
-    rank = jax.ffi.ffi_call("keras_ecoc_label_rank", out)(z, codes, labels, epsilon=_eps())
+    rank = _label_rank_call(z, codes, labels)
     return jnp.where(valid, rank, n).astype(jnp.int32)
 
 
@@ -172,7 +240,4 @@ def nearest_codeword(z, codes):
     """(B,) int32; -1 for rows with a non-finite logit (non-finite z or codeword)."""
     z = jax.lax.stop_gradient(jnp.asarray(z).astype(jnp.float32))
     codes = jax.lax.stop_gradient(jnp.asarray(codes).astype(jnp.float32))
-    # int64 indices as (low, high) int32 words (the kernels write int64; JAX
-    # runs without 64-bit types by default): the low word is the index.
-    out = jax.ShapeDtypeStruct((z.shape[0], 2), jnp.int32)
-    return jax.ffi.ffi_call("keras_ecoc_nearest", out)(z, codes, epsilon=_eps())[:, 0]
+    return _nearest_call(z, codes)[:, 0]

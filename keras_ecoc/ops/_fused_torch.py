@@ -4,7 +4,8 @@ Each op (`keras_ecoc::fused_forward`, `keras_ecoc::fused_codes_grad`,
 `keras_ecoc::fused_label_rank`, `keras_ecoc::fused_nearest`) calls the C entry
 points of the kernel library (``keras_ecoc/_lib/_ecoc_kernels.so``, kernels/ffi/)
 through ctypes on the tensors' data pointers: the CPU kernels for CPU tensors
-(on `torch.get_num_threads()` threads), the CUDA kernels for CUDA tensors, on
+(on `torch.get_num_threads()` threads of PyTorch's own OpenMP team, see
+`_join_openmp`), the CUDA kernels for CUDA tensors, on
 the current CUDA stream with a workspace allocated by PyTorch's caching
 allocator. Fake (meta) kernels give the output shapes, so the ops stay single
 graph nodes under `torch.compile(fullgraph=True)`; the loss's gradient is
@@ -23,6 +24,8 @@ scale () float32.
 from __future__ import annotations
 
 import ctypes
+import os
+import threading
 
 import torch
 
@@ -48,7 +51,76 @@ def _lib():
     lib = _loader.load_kernels()
     if lib is None:
         raise RuntimeError(f"keras_ecoc: {_loader.kernels_status()}")
+    if not _openmp["done"]:
+        _join_openmp(lib)
     return lib
+
+
+_openmp = {"done": False, "pool": "std::thread"}
+_openmp_lock = threading.Lock()
+
+
+def _torch_libgomp():
+    """Path of the libgomp that PyTorch's intra-op pool runs on, or None.
+
+    PyTorch's wheel ships its own copy (torch/lib/libgomp*.so*); the one
+    mapped from there is PyTorch's. Else a single libgomp mapped into the
+    process is the one PyTorch linked. None when the parallel backend is not
+    OpenMP or when the choice is ambiguous.
+    """
+    if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        return None
+    try:
+        with open("/proc/self/maps") as f:
+            mapped = {line.split(None, 5)[5].strip() for line in f if len(line.split(None, 5)) == 6}
+    except OSError:
+        return None
+    gomp = sorted(p for p in mapped if os.path.basename(p).startswith("libgomp"))
+    torch_lib = os.path.join(os.path.dirname(os.path.realpath(torch.__file__)), "lib")
+    own = [p for p in gomp if os.path.dirname(os.path.realpath(p)) == torch_lib]
+    if own:
+        return own[0]
+    return gomp[0] if len(gomp) == 1 else None
+
+
+def _join_openmp(lib):
+    """Points the C entry points' parallel loops at PyTorch's OpenMP team.
+
+    PyTorch's intra-op workers are libgomp threads that spin for a while after
+    each parallel region. Helper threads of the kernel's own (std::thread)
+    competed with them for the cores: at B = 256, k = 128, n = 10^4 on 2
+    cores the fused step took 31.6 ms against 23.1 for the streaming loss
+    (docs/benchmarks.md). Running the kernel's loop as a region of the same
+    libgomp team hands its chunks to those very workers. The work split still
+    follows `torch.get_num_threads()`, so the results are the same bits.
+    ``KERAS_ECOC_TORCH_CPU_POOL=threads`` keeps the per-call std::threads.
+    """
+    with _openmp_lock:
+        if _openmp["done"]:
+            return
+        _openmp["done"] = True
+        if os.environ.get("KERAS_ECOC_TORCH_CPU_POOL", "openmp") == "threads":
+            return
+        setter = getattr(lib, "KerasEcocCpuSetOpenMP", None)
+        path = _torch_libgomp() if setter is not None else None
+        if path is None:
+            return
+        try:
+            # RTLD_NOLOAD: the copy already in the process, never a second one.
+            gomp = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LOCAL)
+            address = ctypes.cast(gomp.GOMP_parallel, _ptr).value
+        except (OSError, AttributeError):
+            return
+        setter.argtypes = [_ptr]
+        setter.restype = None
+        setter(_ptr(address))
+        _openmp["pool"] = f"OpenMP ({os.path.basename(path)})"
+
+
+def cpu_pool() -> str:
+    """Where the CPU kernels' parallel loops run: "OpenMP (libgomp...)" or "std::thread"."""
+    _lib()
+    return _openmp["pool"]
 
 
 def _p(t):

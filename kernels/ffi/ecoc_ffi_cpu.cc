@@ -28,8 +28,12 @@
 // the math core allocates its own per-thread scratch anyway.
 //
 // Threads: the handlers run the math core's parallel_for on XLA's intra-op
-// thread pool (ffi::ThreadPool); the C entry points on a per-call set of
-// std::threads (num_threads argument, <= 1: the calling thread only).
+// thread pool (ffi::ThreadPool). The C entry points run it on the caller's
+// OpenMP team when the caller registered its runtime's GOMP_parallel with
+// KerasEcocCpuSetOpenMP (PyTorch does: its intra-op pool is that team, so the
+// kernel's work goes to the workers that would otherwise spin against it);
+// else on a per-call set of std::threads. Either way num_threads (<= 1: the
+// calling thread only) sets the work split, so the results are the same bits.
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -157,9 +161,44 @@ void ThreadParallelFor(void* p, int64_t num_items, int64_t cost_per_item,
   for (std::thread& t : helpers) t.join();
 }
 
+// --- the caller's OpenMP team, for the C entry points ----------------------
+// libgomp's GOMP_parallel(fn, data, num_threads, flags): runs fn(data) on a
+// team of num_threads threads (the calling thread among them, a nested call
+// gets a team of one) and returns after all of them. Taken as a pointer from
+// the caller rather than linked: the team must be the one of the OpenMP
+// runtime the framework already loaded (PyTorch's wheel ships its own
+// libgomp), and a second copy of libgomp would bring a second pool of
+// spinning workers, the very contention this avoids.
+typedef void (*GompParallelFn)(void (*fn)(void*), void* data,
+                               unsigned num_threads, unsigned flags);
+std::atomic<GompParallelFn> g_gomp_parallel{nullptr};
+
+void DrainChunks(void* chunks) { static_cast<Chunks*>(chunks)->Drain(); }
+
+void OpenMPParallelFor(void* p, int64_t num_items, int64_t cost_per_item,
+                       cpu::WorkFn work, void* arg) {
+  if (num_items <= 0) return;
+  const int threads = *static_cast<int*>(p);
+  const int64_t chunk = ChunkSize(num_items, cost_per_item, threads);
+  const int64_t nchunks = (num_items + chunk - 1) / chunk;
+  const GompParallelFn parallel = g_gomp_parallel.load(std::memory_order_acquire);
+  if (threads <= 1 || nchunks <= 1 || parallel == nullptr) {
+    work(arg, 0, num_items);
+    return;
+  }
+  // Every team member drains the same chunk counter, so a team smaller than
+  // asked for (nested region, OMP_THREAD_LIMIT) still covers every item.
+  Chunks chunks(num_items, chunk, work, arg);
+  parallel(DrainChunks, &chunks,
+           static_cast<unsigned>(std::min<int64_t>(threads, nchunks)), 0);
+}
+
 cpu::Runtime ThreadRuntime(int* threads) {
   if (*threads <= 0) {
     *threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  }
+  if (g_gomp_parallel.load(std::memory_order_acquire) != nullptr) {
+    return cpu::Runtime{OpenMPParallelFor, threads, *threads};
   }
   return cpu::Runtime{ThreadParallelFor, threads, *threads};
 }
@@ -403,6 +442,16 @@ KERAS_ECOC_EXPORT int KerasEcocCpuNearest(
   const keras_ecoc::cpu::Runtime rt = keras_ecoc::ThreadRuntime(&num_threads);
   return keras_ecoc::SelectKernels()->nearest(
       &rt, z, codes, epsilon, batch, num_classes, code_length, index);
+}
+
+// Runs the C entry points' parallel loops on the caller's OpenMP team:
+// gomp_parallel is the address of GOMP_parallel in the libgomp the caller's
+// framework loaded; NULL goes back to per-call std::threads. Process-wide;
+// takes effect from the next call.
+KERAS_ECOC_EXPORT void KerasEcocCpuSetOpenMP(void* gomp_parallel) {
+  keras_ecoc::g_gomp_parallel.store(
+      reinterpret_cast<keras_ecoc::GompParallelFn>(gomp_parallel),
+      std::memory_order_release);
 }
 
 // Which ISA copy of the math core runs ("avx2" or "base").
