@@ -7,7 +7,8 @@
 //       -o build/ecoc_harness
 //   build/ecoc_harness [--check-only | --bench-only | --grid | --small |
 //                       --smem-limit | --profile] [--quick] [--math fp32|3xtf32|tf32]
-//                      [--variant v2|rows64|foldnorms|rows64+foldnorms|all]
+//                      [--variant v2|rows64|foldnorms|rows64+foldnorms|regsoftmax|
+//                                 rows64+regsoftmax|all]
 // (add -Xcompiler -fopenmp to spread the host reference of --grid over cores)
 // (one command; "-x cu" is needed because nvcc would hand a .cc file to the
 // host compiler.)
@@ -134,6 +135,8 @@ constexpr VariantName kVariants[] = {
     {KernelVariant::kRows64, "rows64"},
     {KernelVariant::kFoldNorms, "foldnorms"},
     {KernelVariant::kRows64FoldNorms, "rows64+foldnorms"},
+    {KernelVariant::kRegSoftmax, "regsoftmax"},
+    {KernelVariant::kRows64RegSoftmax, "rows64+regsoftmax"},
 };
 
 const char* VariantString(KernelVariant v) {
@@ -399,7 +402,9 @@ std::vector<ModeError> g_mode_errors;
 void RecordError(const std::string& name, double rel) {
   const size_t space = name.rfind(' ');
   const std::string output = space == std::string::npos ? name : name.substr(space + 1);
-  const std::string mode = MathName(g_math);
+  // Keyed by math mode and launch variant ("3xtf32", "tf32+regsoftmax").
+  std::string mode = MathName(g_math);
+  if (g_variant != KernelVariant::kV2) mode += std::string("+") + VariantString(g_variant);
   for (ModeError& e : g_mode_errors) {
     if (e.mode == mode && e.output == output) {
       e.rel = std::max(e.rel, rel);
@@ -773,6 +778,51 @@ void RunVariants(bool quick) {
   g_variant = KernelVariant::kV2;
 }
 
+// The register-softmax forward (kRegSoftmax, 16- and 64-row tiles) in both
+// TF32 modes, where it runs, and in FP32, where the call falls back to the
+// v2 kernel, against float64 at odd shapes around its tiles (16 / 64 rows,
+// 64 classes, 8-column fragments, k = 128 the widest row it keeps in
+// registers, k = 129 past it: the v2 kernel again). The full set is every
+// B x k x n of the lists; --quick (the CPU emulator's) a covering subset in
+// which every B, k and n of the lists occurs, with NaN / zero rows and ties.
+void RunRegSoftmax(bool quick) {
+  struct Shape {
+    int64_t B, k, n;
+  };
+  std::vector<Shape> shapes;
+  if (quick) {
+    shapes = {{1, 1, 1},     {7, 31, 33},   {16, 32, 100}, {17, 33, 1000},
+              {63, 128, 33}, {64, 1, 100},  {65, 128, 100}, {256, 32, 33},
+              {17, 129, 33}};
+  } else {
+    for (int64_t B : {1, 7, 16, 17, 63, 64, 65, 256}) {
+      for (int64_t k : {1, 31, 32, 33, 128, 129}) {
+        for (int64_t n : {1, 33, 100, 1000}) shapes.push_back({B, k, n});
+      }
+    }
+  }
+  uint64_t seed = 777000;
+  for (KernelVariant v : {KernelVariant::kRegSoftmax, KernelVariant::kRows64RegSoftmax}) {
+    g_variant = v;
+    for (MathMode math : {MathMode::k3xTf32, MathMode::kTf32, MathMode::kFp32}) {
+      g_math = math;
+      for (const Shape& sh : shapes) {
+        // The FP32 fallback once per shape class is enough in --quick.
+        if (quick && math == MathMode::kFp32 && sh.B != 65 && sh.B != 7) continue;
+        const bool rules = sh.B > 2;
+        // The tie case needs u close to M_3 (z row 0 = 2 M_3): k >= 16.
+        RunCase({"regsoftmax", sh.B, sh.n, sh.k, 8.0f, rules, rules, rules && sh.k >= 16},
+                math == MathMode::k3xTf32 && sh.B == 17 ? FloatType::kBFloat16
+                                                        : FloatType::kFloat32,
+                math == MathMode::k3xTf32 && sh.B == 17 ? IndexType::kInt64 : IndexType::kInt32,
+                seed++);
+      }
+    }
+  }
+  g_math = MathMode::k3xTf32;
+  g_variant = KernelVariant::kV2;
+}
+
 void RunChecks(int sms, bool quick) {
   // Shapes chosen to hit every launch variant of the split kernels on this
   // device: B and n not multiples of the tiles (16 rows, 32 classes); k = 0
@@ -846,6 +896,7 @@ void RunChecks(int sms, bool quick) {
   RunEmptyBatch();
   RunScalePointer(sms);
   RunVariants(quick);
+  RunRegSoftmax(quick);
 }
 
 
