@@ -38,10 +38,9 @@ namespace {
 using detail::kClassTile;
 using detail::kThreads;
 
-// Rows per batch tile of the split kernels: one 16-row mma tile (v2, and
-// always for the codes gradient), or 64 rows (variant kRows64: 4 warps x 16
-// rows share each staged class tile) for the forward, rank and nearest
-// passes when the batch has more than 16 rows.
+// Rows per batch tile of the split kernels: one 16-row mma tile (v2), or 64
+// rows (variant kRows64: 4 warps x 16 rows share each staged class tile)
+// when the batch has more than 16 rows, in every pass.
 constexpr int kRowTile = 16;
 constexpr int kRowTile64 = 64;
 // Upper bound on the class (or batch) splits: bounds the combine's shared
@@ -194,7 +193,7 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
   }
   const int v = static_cast<int>(variant);
   const bool rows64 = (v & static_cast<int>(KernelVariant::kRows64)) != 0;
-  p->row_tile = rows64 && pass != Pass::kCodesGrad && B > kRowTile ? kRowTile64 : kRowTile;
+  p->row_tile = rows64 && B > kRowTile ? kRowTile64 : kRowTile;
   p->fold = pass == Pass::kForward && (v & static_cast<int>(KernelVariant::kFoldNorms)) != 0;
   // kRegSoftmax: the register-softmax forward where it applies (a TF32
   // engine, the whole padded row in registers, the launch within the opt-in
@@ -385,7 +384,7 @@ cudaError_t CodesGradPlan(const CodesGradParams& params, Plan* p) {
   if (BadSizes(pr) || BadTypes(pr) || BadLabelType(params.label_type)) {
     return cudaErrorInvalidValue;
   }
-  return MakePlan(Pass::kCodesGrad, pr, params.math, KernelVariant::kV2, p);
+  return MakePlan(Pass::kCodesGrad, pr, params.math, params.variant, p);
 }
 
 cudaError_t RankPlan(const LabelRankParams& params, Plan* p) {
@@ -426,7 +425,9 @@ cudaError_t LaunchForwardSplit(const Plan& p, const detail::ForwardSplitArgs& a,
 template <int kMath>
 cudaError_t LaunchCodesGradSplit(const Plan& p, const detail::CodesGradArgs& a,
                                  cudaStream_t stream) {
-  return LaunchSplit(detail::CodesGradSplitKernel<kMath, kRowTile>, p, a, stream);
+  return p.row_tile == kRowTile64
+             ? LaunchSplit(detail::CodesGradSplitKernel<kMath, kRowTile64>, p, a, stream)
+             : LaunchSplit(detail::CodesGradSplitKernel<kMath, kRowTile>, p, a, stream);
 }
 
 }  // namespace
