@@ -428,10 +428,20 @@ void PrintModeErrors() {
 // FP32 bound; plain TF32 (10-bit mantissa products) to a looser one.
 double LossTol() { return g_math == MathMode::kTf32 ? 2e-2 : 2e-4; }
 
+// --fail-fast: stop at the first failed check (exit 1). The emulator's
+// barrier-deletion test only needs to see that a check fails.
+bool g_fail_fast = false;
+
 void Report(const std::string& name, bool pass, const std::string& detail) {
   ++g_checks;
   if (!pass) ++g_failures;
   std::printf("%s %s: %s\n", pass ? "PASS" : "FAIL", name.c_str(), detail.c_str());
+  if (!pass && g_fail_fast) {
+    std::printf("\n%lld checks, %lld failed (--fail-fast: stopped at the first failure)\nFAILED\n",
+                static_cast<long long>(g_checks), static_cast<long long>(g_failures));
+    std::fflush(stdout);
+    std::exit(1);
+  }
 }
 
 // Max abs error, normalized by max(1, max |reference|) for the pass test:
@@ -1483,7 +1493,8 @@ const char kUsage[] =
     "  --smem-limit   the Python guard's shared-memory need and code-length limit hold\n"
     "                 (--quick: a long code of 2^12 instead of 2^16)\n"
     "  --profile      one forward per --variant (default all) at B=256,n=1e5,k=128 and\n"
-    "                 B=16,n=1e6,k=128, for Nsight Compute (no checks, no timing)\n";
+    "                 B=16,n=1e6,k=128, for Nsight Compute (no checks, no timing)\n"
+    "  --fail-fast    stop at the first failed check (exit 1)\n";
 
 int main(int argc, char** argv) {
   bool check = true, bench = true, quick = false, grid = false, small = false, smem = false,
@@ -1510,6 +1521,8 @@ int main(int argc, char** argv) {
       ++modes;
     } else if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
+    } else if (std::strcmp(argv[i], "--fail-fast") == 0) {
+      g_fail_fast = true;
     } else if (std::strcmp(argv[i], "--variant") == 0 && i + 1 < argc) {
       const char* v = argv[++i];
       g_bench_variants.clear();
