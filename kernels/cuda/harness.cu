@@ -793,24 +793,22 @@ void RunVariants(bool quick) {
 // TF32 modes, where it runs, and in FP32, where the call falls back to the
 // v2 kernel, against float64 at odd shapes around its tiles (16 / 64 rows,
 // 64 classes, 8-column fragments, k = 128 the widest row it keeps in
-// registers, k = 129 past it: the v2 kernel again). The full set is every
-// B x k x n of the lists; --quick (the CPU emulator's) a covering subset in
-// which every B, k and n of the lists occurs (3xTF32), with NaN / zero rows
-// and ties.
+// registers, k = 129 past it: the v2 kernel again). The full set runs
+// every B x k x n of the lists in 3xTF32 (192 shapes per variant) and a
+// covering subset in TF32 and FP32; --quick (the CPU emulator's) the subset,
+// with NaN / zero rows and ties.
 void RunRegSoftmax(bool quick) {
   struct Shape {
     int64_t B, k, n;
   };
-  std::vector<Shape> shapes;
-  if (quick) {
-    shapes = {{1, 1, 1},     {7, 31, 33},   {16, 32, 100}, {17, 33, 1000},
-              {63, 128, 33}, {64, 1, 100},  {65, 128, 100}, {256, 32, 33},
-              {17, 129, 33}};
-  } else {
-    for (int64_t B : {1, 7, 16, 17, 63, 64, 65, 256}) {
-      for (int64_t k : {1, 31, 32, 33, 128, 129}) {
-        for (int64_t n : {1, 33, 100, 1000}) shapes.push_back({B, k, n});
-      }
+  // A covering subset: every B, k and n of the lists occurs.
+  const std::vector<Shape> subset = {{1, 1, 1},      {7, 31, 33},  {16, 32, 100},
+                                     {17, 33, 1000}, {63, 128, 33}, {64, 1, 100},
+                                     {65, 128, 100}, {256, 32, 33}, {17, 129, 33}};
+  std::vector<Shape> all;
+  for (int64_t B : {1, 7, 16, 17, 63, 64, 65, 256}) {
+    for (int64_t k : {1, 31, 32, 33, 128, 129}) {
+      for (int64_t n : {1, 33, 100, 1000}) all.push_back({B, k, n});
     }
   }
   uint64_t seed = 777000;
@@ -818,10 +816,12 @@ void RunRegSoftmax(bool quick) {
     g_variant = v;
     for (MathMode math : {MathMode::k3xTf32, MathMode::kTf32, MathMode::kFp32}) {
       g_math = math;
+      // The default mode on every shape (the subset with --quick); plain TF32
+      // and the FP32 fallback on the subset (--quick: TF32 on every other
+      // shape of it, FP32 only through RunVariants' B = 65, k = 32 case).
+      const std::vector<Shape>& shapes = math == MathMode::k3xTf32 && !quick ? all : subset;
       for (size_t i = 0; i < shapes.size(); ++i) {
         const Shape& sh = shapes[i];
-        // --quick: the FP32 fallback is RunVariants' (B = 65, k = 32), plain
-        // TF32 on every other shape (B 1, 16, 63, 65, 17; k 1, 32, 128, 129).
         if (quick && (math == MathMode::kFp32 || (math == MathMode::kTf32 && i % 2 == 1))) {
           continue;
         }
