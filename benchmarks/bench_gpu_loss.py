@@ -81,8 +81,9 @@ precision mode) of the CUDA kernels' timing mode (kernels/cuda/harness.cu):
       "fwd_ms": 0.05, "fwdbwd_ms": 0.12, "peak_bytes": 4096}, ...]
 
 B, k, n: positive integers; mode: a non-empty string ("fp32", "3xtf32",
-"tf32", ...; the harness's launch variants add "+rows64", "+foldnorms" or
-"+rows64+foldnorms" to the math mode, today's kernels none; a mode whose
+"tf32", ...; the harness's launch variants add "+rows64", "+foldnorms",
+"+rows64+foldnorms", "+regsoftmax" or "+rows64+regsoftmax" to the math mode,
+today's kernels none; a mode whose
 lower-cased name contains "tf32" but not "3x" is compared with the TF32
 rows, every other with the FP32 rows); fwd_ms,
 fwdbwd_ms: milliseconds (forward; forward + codes and z gradients) or null;

@@ -170,7 +170,8 @@ def test_device_check_script_parses_and_dry_runs_every_step(tmp_path):
                      "ncu"]
     # Every launch variant timed side by side; the ncu profile of the forward.
     assert "--bench-only --quick --variant all" in proc.stdout
-    assert "--kernel-name regex:ForwardSplitKernel" in proc.stdout and "--profile" in proc.stdout
+    # Both forward split kernels: v2's and the register-softmax one.
+    assert "--kernel-name regex:Forward(Split|Reg)Kernel" in proc.stdout and "--profile" in proc.stdout
     limits = [int(line.split("(<= ")[1].split(" s)")[0]) for line in proc.stdout.splitlines()
               if line.startswith("step ")]
     assert sum(limits) <= 480, limits  # one run of at most 8 minutes

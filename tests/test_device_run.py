@@ -48,7 +48,7 @@ def test_device_check_takes_step_limits_from_the_environment():
                           text=True, timeout=60, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "step grid (<= 60 s)" in proc.stdout and "step build (<= 45 s)" in proc.stdout
-    assert "step checks (<= 45 s)" in proc.stdout  # the default where none is given
+    assert "step checks (<= 35 s)" in proc.stdout  # the default where none is given
 
 
 @pytest.mark.parametrize("value", ["abc", "0", "-5", "1.5"])

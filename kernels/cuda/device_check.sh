@@ -16,7 +16,7 @@
 #   5. runs compute-sanitizer memcheck and racecheck on small shapes;
 #   6. times forward and forward + codes gradient in each math mode and
 #      each launch variant side by side (v2, rows64, foldnorms,
-#      rows64+foldnorms; harness --bench-only --quick --variant all: B in
+#      rows64+foldnorms, regsoftmax, rows64+regsoftmax; harness --bench-only --quick --variant all: B in
 #      {16,256,4096}, k in {32,128}, n in {1e4,1e5,1e6}; the full grid B in
 #      {1,7,16,256,4096} x k in {1,31,32,128,1000} x n in {1,33,1e4,1e5,1e6}
 #      is `harness --bench-only`, minutes);
@@ -34,9 +34,9 @@
 #
 # Usage (from anywhere):  bash kernels/cuda/device_check.sh [--dry-run]
 #   --dry-run   print the steps and commands, run nothing (exit 0)
-# Step time limits (seconds) from the environment: DEVICE_CHECK_T_BUILD (120),
-#   _T_CHECK (45), _T_GRID (120), _T_SMEM (15), _T_MEMCHECK (40),
-#   _T_RACECHECK (40), _T_BENCH (60), _T_NCU (40).
+# Step time limits (seconds) from the environment: DEVICE_CHECK_T_BUILD (90),
+#   _T_CHECK (35), _T_GRID (120), _T_SMEM (15), _T_MEMCHECK (40),
+#   _T_RACECHECK (40), _T_BENCH (90), _T_NCU (50).
 # Exit codes: 0 every step passed, or no GPU (says "no GPU" and runs
 # nothing); 1 a step failed; 3 bad command line.
 set -u -o pipefail
@@ -82,7 +82,7 @@ fi
 # run of 2026-11-26 needed 95 s for build, checks, grid and sanitizers). Each can be lowered (or
 # raised) from the environment, e.g. DEVICE_CHECK_T_GRID=60, to fit a shorter
 # device lease; a step that runs out of time is reported as failed.
-T_BUILD=120 T_CHECK=45 T_GRID=120 T_SMEM=15 T_MEMCHECK=40 T_RACECHECK=40 T_BENCH=60 T_NCU=40
+T_BUILD=90 T_CHECK=35 T_GRID=120 T_SMEM=15 T_MEMCHECK=40 T_RACECHECK=40 T_BENCH=90 T_NCU=50
 for step_var in T_BUILD T_CHECK T_GRID T_SMEM T_MEMCHECK T_RACECHECK T_BENCH T_NCU; do
   env_var="DEVICE_CHECK_$step_var"
   if [[ -n "${!env_var:-}" ]]; then
@@ -106,10 +106,11 @@ BUILD_CMD=("$NVCC" -O2 -std=c++17 --expt-relaxed-constexpr -lineinfo
   "-gencode=arch=compute_${ARCH:-90},code=sm_${ARCH:-90}"
   -Xcompiler -fopenmp -I"$REPO/kernels" -x cu
   "$HERE/harness.cu" "$HERE/ecoc_kernels.cu.cc" -o "$EXE")
-# Five sections only, the forward split kernel only (2 cells x 4 variants =
-# 8 launches), so that the replays stay within about a minute.
+# Five sections only, the forward split kernel only (ForwardSplitKernel, or
+# ForwardRegKernel for the regsoftmax variants where they apply: 2 cells x 6
+# variants = 12 launches), so that the replays stay within about a minute.
 NCU_CMD=("$NCU" --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy
-  --section LaunchStats --section WarpStateStats --kernel-name regex:ForwardSplitKernel)
+  --section LaunchStats --section WarpStateStats --kernel-name "regex:Forward(Split|Reg)Kernel")
 STEPS=(
   "build|$T_BUILD|${BUILD_CMD[*]}"
   "checks|$T_CHECK|$EXE --check-only"

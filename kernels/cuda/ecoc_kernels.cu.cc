@@ -29,6 +29,7 @@
 #include "ecoc_decode.cuh"
 #include "ecoc_engine.cuh"
 #include "ecoc_forward.cuh"
+#include "ecoc_forward_reg.cuh"
 
 namespace keras_ecoc {
 namespace cuda {
@@ -37,10 +38,9 @@ namespace {
 using detail::kClassTile;
 using detail::kThreads;
 
-// Rows per batch tile of the split kernels: one 16-row mma tile (v2, and
-// always for the codes gradient), or 64 rows (variant kRows64: 4 warps x 16
-// rows share each staged class tile) for the forward, rank and nearest
-// passes when the batch has more than 16 rows.
+// Rows per batch tile of the split kernels: one 16-row mma tile (v2), or 64
+// rows (variant kRows64: 4 warps x 16 rows share each staged class tile)
+// when the batch has more than 16 rows, in every pass.
 constexpr int kRowTile = 16;
 constexpr int kRowTile64 = 64;
 // Upper bound on the class (or batch) splits: bounds the combine's shared
@@ -96,6 +96,8 @@ struct Plan {
   int math = detail::kMathFp32;  // effective engine
   int row_tile = kRowTile;       // rows per batch tile (16 or 64)
   bool fold = false;             // forward: ||M||^2 from the staged tiles
+  bool reg = false;              // forward: ForwardRegKernel (kRegSoftmax)
+  int warp_splits = 1;           // partial states per (row, split) (reg: WC)
   int64_t kp = 8;                // row stride of u: k rounded up to 8 (>= 8)
   int kc = 8;                    // columns per stage
   int nchunks = 1;               // stages per tile (kp / kc, rounded up)
@@ -173,7 +175,7 @@ bool BadLabelType(IndexType t) {
 }
 
 bool BadVariant(KernelVariant v) {
-  return static_cast<int>(v) < 0 || static_cast<int>(v) > 3;
+  return static_cast<int>(v) < 0 || static_cast<int>(v) > 5;
 }
 
 cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVariant variant,
@@ -191,11 +193,28 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
   }
   const int v = static_cast<int>(variant);
   const bool rows64 = (v & static_cast<int>(KernelVariant::kRows64)) != 0;
-  p->row_tile = rows64 && pass != Pass::kCodesGrad && B > kRowTile ? kRowTile64 : kRowTile;
+  p->row_tile = rows64 && B > kRowTile ? kRowTile64 : kRowTile;
   p->fold = pass == Pass::kForward && (v & static_cast<int>(KernelVariant::kFoldNorms)) != 0;
+  // kRegSoftmax: the register-softmax forward where it applies (a TF32
+  // engine, the whole padded row in registers, the launch within the opt-in
+  // shared memory); otherwise the same call runs the v2 split kernel.
+  const bool reg_wanted = pass == Pass::kForward &&
+                          (v & static_cast<int>(KernelVariant::kRegSoftmax)) != 0;
+  const int64_t kp_reg = std::max<int64_t>(8, CeilDiv(k, 8) * 8);
+  if (reg_wanted && p->math != detail::kMathFp32 && kp_reg <= detail::kRegMaxK &&
+      detail::ForwardRegSmemFloats(p->row_tile, static_cast<int>(kp_reg)) * 4 <=
+          info.smem_optin) {
+    p->reg = true;
+    p->warp_splits = detail::RegWarpSplits(p->row_tile);
+    p->kp = kp_reg;
+    p->kc = static_cast<int>(kp_reg);
+    p->nchunks = 1;
+    p->acc_in_smem = false;
+    p->smem_bytes = detail::ForwardRegSmemFloats(p->row_tile, p->kc) * 4;
+  }
   const int64_t budget = std::min<int64_t>(
       info.smem_optin, p->row_tile == kRowTile64 ? kSmemTarget64 : kSmemTarget);
-  if (!ChooseChunks(pass, k, budget, p)) {
+  if (!p->reg && !ChooseChunks(pass, k, budget, p)) {
     // A long code that leaves no room for 8 columns of the 64-row tile
     // still runs on the 16-row tile.
     if (p->row_tile == kRowTile) return cudaErrorInvalidValue;
@@ -204,12 +223,14 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
       return cudaErrorInvalidValue;
     }
   }
-  p->smem_bytes = SplitSmemFloats(pass, p->row_tile, p->fold, p->kc, k, p->acc_in_smem) * 4;
+  if (!p->reg) {
+    p->smem_bytes = SplitSmemFloats(pass, p->row_tile, p->fold, p->kc, k, p->acc_in_smem) * 4;
+  }
 
   // Splits: at least two blocks per SM where the work allows it.
   const int64_t want_blocks = 2 * int64_t{info.num_sms};
   const int64_t row_tiles = CeilDiv(B, p->row_tile);
-  const int64_t class_tiles = CeilDiv(n, kClassTile);
+  const int64_t class_tiles = CeilDiv(n, p->reg ? detail::kRegClassTile : kClassTile);
   int64_t other = 0;
   if (pass == Pass::kCodesGrad) {
     p->grid_x = class_tiles;
@@ -233,7 +254,8 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
     return at;
   };
   const size_t Bs = static_cast<size_t>(B), ns = static_cast<size_t>(n),
-               ks = static_cast<size_t>(k), S = static_cast<size_t>(splits);
+               ks = static_cast<size_t>(k),
+               S = static_cast<size_t>(splits) * static_cast<size_t>(p->warp_splits);
   p->u = take(Bs * static_cast<size_t>(p->kp) * 4);
   p->rowc = take(Bs * 4);
   p->sqn = take(ns * 4);
@@ -362,7 +384,7 @@ cudaError_t CodesGradPlan(const CodesGradParams& params, Plan* p) {
   if (BadSizes(pr) || BadTypes(pr) || BadLabelType(params.label_type)) {
     return cudaErrorInvalidValue;
   }
-  return MakePlan(Pass::kCodesGrad, pr, params.math, KernelVariant::kV2, p);
+  return MakePlan(Pass::kCodesGrad, pr, params.math, params.variant, p);
 }
 
 cudaError_t RankPlan(const LabelRankParams& params, Plan* p) {
@@ -385,6 +407,13 @@ template <int kMath>
 cudaError_t LaunchForwardSplit(const Plan& p, const detail::ForwardSplitArgs& a,
                                cudaStream_t stream) {
   using detail::ForwardSplitKernel;
+  if constexpr (kMath != detail::kMathFp32) {
+    if (p.reg) {
+      return p.row_tile == kRowTile64
+                 ? LaunchSplit(detail::ForwardRegKernel<kMath, kRowTile64>, p, a, stream)
+                 : LaunchSplit(detail::ForwardRegKernel<kMath, kRowTile>, p, a, stream);
+    }
+  }
   if (p.row_tile == kRowTile64) {
     return p.fold ? LaunchSplit(ForwardSplitKernel<kMath, kRowTile64, true>, p, a, stream)
                   : LaunchSplit(ForwardSplitKernel<kMath, kRowTile64, false>, p, a, stream);
@@ -396,7 +425,9 @@ cudaError_t LaunchForwardSplit(const Plan& p, const detail::ForwardSplitArgs& a,
 template <int kMath>
 cudaError_t LaunchCodesGradSplit(const Plan& p, const detail::CodesGradArgs& a,
                                  cudaStream_t stream) {
-  return LaunchSplit(detail::CodesGradSplitKernel<kMath, kRowTile>, p, a, stream);
+  return p.row_tile == kRowTile64
+             ? LaunchSplit(detail::CodesGradSplitKernel<kMath, kRowTile64>, p, a, stream)
+             : LaunchSplit(detail::CodesGradSplitKernel<kMath, kRowTile>, p, a, stream);
 }
 
 }  // namespace
@@ -499,7 +530,7 @@ cudaError_t EcocCrossEntropyForward(const ForwardParams& params, cudaStream_t st
   c.batch = pr.batch;
   c.num_classes = pr.num_classes;
   c.code_length = pr.code_length;
-  c.splits = p.splits;
+  c.splits = p.splits * p.warp_splits;  // each warp's state in the reg kernel
   c.loss = params.loss;
   c.lse = params.lse;
   c.expected_code = params.expected_code;
@@ -509,7 +540,7 @@ cudaError_t EcocCrossEntropyForward(const ForwardParams& params, cudaStream_t st
   // nvcc 13.0) reported a 12-byte shared read at the start of a 4- or 8-byte
   // allocation in the weight-sum loop: the SASS reads the remainder as one
   // wider load, whose unused lanes must still be in bounds.
-  const size_t combine_smem = static_cast<size_t>((p.splits + 3) / 4) * 16;
+  const size_t combine_smem = static_cast<size_t>((c.splits + 3) / 4) * 16;
   detail::ForwardCombineKernel<<<GridFor(pr.batch, 1, INT_MAX), kThreads, combine_smem,
                                  stream>>>(c);
   return cudaGetLastError();

@@ -62,15 +62,27 @@ enum class MathMode : int { kFp32 = 0, k3xTf32 = 1, kTf32 = 2 };
 //               kernel (PrepClassesKernel).
 //   kRows64:    64-row batch tiles (4 warps x 16 rows share each staged
 //               class tile) where the batch has more than 16 rows, so the
-//               codes are staged ceil(B/64) instead of ceil(B/16) times.
+//               codes are staged ceil(B/64) instead of ceil(B/16) times;
+//               in the codes gradient, 64 batch rows per staged tile (a
+//               64-term sum per class and column instead of 16).
 //   kFoldNorms: the forward computes ||M_i||^2 from its staged code tile
 //               (the prep kernel's chain, so the same bits) and launches no
 //               pass over the codes before the split kernel.
+//   kRegSoftmax: the forward's logits stay in the mma accumulator registers
+//               (FlashAttention-2 style: online softmax on the fragments,
+//               quad shuffles for the row max, 64-class tiles, the expected
+//               code accumulated by mma from the p fragments). Applies in
+//               the TF32 math modes on sm_80+ with k <= 128; elsewhere the
+//               forward runs as kV2 (or kRows64). No effect on rank and
+//               nearest beyond the kRows64 bit. Does not combine with
+//               kFoldNorms (values 6 and 7 are invalid).
 enum class KernelVariant : int {
   kV2 = 0,
   kRows64 = 1,
   kFoldNorms = 2,
   kRows64FoldNorms = 3,
+  kRegSoftmax = 4,
+  kRows64RegSoftmax = 5,
 };
 
 // Every workspace pointer is aligned to this many bytes.
@@ -120,6 +132,9 @@ struct CodesGradParams {
   float scale = 1.0f;
   const float* scale_ptr = nullptr;  // as in ForwardParams
   MathMode math = MathMode::k3xTf32;
+  // kRows64 (and kRows64RegSoftmax): 64-row batch tiles where the batch has
+  // more than 16 rows; the other bits have no effect here.
+  KernelVariant variant = KernelVariant::kV2;
   const float* lse = nullptr;        // [batch]
   const float* grad_loss = nullptr;  // [batch]
   float* grad_codes = nullptr;       // [num_classes, code_length]

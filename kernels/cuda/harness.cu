@@ -7,7 +7,8 @@
 //       -o build/ecoc_harness
 //   build/ecoc_harness [--check-only | --bench-only | --grid | --small |
 //                       --smem-limit | --profile] [--quick] [--math fp32|3xtf32|tf32]
-//                      [--variant v2|rows64|foldnorms|rows64+foldnorms|all]
+//                      [--variant v2|rows64|foldnorms|rows64+foldnorms|regsoftmax|
+//                                 rows64+regsoftmax|all]
 // (add -Xcompiler -fopenmp to spread the host reference of --grid over cores)
 // (one command; "-x cu" is needed because nvcc would hand a .cc file to the
 // host compiler.)
@@ -134,6 +135,8 @@ constexpr VariantName kVariants[] = {
     {KernelVariant::kRows64, "rows64"},
     {KernelVariant::kFoldNorms, "foldnorms"},
     {KernelVariant::kRows64FoldNorms, "rows64+foldnorms"},
+    {KernelVariant::kRegSoftmax, "regsoftmax"},
+    {KernelVariant::kRows64RegSoftmax, "rows64+regsoftmax"},
 };
 
 const char* VariantString(KernelVariant v) {
@@ -230,6 +233,7 @@ cudaError_t CodesGrad(const void* z, FloatType z_type, const float* codes, const
   p.scale = scale;
   p.scale_ptr = g_scale_ptr;
   p.math = g_math;
+  p.variant = g_variant;
   p.lse = lse;
   p.grad_loss = grad_loss;
   p.grad_codes = grad_codes;
@@ -399,7 +403,9 @@ std::vector<ModeError> g_mode_errors;
 void RecordError(const std::string& name, double rel) {
   const size_t space = name.rfind(' ');
   const std::string output = space == std::string::npos ? name : name.substr(space + 1);
-  const std::string mode = MathName(g_math);
+  // Keyed by math mode and launch variant ("3xtf32", "tf32+regsoftmax").
+  std::string mode = MathName(g_math);
+  if (g_variant != KernelVariant::kV2) mode += std::string("+") + VariantString(g_variant);
   for (ModeError& e : g_mode_errors) {
     if (e.mode == mode && e.output == output) {
       e.rel = std::max(e.rel, rel);
@@ -422,10 +428,20 @@ void PrintModeErrors() {
 // FP32 bound; plain TF32 (10-bit mantissa products) to a looser one.
 double LossTol() { return g_math == MathMode::kTf32 ? 2e-2 : 2e-4; }
 
+// --fail-fast: stop at the first failed check (exit 1). The emulator's
+// barrier-deletion test only needs to see that a check fails.
+bool g_fail_fast = false;
+
 void Report(const std::string& name, bool pass, const std::string& detail) {
   ++g_checks;
   if (!pass) ++g_failures;
   std::printf("%s %s: %s\n", pass ? "PASS" : "FAIL", name.c_str(), detail.c_str());
+  if (!pass && g_fail_fast) {
+    std::printf("\n%lld checks, %lld failed (--fail-fast: stopped at the first failure)\nFAILED\n",
+                static_cast<long long>(g_checks), static_cast<long long>(g_failures));
+    std::fflush(stdout);
+    std::exit(1);
+  }
 }
 
 // Max abs error, normalized by max(1, max |reference|) for the pass test:
@@ -773,6 +789,59 @@ void RunVariants(bool quick) {
   g_variant = KernelVariant::kV2;
 }
 
+// The register-softmax forward (kRegSoftmax, 16- and 64-row tiles) in both
+// TF32 modes, where it runs, and in FP32, where the call falls back to the
+// v2 kernel, against float64 at odd shapes around its tiles (16 / 64 rows,
+// 64 classes, 8-column fragments, k = 128 the widest row it keeps in
+// registers, k = 129 past it: the v2 kernel again). The full set runs
+// every B x k x n of the lists in 3xTF32 (192 shapes per variant) and a
+// covering subset in TF32 and FP32; --quick (the CPU emulator's) the subset,
+// with NaN / zero rows and ties.
+void RunRegSoftmax(bool quick) {
+  struct Shape {
+    int64_t B, k, n;
+  };
+  // A covering subset: every B, k and n of the lists occurs.
+  const std::vector<Shape> subset = {{1, 1, 1},      {7, 31, 33},  {16, 32, 100},
+                                     {17, 33, 1000}, {63, 128, 33}, {64, 1, 100},
+                                     {65, 128, 100}, {256, 32, 33}, {17, 129, 33}};
+  std::vector<Shape> all;
+  for (int64_t B : {1, 7, 16, 17, 63, 64, 65, 256}) {
+    for (int64_t k : {1, 31, 32, 33, 128, 129}) {
+      for (int64_t n : {1, 33, 100, 1000}) all.push_back({B, k, n});
+    }
+  }
+  uint64_t seed = 777000;
+  for (KernelVariant v : {KernelVariant::kRegSoftmax, KernelVariant::kRows64RegSoftmax}) {
+    g_variant = v;
+    for (MathMode math : {MathMode::k3xTf32, MathMode::kTf32, MathMode::kFp32}) {
+      g_math = math;
+      // The default mode on every shape (the subset with --quick); plain TF32
+      // and the FP32 fallback on the subset (--quick: TF32 on every other
+      // shape of it, FP32 only through RunVariants' B = 65, k = 32 case).
+      const std::vector<Shape>& shapes = math == MathMode::k3xTf32 && !quick ? all : subset;
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        const Shape& sh = shapes[i];
+        if (quick && (math == MathMode::kFp32 || (math == MathMode::kTf32 && i % 2 == 1))) {
+          continue;
+        }
+        const bool rules = sh.B > 2;
+        // A NaN row makes grad_codes NaN everywhere (nothing left to compare),
+        // so only every third shape has one. The tie case needs u close to
+        // M_3 (z row 0 = 2 M_3): k >= 16.
+        RunCase({"regsoftmax", sh.B, sh.n, sh.k, 8.0f, rules && i % 3 == 0, rules,
+                 rules && sh.k >= 16},
+                math == MathMode::k3xTf32 && sh.B == 17 ? FloatType::kBFloat16
+                                                        : FloatType::kFloat32,
+                math == MathMode::k3xTf32 && sh.B == 17 ? IndexType::kInt64 : IndexType::kInt32,
+                seed++);
+      }
+    }
+  }
+  g_math = MathMode::k3xTf32;
+  g_variant = KernelVariant::kV2;
+}
+
 void RunChecks(int sms, bool quick) {
   // Shapes chosen to hit every launch variant of the split kernels on this
   // device: B and n not multiples of the tiles (16 rows, 32 classes); k = 0
@@ -846,6 +915,7 @@ void RunChecks(int sms, bool quick) {
   RunEmptyBatch();
   RunScalePointer(sms);
   RunVariants(quick);
+  RunRegSoftmax(quick);
 }
 
 
@@ -1423,7 +1493,8 @@ const char kUsage[] =
     "  --smem-limit   the Python guard's shared-memory need and code-length limit hold\n"
     "                 (--quick: a long code of 2^12 instead of 2^16)\n"
     "  --profile      one forward per --variant (default all) at B=256,n=1e5,k=128 and\n"
-    "                 B=16,n=1e6,k=128, for Nsight Compute (no checks, no timing)\n";
+    "                 B=16,n=1e6,k=128, for Nsight Compute (no checks, no timing)\n"
+    "  --fail-fast    stop at the first failed check (exit 1)\n";
 
 int main(int argc, char** argv) {
   bool check = true, bench = true, quick = false, grid = false, small = false, smem = false,
@@ -1450,6 +1521,8 @@ int main(int argc, char** argv) {
       ++modes;
     } else if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
+    } else if (std::strcmp(argv[i], "--fail-fast") == 0) {
+      g_fail_fast = true;
     } else if (std::strcmp(argv[i], "--variant") == 0 && i + 1 < argc) {
       const char* v = argv[++i];
       g_bench_variants.clear();

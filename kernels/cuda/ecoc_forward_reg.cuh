@@ -1,0 +1,287 @@
+// Forward split kernel of the kRegSoftmax variants, FlashAttention-2 style:
+// the logits of a class tile never leave the mma accumulator registers.
+//
+// Same grid and the same partial states as ForwardSplitKernel
+// (ecoc_forward.cuh): (batch tiles of BT rows) x (class splits), each block
+// streaming the 64-class tiles of its split; ecoc_combine.cuh merges the
+// partial states. What differs:
+//  * Warp layout: warp w = (wr, wc) owns the 16 rows wr*16 .. wr*16 + 15 of
+//    the batch tile and the CW = 64 / WC classes wc*CW .. wc*CW + CW - 1 of
+//    every class tile, WR = BT / 16 row groups x WC = 4 / WR class groups
+//    (BT = 16: 4 warps on 16 classes each; BT = 64: 4 warps on 16 rows each,
+//    all 64 classes).
+//  * Logits: the warp's 16 x CW tile of u.M is NT = CW / 8 mma accumulators
+//    (m16n8k8, TF32 or 3xTF32 with the MmaEngine's order of the three
+//    products, so every logit has the bits of v2's). Thread (g, t) = (lane / 4,
+//    lane % 4) holds rows g and g + 8, classes 8*nt + 2t and 8*nt + 2t + 1.
+//  * Online softmax on the fragments: row max over the thread's 2*NT values,
+//    then two xor-shuffles over the 4 threads that share the row (a "quad");
+//    the running sums are per-thread partials (every thread of a quad
+//    rescales by the same alpha) reduced over the quad once, at the end.
+//    The label's logit is the fragment value itself (the softmax uses the
+//    same number).
+//  * Expected code from registers: acc (16 rows x kp columns of the warp,
+//    m16n8 accumulator fragments, kp <= kRegMaxK) is rescaled by alpha and
+//    then accumulates P.M with mma, P taken from the logit fragments as the A
+//    operand. An accumulator fragment holds classes 2t, 2t + 1 where the A
+//    operand wants t, t + 4; the order of a dot product's terms is free, so
+//    A's k index t stands for class 2t and t + 4 for class 2t + 1, and the B
+//    operand (the codes) is read with the same permutation. 3xTF32 splits p
+//    and M as the logit engine does; plain TF32 does not.
+//  * u stays resident in shared memory (one stage for the whole block: the
+//    row is never split into column stages here); only the code tiles are
+//    double-buffered.
+//  * Each warp keeps its own softmax state over its classes: with WC > 1 a
+//    block writes WC partial states per (row, split), slot split * WC + wc,
+//    and the combine merges splits * WC states in that fixed order.
+// The launcher uses it only on sm_80+ in a TF32 math mode with kp <= 128;
+// other calls of the variant run ForwardSplitKernel (see MakePlan).
+#ifndef KERAS_ECOC_KERNELS_CUDA_ECOC_FORWARD_REG_CUH_
+#define KERAS_ECOC_KERNELS_CUDA_ECOC_FORWARD_REG_CUH_
+
+#include <cstdint>
+
+#include "ecoc_common.cuh"
+#include "ecoc_engine.cuh"
+#include "ecoc_forward.cuh"
+
+namespace keras_ecoc {
+namespace cuda {
+namespace detail {
+
+constexpr int kRegClassTile = 64;
+// Widest padded code row whose expected-code accumulators stay in registers
+// (kRegMaxK / 8 fragments of 4 floats per thread).
+constexpr int kRegMaxK = 128;
+
+// Shared-memory floats of ForwardRegKernel: the resident u tile and two
+// code tiles, all at the engine's pitch kp + 4.
+__host__ __device__ constexpr int64_t ForwardRegSmemFloats(int bt, int kp) {
+  return int64_t{bt + 2 * kRegClassTile} * TilePitch(kp);
+}
+
+// Warps per row group (class groups) of the kRegSoftmax kernel.
+__host__ __device__ constexpr int RegWarpSplits(int bt) { return kWarps / (bt / 16); }
+
+__device__ __forceinline__ void SplitTf32(float x, uint32_t* big, uint32_t* small) {
+  *big = ptx::cvt_rna_tf32(x);
+  *small = ptx::cvt_rna_tf32(x - __uint_as_float(*big));
+}
+
+// d += a * b in the math mode from split operands: 3xTF32 (small products
+// first, as MmaEngine) or plain TF32 (the small halves unused).
+template <bool kSplit>
+__device__ __forceinline__ void MmaMode(float d[4], const uint32_t ab[4], const uint32_t as[4],
+                                        const uint32_t bb[2], const uint32_t bs[2]) {
+  if (kSplit) {
+    ptx::mma_m16n8k8_tf32(d, as, bb, d);
+    ptx::mma_m16n8k8_tf32(d, ab, bs, d);
+  }
+  ptx::mma_m16n8k8_tf32(d, ab, bb, d);
+}
+
+template <int kMath, int BT>
+__global__ void __launch_bounds__(kThreads) ForwardRegKernel(ForwardSplitArgs a) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  extern __shared__ __align__(16) float smem[];
+  constexpr bool kSplit = kMath == kMath3xTf32;
+  constexpr int CT = kRegClassTile;
+  constexpr int WC = RegWarpSplits(BT);
+  constexpr int CW = CT / WC;  // classes per warp and tile
+  constexpr int NT = CW / 8;   // n8 fragments of logits per warp
+  constexpr int KN = kRegMaxK / 8;
+  static_assert(BT == 16 || BT == 64, "row tile 16 or 64");
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const int wr = warp / WC;
+  const int wc = warp % WC;
+  const int kp = a.kc;  // one stage holds the whole padded row
+  const int pitch = TilePitch(kp);
+  const int kn = kp / 8;
+  float* u_s = smem;
+  float* m_s = smem + BT * pitch;
+
+  const int64_t k = a.code_length;
+  const float scale = ReadScale(a.scale_ptr, a.scale);
+  const int64_t b0 = int64_t{blockIdx.x} * BT;
+  const int split = blockIdx.y;
+  const int64_t t_begin = split * a.class_tiles / a.splits;
+  const int64_t t_end = (split + 1) * a.class_tiles / a.splits;
+  const int64_t ntiles = t_end - t_begin;
+
+  // Rows g and g + 8 of the warp's 16 (index h = 0, 1).
+  int64_t row[2], label[2];
+  float rowc[2], run_max[2], run_sum[2], run_sqn[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    row[h] = b0 + wr * 16 + g + 8 * h;
+    const bool ok = row[h] < a.batch;
+    rowc[h] = ok ? a.rowc[row[h]] : 0.0f;
+    label[h] = ok ? LoadLabel(a.labels, a.labels_int64, row[h]) : -1;
+    run_max[h] = -INFINITY;
+    run_sum[h] = 0.0f;
+    run_sqn[h] = 0.0f;
+  }
+  float acc[KN][4];
+#pragma unroll
+  for (int jn = 0; jn < KN; ++jn) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[jn][e] = 0.0f;
+  }
+
+  StageTile(u_s, pitch, a.u, a.kp, b0, a.batch, BT, 0, kp, a.kp, true);
+  if (ntiles > 0) {
+    StageTile(m_s, pitch, a.codes, k, t_begin * CT, a.num_classes, CT, 0, kp, k, a.codes_vec);
+  }
+  ptx::cp_async_commit();
+  for (int64_t q = 0; q < ntiles; ++q) {
+    const float* cur = m_s + (q & 1) * CT * pitch;
+    if (q + 1 < ntiles) {
+      // Prefetch the next code tile while this one runs.
+      StageTile(m_s + ((q + 1) & 1) * CT * pitch, pitch, a.codes, k,
+                (t_begin + q + 1) * CT, a.num_classes, CT, 0, kp, k, a.codes_vec);
+      ptx::cp_async_commit();
+      ptx::cp_async_wait<1>();
+    } else {
+      ptx::cp_async_wait<0>();
+    }
+    // Tile q (and u) visible to every thread after this barrier.
+    __syncthreads();  // [barrier-mutation-test]
+
+    // Logits u.M of the warp's 16 rows x CW classes, in registers.
+    float d[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) d[nt][e] = 0.0f;
+    }
+    const float* ra = u_s + (wr * 16 + g) * pitch + t;
+    const float* cb = cur + (wc * CW + g) * pitch + t;
+    for (int ks = 0; ks < kp; ks += 8) {
+      const float av[4] = {ra[ks], ra[8 * pitch + ks], ra[ks + 4], ra[8 * pitch + ks + 4]};
+      uint32_t ab[4], as[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) SplitTf32(av[e], &ab[e], &as[e]);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        uint32_t bb[2], bs[2];
+        SplitTf32(cb[nt * 8 * pitch + ks], &bb[0], &bs[0]);
+        SplitTf32(cb[nt * 8 * pitch + ks + 4], &bb[1], &bs[1]);
+        MmaMode<kSplit>(d[nt], ab, as, bb, bs);
+      }
+    }
+
+    // Online softmax on the fragments: logits, quad row max, p in place.
+    const int64_t cbase = (t_begin + q) * CT + wc * CW + 2 * t;
+    float sq[NT][2];
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e / 2;
+        const int64_t c = cbase + nt * 8 + (e & 1);
+        const bool valid = c < a.num_classes;
+        if (h == 0) sq[nt][e & 1] = valid ? a.sqn[c] : 0.0f;
+        const float x = valid ? Logit(d[nt][e], scale, a.ct[c], rowc[h]) : -INFINITY;
+        if (valid && c == label[h]) a.label_logit[row[h]] = x;
+        d[nt][e] = x;
+        tile_max[h] = NanMax(tile_max[h], x);
+      }
+    }
+    float alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float m = tile_max[h];
+      m = NanMax(m, __shfl_xor_sync(kFullMask, m, 1));
+      m = NanMax(m, __shfl_xor_sync(kFullMask, m, 2));
+      const float new_max = NanMax(run_max[h], m);
+      alpha[h] = ExpDiff(run_max[h], new_max);
+      run_max[h] = new_max;
+      run_sum[h] *= alpha[h];
+      run_sqn[h] *= alpha[h];
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e / 2;
+        const float p = ExpDiff(d[nt][e], run_max[h]);
+        d[nt][e] = p;
+        run_sum[h] += p;
+        run_sqn[h] = fmaf(p, sq[nt][e & 1], run_sqn[h]);
+      }
+    }
+
+    // acc = alpha * acc + P.M, P from the fragments (A: k index t = class
+    // 2t, t + 4 = class 2t + 1 of each n8 fragment), M from the staged tile
+    // with the same permutation.
+#pragma unroll
+    for (int jn = 0; jn < KN; ++jn) {
+      if (jn < kn) {
+        acc[jn][0] *= alpha[0];
+        acc[jn][1] *= alpha[0];
+        acc[jn][2] *= alpha[1];
+        acc[jn][3] *= alpha[1];
+      }
+    }
+    const float* mb = cur + (wc * CW + 2 * t) * pitch + g;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const float pa[4] = {d[nt][0], d[nt][2], d[nt][1], d[nt][3]};
+      uint32_t ab[4], as[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) SplitTf32(pa[e], &ab[e], &as[e]);
+#pragma unroll
+      for (int jn = 0; jn < KN; ++jn) {
+        if (jn < kn) {
+          uint32_t bb[2], bs[2];
+          SplitTf32(mb[nt * 8 * pitch + jn * 8], &bb[0], &bs[0]);
+          SplitTf32(mb[(nt * 8 + 1) * pitch + jn * 8], &bb[1], &bs[1]);
+          MmaMode<kSplit>(acc[jn], ab, as, bb, bs);
+        }
+      }
+    }
+    __syncthreads();  // buffer q & 1 is free for the prefetch of tile q + 2
+  }
+
+  // Epilogue: the quad's partial sums, then the warp's normalised state.
+  const int64_t total_splits = int64_t{a.splits} * WC;
+  const int64_t slot_split = int64_t{split} * WC + wc;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = run_sum[h];
+    float sqn = run_sqn[h];
+    l += __shfl_xor_sync(kFullMask, l, 1);
+    l += __shfl_xor_sync(kFullMask, l, 2);
+    sqn += __shfl_xor_sync(kFullMask, sqn, 1);
+    sqn += __shfl_xor_sync(kFullMask, sqn, 2);
+    // A NaN sum fails "> 0": inv = 0 keeps the NaN of acc and sqn (x*0).
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    if (row[h] < a.batch) {
+      const int64_t slot = row[h] * total_splits + slot_split;
+      if (t == 0) {
+        a.part_lse[slot] = run_max[h] + logf(l);
+        a.part_sqn[slot] = sqn * inv;
+      }
+      float* out = a.part_acc + slot * k;
+#pragma unroll
+      for (int jn = 0; jn < KN; ++jn) {
+        if (jn < kn) {
+          const int64_t j = jn * 8 + 2 * t;
+          if (j < k) out[j] = acc[jn][2 * h] * inv;
+          if (j + 1 < k) out[j + 1] = acc[jn][2 * h + 1] * inv;
+        }
+      }
+    }
+  }
+#endif
+}
+
+}  // namespace detail
+}  // namespace cuda
+}  // namespace keras_ecoc
+
+#endif  // KERAS_ECOC_KERNELS_CUDA_ECOC_FORWARD_REG_CUH_
