@@ -118,15 +118,16 @@ def _row_block(matrix, start, stop):
     if start == 0 and stop == matrix.shape[0]:
         return matrix
     lo, hi = matrix.indptr[start], matrix.indptr[stop]
-    return scipy.sparse.csr_matrix(
-        (
-            matrix.data[lo:hi],
-            matrix.indices[lo:hi],
-            matrix.indptr[start : stop + 1] - lo,
-        ),
-        shape=(stop - start, matrix.shape[1]),
-        copy=False,
+    # The (data, indices, indptr) constructor copies its arrays even with
+    # copy=False (SciPy 1.17), so the views are set on an empty matrix.
+    block = scipy.sparse.csr_matrix(
+        (stop - start, matrix.shape[1]), dtype=matrix.dtype
     )
+    block.data = matrix.data[lo:hi]
+    block.indices = matrix.indices[lo:hi]
+    block.indptr = matrix.indptr[start : stop + 1] - lo
+    block.has_sorted_indices = matrix.has_sorted_indices
+    return block
 
 
 def project_out(null, x, overwrite=False):
