@@ -23,6 +23,8 @@ ends, so a killed benchmark keeps what finished):
   first_epoch_s   wall time of the first epoch (traces and compiles)
   epoch_s         wall time of each later epoch
   step_ms         median later epoch / steps
+  step_times_ms   wall time of every step (on_train_batch_begin to _end)
+  cpu_s           user + system CPU time of the process at the end of fit
   peak_mib        peak RSS (VmHWM) above the RSS once the codes exist (the
                   peak is reset with /proc/self/clear_refs after the codes
                   are made; glibc's mmap threshold is pinned at 64 KiB so
@@ -160,6 +162,7 @@ def worker(args):
     row["peak_after_construct_mib"] = _status("VmHWM") - rss_codes
 
     times = []
+    step_times = []
 
     class Timer(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
@@ -168,12 +171,21 @@ def worker(args):
         def on_epoch_end(self, epoch, logs=None):
             times.append(time.perf_counter() - self.t)
 
+        def on_train_batch_begin(self, batch, logs=None):
+            self.step_t = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            # Per step, so that one slow step shows as such in an epoch's time.
+            step_times.append(round(1000.0 * (time.perf_counter() - self.step_t), 1))
+
     history = model.fit(x, y, batch_size=args.batch, epochs=args.epochs,
                         verbose=0, shuffle=False, callbacks=[Timer()])
     row["first_epoch_s"] = times[0]
     row["epoch_s"] = times[1:]
     later = times[1:] or times
     row["step_ms"] = 1000.0 * statistics.median(later) / args.steps
+    row["step_times_ms"] = step_times
+    row["cpu_s"] = sum(os.times()[:2])  # user + system, all threads
     row["peak_mib"] = _status("VmHWM") - rss_codes
     row["final_loss"] = float(history.history["loss"][-1])
     if args.reload and args.model == "classifier":

@@ -202,8 +202,20 @@ class CodesSource:
             self._tracker.add_to_store("variables", holder.variable)
             holder.tracked_by = weakref.ref(self)
 
-    def bind(self, decoder):
-        """Follows `decoder`'s codes (and scale) from now on."""
+    def bind(self, decoder, share_until_used=False):
+        """Follows `decoder`'s codes (and scale) from now on.
+
+        Args:
+            decoder: the `ECOCDecoder` to follow.
+            share_until_used: JAX metrics only. Instead of a device copy of
+                the decoder's codes now, the metric's codes variable holds
+                the decoder's own array until `_own_codes()` makes the copy
+                (a model that loads its weights calls it before its first
+                train or test function: a JAX step donates every state
+                buffer, so two variables may not share one there). A load
+                then holds two code matrices, the decoder's and Keras' read
+                of the weights file, instead of three.
+        """
         from keras_ecoc.layers import ECOCDecoder  # noqa: PLC0415
 
         if not isinstance(decoder, ECOCDecoder):
@@ -219,20 +231,42 @@ class CodesSource:
             if self._holder is None or self._holder.tracked_by is None or (
                 self._holder.tracked_by() is not self
             ):
-                copy = _copy_of(decoder.codes)
+                value = decoder.codes.value
+                if not share_until_used:
+                    value = _copy_of(decoder.codes)
                 self._holder = None
-                self._set_holder(_CodesHolder(_new_codes_variable(copy)))
+                self._set_holder(_CodesHolder(_new_codes_variable(value)))
+                self._codes_shared = share_until_used
             decoder._add_codes_follower(self)
         return self
+
+    # JAX metrics: whether the codes variable holds the decoder's own array
+    # (see `bind(share_until_used=True)`), not a copy.
+    _codes_shared = False
 
     def _refresh_codes(self):
         """Called by the bound decoder (JAX metrics) when its codes were loaded.
 
-        The decoder's codes are copied into this metric's own buffer
-        (donated), so a load holds no third matrix next to the two.
+        A metric that shares the decoder's array takes the new one (a load
+        replaces it). Otherwise the decoder's codes are copied into this
+        metric's own buffer (donated), so a load holds no third matrix next
+        to the two.
         """
         variable = self._holder.variable
+        if self._codes_shared:
+            variable.assign(self._decoder.codes.value)
+            return
         variable.assign(_copy_into(variable.value, self._decoder.codes.value))
+
+    def _own_codes(self):
+        """Ends `bind(share_until_used=True)`: the metric's own device copy.
+
+        Made when the codes first enter a compiled step, after a load has
+        dropped its read of the weights file.
+        """
+        if self._codes_shared:
+            self._holder.variable.assign(_copy_of(self._decoder.codes))
+            self._codes_shared = False
 
     @property
     def decoder_name(self):

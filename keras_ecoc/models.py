@@ -204,16 +204,34 @@ class ECOCClassifier(keras.Model):
         # followed the decoder are bound to it again (their config refers to
         # it by name), so a learnable scale keeps training and the codes come
         # from the loaded weights.
+        # On JAX a bound metric shares the decoder's codes array until its
+        # first train or test function (`_own_codes_for_steps`): the weights
+        # load that follows then holds two code matrices (the decoder's and
+        # Keras' in-memory read of the weights file), not three.
         config = keras.saving.deserialize_keras_object(config)
         for value in keras.tree.flatten(
             [config.get("loss"), config.get("metrics"),
              config.get("weighted_metrics")]
         ):
             if isinstance(value, CodesSource) and value.decoder_name is not None:
-                value.bind(self.decoder)
+                value.bind(self.decoder, share_until_used=True)
         self.compile(**config)
         if self.optimizer is not None and self.built:
             self.optimizer.build(self.trainable_variables)
+
+    def make_train_function(self, force=False):
+        self._own_codes_for_steps()
+        return super().make_train_function(force=force)
+
+    def make_test_function(self, force=False):
+        self._own_codes_for_steps()
+        return super().make_test_function(force=force)
+
+    def _own_codes_for_steps(self):
+        # A compiled JAX step donates every state buffer, so no metric may
+        # still share the decoder's codes array (see `compile_from_config`).
+        for follower in list(self.decoder._codes_followers):
+            follower._own_codes()
 
     def decode(self, z, output="probabilities"):
         """Decodes z (batch, code_length) into probabilities or logits."""

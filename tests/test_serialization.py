@@ -234,3 +234,39 @@ def test_exported_serving_model_returns_probabilities(rng, tmp_path):
     served = loaded.serve(tf.constant(x)).numpy()
     np.testing.assert_allclose(served, model.predict_proba(x, verbose=0), rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(served.sum(-1), 1.0, rtol=1e-5)
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() != "jax",
+    reason="only JAX metrics keep a device copy of the decoder's codes",
+)
+def test_loaded_jax_metric_shares_the_decoder_codes_until_its_first_step(
+    rng, tmp_path
+):
+    # 100,000 x 8 codes are too large for the configs: they come from the
+    # weights file, whose in-memory read is alive while the weights load.
+    x = rng.normal(size=(24, 10)).astype("float32")
+    y = rng.integers(0, 100_000, size=24)
+    model = keras_ecoc.ECOCClassifier(_backbone(), _codes(100_000, 8))
+    model.compile()
+    model.fit(x, y, epochs=1, batch_size=8, verbose=0)
+    path = os.path.join(tmp_path, "shared.keras")
+    model.save(path)
+    restored = keras.models.load_model(path)
+    metric = restored._compile_metrics._user_metrics[0]
+    decoder_codes = restored.decoder.codes.value
+    # No copy made by the load: the metric holds the decoder's array.
+    assert metric.codes.value is decoder_codes
+    np.testing.assert_allclose(model.evaluate(x, y, verbose=0),
+                               restored.evaluate(x, y, verbose=0), rtol=1e-6)
+    # The first test function gave the metric its own buffer (a JAX step
+    # donates every state buffer), with the decoder's values.
+    assert metric.codes.value is not restored.decoder.codes.value
+    np.testing.assert_array_equal(np.asarray(metric.codes.value),
+                                  np.asarray(restored.decoder.codes.value))
+    np.testing.assert_array_equal(np.asarray(restored.decoder.codes.value),
+                                  ops.convert_to_numpy(model.codes))
+    history = restored.fit(x, y, epochs=1, batch_size=8, verbose=0)
+    assert np.isfinite(history.history["loss"][-1])
+    np.testing.assert_array_equal(np.asarray(metric.codes.value),
+                                  ops.convert_to_numpy(model.codes))

@@ -469,3 +469,32 @@ def test_chebyshev_solver_on_threaded_products_matches_the_dense_reference(
         out.astype(np.float64), reference_vectors[:, 1:17]
     )
     assert angles.max() < 1e-5
+
+
+def test_row_block_product_blocks_share_the_matrix_arrays(monkeypatch):
+    from keras_ecoc.codes import _eigen
+
+    # Row slices of a CSR matrix are copies; the blocks must be views, so
+    # that a product over a million-class graph holds no second graph.
+    monkeypatch.setattr(_eigen, "_PARALLEL_MIN_NNZ", 0)
+    matrix = scipy.sparse.random(400, 400, density=0.03, random_state=33, format="csr")
+    x = np.random.default_rng(33).standard_normal((400, 3))
+    with _eigen.RowBlockProduct(matrix, threads=3) as product:
+        assert len(product.blocks) == 3
+        for block in product.blocks:
+            assert np.shares_memory(block.data, matrix.data)
+            assert np.shares_memory(block.indices, matrix.indices)
+        out = product @ x
+    np.testing.assert_allclose(out, matrix.toarray() @ x, rtol=1e-12, atol=1e-12)
+
+
+def test_in_place_normalization_equals_the_diagonal_product():
+    spectral_module = importlib.import_module("keras_ecoc.codes.spectral")
+    rng = np.random.default_rng(34)
+    graph = _knn_graph(rng, 300)
+    scale = 1.0 / np.sqrt(np.asarray(graph.sum(axis=1)).ravel())
+    # The product's order of multiplication, (s_ij d_i) d_j, in float64.
+    reference = (scipy.sparse.diags(scale) @ graph @ scipy.sparse.diags(scale)).toarray()
+    scaled = graph.copy()
+    spectral_module._scale_rows_and_columns(scaled, scale, rows=37)
+    np.testing.assert_array_equal(scaled.toarray(), reference)

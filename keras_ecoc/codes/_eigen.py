@@ -78,7 +78,9 @@ class RowBlockProduct:
             self.bounds = [
                 (int(a), int(b)) for a, b in zip(edges[:-1], edges[1:]) if b > a
             ]
-        self.blocks = [matrix[a:b] for a, b in self.bounds]
+        # Views of the matrix's arrays, not copies (slicing a CSR matrix
+        # copies its rows: one more matrix alive for the whole solve).
+        self.blocks = [_row_block(matrix, a, b) for a, b in self.bounds]
         self.owned = pool is None and len(self.blocks) > 1
         if len(self.blocks) < 2:
             pool = None
@@ -111,14 +113,50 @@ class RowBlockProduct:
         return out
 
 
-def project_out(null, x):
-    """Returns `x - null null^T x` (a new array).
+def _row_block(matrix, start, stop):
+    """Rows `start:stop` of a CSR matrix sharing its data and indices."""
+    if start == 0 and stop == matrix.shape[0]:
+        return matrix
+    lo, hi = matrix.indptr[start], matrix.indptr[stop]
+    # The (data, indices, indptr) constructor copies its arrays even with
+    # copy=False (SciPy 1.17), so the views are set on an empty matrix.
+    block = scipy.sparse.csr_matrix(
+        (stop - start, matrix.shape[1]), dtype=matrix.dtype
+    )
+    block.data = matrix.data[lo:hi]
+    block.indices = matrix.indices[lo:hi]
+    block.indptr = matrix.indptr[start : stop + 1] - lo
+    block.has_sorted_indices = matrix.has_sorted_indices
+    return block
+
+
+def project_out(null, x, overwrite=False):
+    """Returns `x - null null^T x`: a new array, or `x` itself updated in
+    place with `overwrite=True` (one (n, b) temporary fewer).
 
     Args:
         null: `(n, c)` matrix, sparse or dense, with orthonormal columns.
         x: float64 `(n,)` or `(n, b)`.
+        overwrite: Whether `x` may be overwritten.
     """
+    if overwrite:
+        x -= null @ (null.T @ x)
+        return x
     return x - null @ (null.T @ x)
+
+
+def _residual_norms(l_vectors, rotation, vectors, values, rows=1 << 16):
+    """Column norms of `l_vectors @ rotation - vectors * values`, `(k,)`.
+
+    Row blocks: the (n, k) difference and its two products would each be
+    another (n, k) float64 matrix (512 MiB at a million classes, k = 64).
+    """
+    squares = np.zeros(vectors.shape[1])
+    for start in range(0, vectors.shape[0], rows):
+        block = l_vectors[start : start + rows] @ rotation
+        block -= vectors[start : start + rows] * values
+        squares += np.einsum("ij,ij->j", block, block)
+    return np.sqrt(squares)
 
 
 def with_locality_order(solve, adjacency, null, k, rng):
@@ -268,7 +306,9 @@ def _chebyshev_eigenpairs(adjacency, null, k, rng, tol, block):
     buffer = max(16, k // 4)
 
     def apply_laplacian(x):
-        return x - adjacency @ x
+        image = adjacency @ x  # a new array
+        np.subtract(x, image, out=image)
+        return image
 
     # A single-vector run: for the same basis size it reaches a higher
     # polynomial degree than a block run, which resolves the crowded bottom
@@ -292,16 +332,19 @@ def _chebyshev_eigenpairs(adjacency, null, k, rng, tol, block):
             vectors = run["basis"] @ run["ritz_vectors"][:, -k:]
         else:
             vectors = _arpack_top(apply_filter, null, k, buffer, rng)
+        # The basis (up to 1.5 GiB at a million classes) is not needed for
+        # the Rayleigh-Ritz step, whose (n, k) temporaries would otherwise
+        # sit on top of it at the solver's memory peak.
+        del run
         # Rayleigh-Ritz with L: the values of L, exactly L-orthogonal vectors.
-        vectors = _orthonormalize(project_out(null, vectors))
+        vectors = _orthonormalize(project_out(null, vectors, overwrite=True))
         l_vectors = apply_laplacian(vectors)
         projected = vectors.T @ l_vectors
         values, rotation = np.linalg.eigh((projected + projected.T) / 2.0)
         if values[-1] < cut:
             vectors = vectors @ rotation
-            residuals = np.linalg.norm(
-                l_vectors @ rotation - vectors * values, axis=0
-            )
+            residuals = _residual_norms(l_vectors, rotation, vectors, values)
+            del l_vectors
             if residuals.max() > tol:
                 warnings.warn(
                     f"The Chebyshev-filtered Lanczos solver reached a "
@@ -368,7 +411,7 @@ def _block_lanczos(apply, null, rng, block, max_dim, wanted=0, tol=0.0):
         correction = known.T @ image
         image -= known @ correction
         projected[: size + block, size : size + block] = coefficients + correction
-        image = project_out(null, image)
+        image = project_out(null, image, overwrite=True)
         following, coupling = _next_block(image, known, null, rng)
         size += block
         projected[size : size + block, size - block : size] = coupling
@@ -506,7 +549,7 @@ def _chebyshev_filter(adjacency, null, degree, cut, upper):
         current *= sign
         # The filter is largest at eigenvalue 0, so it amplifies round-off
         # along the null space: project it out again.
-        return project_out(null, current)
+        return project_out(null, current, overwrite=True)
 
     return apply
 
