@@ -132,6 +132,7 @@ def _tiny_demo_npz(rng, path):
     return str(path)
 
 
+@pytest.mark.backend_independent
 def test_demo_runs_end_to_end_on_a_subset(rng, tmp_path, capsys):
     # Random images: the pretrained network is at chance, so the stop is off.
     results = demo.run(["--dataset", _tiny_demo_npz(rng, tmp_path / "tiny.npz"),
@@ -143,6 +144,7 @@ def test_demo_runs_end_to_end_on_a_subset(rng, tmp_path, capsys):
     assert "| encoding | bits |" in out and "steps to" in out
 
 
+@pytest.mark.backend_independent
 def test_demo_stops_when_the_pretrained_network_is_at_chance(
         rng, tmp_path, capsys, monkeypatch):
     from ecoc_research.experiments import protocols
@@ -167,6 +169,7 @@ def test_bad_dataset_spec_raises_value_error(tmp_path):
         datasets.load_dataset(str(bad))
 
 
+@pytest.mark.backend_independent
 @pytest.mark.slow
 def test_demo_console_entry_point_exits_zero(rng, tmp_path):
     # Runs the `keras-ecoc-demo` console script as declared in the package
