@@ -155,6 +155,10 @@ BACKEND_INDEPENDENT_FILES = {
 
 
 def pytest_collection_modifyitems(config, items):
+    # Whole files above, single tests by @pytest.mark.backend_independent (the
+    # research command lines: their training runs on every backend through
+    # tests such as test_grid_smoke_fits_a_ten_class_data_set, the
+    # orchestration around it once).
     backend = os.environ.get("KERAS_BACKEND", "tensorflow")
     if backend == "tensorflow":
         return
@@ -162,5 +166,6 @@ def pytest_collection_modifyitems(config, items):
         reason="backend-independent; run under KERAS_BACKEND=tensorflow"
     )
     for item in items:
-        if os.path.basename(str(item.fspath)) in BACKEND_INDEPENDENT_FILES:
+        if (os.path.basename(str(item.fspath)) in BACKEND_INDEPENDENT_FILES
+                or item.get_closest_marker("backend_independent") is not None):
             item.add_marker(skip)

@@ -105,6 +105,7 @@ def test_attributes_need_class_attributes(tmp_path):
         cli.main(["attributes", *TINY, "--output", str(tmp_path)])
 
 
+@pytest.mark.backend_independent
 def test_pictures_command(tmp_path):
     cli.main(["pictures", *TINY, "--encodings", "one_hot", "spectral",
               "--code-length", "4", "--tsne-iterations", "50",
@@ -181,6 +182,7 @@ GRID_TINY = ["--min-pretrain-chance-multiple", "0",
              "--val-per-class", "2", "--verbose", "0"]
 
 
+@pytest.mark.backend_independent
 def test_grid_command_on_any_npz(tmp_path):
     path = _tiny_npz(tmp_path, num_classes=8)
     out = tmp_path / "out"
@@ -213,6 +215,7 @@ def test_grid_command_on_any_npz(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["out", "tiny.npz"]
 
 
+@pytest.mark.backend_independent
 def test_grid_refuses_non_empty_output_and_resumes_matching_runs(tmp_path, capsys):
     path = _tiny_npz(tmp_path)
     out = tmp_path / "out"
@@ -382,6 +385,7 @@ def test_run_spec_rejects_bad_settings():
     assert runner_lib.RunSpec.from_dict(a.to_dict()) == a
 
 
+@pytest.mark.backend_independent
 def test_grid_scratch_protocol_trains_the_whole_network(tmp_path):
     path = _tiny_npz(tmp_path)
     out = tmp_path / "out"

@@ -352,6 +352,7 @@ def test_cub_grid_rejects_bad_arguments_before_training(kwargs, match):
         cub_bits.cub_grid("cub.npz", "source.npz", **kwargs)
 
 
+@pytest.mark.backend_independent
 @pytest.mark.slow
 @pytest.mark.parametrize("protocol", ["retrain", "finetune"])
 def test_cub_bits_command_end_to_end_with_resume(tmp_path, protocol):
@@ -396,6 +397,7 @@ def test_cub_bits_command_end_to_end_with_resume(tmp_path, protocol):
         r["test_accuracy"] for r in results["cub"]["rows"]]
 
 
+@pytest.mark.backend_independent
 @pytest.mark.slow
 def test_attributes_command_uses_the_pretrained_backbone(tmp_path):
     source, cub = _fake_source(tmp_path), _fake_cub(tmp_path)

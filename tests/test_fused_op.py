@@ -589,6 +589,8 @@ print("OK")
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
 
 
+# Its subprocess always runs under JAX: once, in the TensorFlow pass.
+@pytest.mark.backend_independent
 def test_other_backends_do_not_import_tensorflow():
     pytest.importorskip("jax")
     code = """

@@ -49,6 +49,7 @@ def _npz(tmp_path, num_classes, train_per_class, size, shuffle_labels=False,
     return datasets.save_npz(data, str(tmp_path / "glyphs.npz"))
 
 
+@pytest.mark.backend_independent
 def test_grid_stops_before_any_head_when_pretraining_is_near_chance(tmp_path, capsys):
     path = _npz(tmp_path, 1200, 4, 8, shuffle_labels=True)
     out = tmp_path / "out"
@@ -85,6 +86,7 @@ def test_grid_smoke_fits_a_ten_class_data_set(tmp_path):
     assert len(os.listdir(out / "runs")) == 4  # 2 encodings x 2 seeds
 
 
+@pytest.mark.backend_independent
 @pytest.mark.slow
 def test_grid_trains_heads_on_600_of_1200_generated_classes(tmp_path):
     # The pipeline end to end on many classes. Whether a short pretraining
