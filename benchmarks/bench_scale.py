@@ -393,7 +393,7 @@ def _load(row):
 def render(*paths):
     """A Markdown table of the fit rows (and the spectral rows) of JSON lines files."""
     rows = [json.loads(line) for path in paths for line in open(path) if line.strip()]
-    fits = [r for r in rows if r.get("model") in MODELS]
+    fits = [r for r in rows if r.get("model") in ALL_MODELS]
     lines = [
         "| n | k | backend | model | codes MiB | peak above codes MiB | first epoch s "
         "| later epoch s | step ms | notes |",
