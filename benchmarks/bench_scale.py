@@ -8,6 +8,9 @@ then a model, and trains it with `model.fit` on random data:
               (`ECOCLoss.from_decoder` and `ECOCAccuracy.from_decoder`)
   loss        a Dense(k) head compiled with `ECOCLoss(codes)` and
               `metrics=[ECOCAccuracy(codes)]` (the README's standalone use)
+  loss_nometric  the same head and loss with no ECOC metric (on JAX the
+              loss's codes then are no variable the trainer maps; see
+              docs/api.md, "ECOCLoss on JAX"); not run by default
   onehot      a Dense(n) head with `SparseCategoricalCrossentropy
               (from_logits=True)` and the "accuracy" metric
 
@@ -65,6 +68,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BACKENDS = ("tensorflow", "jax", "torch")
 MODELS = ("classifier", "loss", "onehot")
+ALL_MODELS = MODELS + ("loss_nometric",)
 
 
 # ----------------------------------------------------------------- worker
@@ -140,13 +144,14 @@ def worker(args):
         backbone = keras.Model(inputs, hidden)
         model = keras_ecoc.ECOCClassifier(backbone, codes)
         model.compile(optimizer=keras.optimizers.Adam(1e-3))
-    elif args.model == "loss":
+    elif args.model in ("loss", "loss_nometric"):
         hidden = keras.layers.Dense(args.features, activation="relu")(inputs)
         model = keras.Model(inputs, keras.layers.Dense(args.k)(hidden))
+        metrics = [keras_ecoc.ECOCAccuracy(codes)] if args.model == "loss" else []
         model.compile(
             optimizer=keras.optimizers.Adam(1e-3),
             loss=keras_ecoc.ECOCLoss(codes),
-            metrics=[keras_ecoc.ECOCAccuracy(codes)],
+            metrics=metrics,
         )
     else:
         hidden = keras.layers.Dense(args.features, activation="relu")(inputs)
@@ -287,7 +292,7 @@ def main(argv=None):
     p.add_argument("--onehot-epochs", type=int, default=2)
     p.add_argument("--features", type=int, default=64)
     p.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
-    p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=ALL_MODELS)
     p.add_argument("--reload", action="store_true",
                    help="classifier runs also save, reload and compare predictions")
     p.add_argument("--spectral", action="store_true",
@@ -302,7 +307,7 @@ def main(argv=None):
     # Worker mode (internal).
     p.add_argument("--worker", choices=("fit", "spectral"))
     p.add_argument("--backend", choices=BACKENDS)
-    p.add_argument("--model", choices=MODELS)
+    p.add_argument("--model", choices=ALL_MODELS)
     args = p.parse_args(argv)
 
     if args.worker == "fit":
@@ -388,7 +393,7 @@ def _load(row):
 def render(*paths):
     """A Markdown table of the fit rows (and the spectral rows) of JSON lines files."""
     rows = [json.loads(line) for path in paths for line in open(path) if line.strip()]
-    fits = [r for r in rows if r.get("model") in MODELS]
+    fits = [r for r in rows if r.get("model") in ALL_MODELS]
     lines = [
         "| n | k | backend | model | codes MiB | peak above codes MiB | first epoch s "
         "| later epoch s | step ms | notes |",

@@ -177,6 +177,85 @@ def test_traced_train_and_test_steps_hold_no_constant_of_the_codes_size(which):
     assert max(sizes) < N * K // 4, sorted(sizes)[-5:]
 
 
+def _jaxpr_primitive_names(closed_jaxpr):
+    """Names of the primitives of a closed jaxpr and every sub-jaxpr."""
+    from jax.extend import core
+
+    names = []
+    stack = [closed_jaxpr.jaxpr]
+    while stack:
+        jaxpr = stack.pop()
+        for eqn in jaxpr.eqns:
+            names.append(eqn.primitive.name)
+            for param in eqn.params.values():
+                for sub in param if isinstance(param, (list, tuple)) else [param]:
+                    if isinstance(sub, core.ClosedJaxpr):
+                        stack.append(sub.jaxpr)
+                    elif isinstance(sub, core.Jaxpr):
+                        stack.append(sub)
+    return names
+
+
+def _jax_train_step_jaxpr(model, x, y):
+    import jax
+
+    state = (
+        [v.value for v in model.trainable_variables],
+        [v.value for v in model.non_trainable_variables],
+        [v.value for v in model.optimizer.variables],
+        [v.value for v in model.metrics_variables],
+    )
+    return jax.make_jaxpr(model.train_step)(state, (x[:B], y[:B]))
+
+
+@pytest.mark.parametrize("which", ["loss_and_metric", "loss_only", "classifier"])
+def test_jax_train_step_reads_codes_as_state_unless_the_loss_stands_alone(which):
+    # docs/api.md, "ECOCLoss on JAX": the recommended forms (an ECOCAccuracy
+    # made from the loss's array, or ECOCLoss.from_decoder) take the codes
+    # as an argument of the step (a metric or model variable): no callback,
+    # no constant. A loss alone holds them in a variable the JAX trainer does
+    # not map; it reads them through one host callback a step (the
+    # documented gap), still with no constant of the codes' size.
+    if BACKEND != "jax":
+        pytest.skip("JAX trainer only")
+    model = dict(_models())[which]
+    x, y = _data()
+    model.fit(x, y, batch_size=B, epochs=1, verbose=0)
+    closed = _jax_train_step_jaxpr(model, x, y)
+    callbacks = [n for n in _jaxpr_primitive_names(closed) if "callback" in n]
+    assert callbacks == ([] if which != "loss_only" else ["pure_callback"])
+    assert max(_jaxpr_constant_sizes(closed)) < N * K // 4
+    # The codes are an input of the step exactly when they are state.
+    input_sizes = [int(np.prod(v.aval.shape)) for v in closed.jaxpr.invars]
+    assert (N * K in input_sizes) == (which != "loss_only")
+
+
+def test_loss_alone_and_loss_with_metric_train_to_the_float64_loss():
+    # Both ways the standalone loss reads its codes on JAX (host callback
+    # alone, metric state with an ECOCAccuracy) give the same loss, equal to
+    # a float64 NumPy reference at the same weights; on other backends the
+    # two forms are the same program.
+    codes = _codes(seed=4)
+    x, y = _data(seed=5)
+    losses = []
+    for metrics in ([], [keras_ecoc.ECOCAccuracy(codes)]):
+        keras.utils.set_random_seed(0)
+        model = _dense_model()
+        model.compile("sgd", keras_ecoc.ECOCLoss(codes, scale=4.0), metrics=metrics)
+        model.fit(x, y, batch_size=B, epochs=1, verbose=0, shuffle=False)
+        z = keras.ops.convert_to_numpy(model(x)).astype("float64")
+        u = z / np.linalg.norm(z, axis=1, keepdims=True)
+        m = codes.astype("float64")
+        logits = -2.0 * ((m * m).sum(1)[None, :] - 2.0 * u @ m.T + 1.0)
+        top = logits.max(1, keepdims=True)
+        lse = top[:, 0] + np.log(np.exp(logits - top).sum(1))
+        expected = np.mean(lse - logits[np.arange(len(y)), y])
+        got = float(model.evaluate(x, y, batch_size=B, verbose=0, return_dict=True)["loss"])
+        np.testing.assert_allclose(got, expected, rtol=1e-4)
+        losses.append(got)
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
+
+
 # ------------------------------------------------------------ host syncs
 
 
