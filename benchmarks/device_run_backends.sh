@@ -21,7 +21,7 @@
 # Phases, each under a hard `timeout`, none stopping the next:
 #   info     nvidia-smi (name, compute capability, memory), nvcc, versions
 #   wheels   keras and its requirements from the carried .whl/ into /tmp/site
-#            (skipped when keras already imports from there)
+#            (skipped when keras is already there)
 #   build    the framework-free kernel library keras_ecoc/_lib/_ecoc_kernels.so
 #            with nvcc for this card's architecture only (KERAS_ECOC_CUDA_ARCHS
 #            from nvidia-smi's compute_cap); fails without the CUDA part
@@ -176,9 +176,11 @@ NEEDS_GPU=0 PHASE_NOTE="arch ${ARCH:-none}" phase info 10 bash -c info
 
 # --- wheels ---------------------------------------------------------------------
 install_wheels() {
-  if "$PY" -c 'import keras' 2>/dev/null; then
-    echo "keras already imports ($("$PY" -c 'import keras; print(keras.__version__, keras.__file__)')):" \
-         "nothing installed"; return 0
+  # find_spec, not `import keras`: that imports the default backend (TensorFlow).
+  local found
+  if found="$("$PY" -c 'import importlib.util as u, importlib.metadata as m
+s = u.find_spec("keras"); print(m.version("keras"), s.origin) if s else exit(1)' 2>/dev/null)"; then
+    echo "keras already there ($found): nothing installed"; return 0
   fi
   shopt -s nullglob
   local whl=("$WHEELS"/*.whl)
