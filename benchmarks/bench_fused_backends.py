@@ -27,7 +27,9 @@ memory of the timed steps above the inputs (``dev_peak_mb``: PyTorch's
 ``max_memory_allocated`` after ``reset_peak_memory_stats``, exact; JAX's
 ``peak_bytes_in_use`` minus ``bytes_in_use`` before the warm-up, valid only
 when the cell raised the process's peak, else None with
-``dev_peak_masked``). ``--time-limit`` bounds the whole run: each backend
+``dev_peak_masked``; JAX rows also carry ``xla_temp_mb``, the compiled
+step's temporary buffers from XLA's memory analysis, for every cell).
+``--time-limit`` bounds the whole run: each backend
 gets an equal share of what is left, a cell that would start after its
 backend's share is not run, and every cell not run is named in the JSON's
 ``skipped`` list and in the table. Without a GPU it says so in one line and
@@ -78,10 +80,14 @@ def _reset_hwm():
         return False
 
 
-def _step_fn(backend, path, b, n, k, cuda=False):
+def _step_fn(backend, path, b, n, k, cuda=False, gpu=False):
     """A function running one forward+backward step, and a sync.
 
     cuda: PyTorch tensors on the GPU (JAX places them on its default device).
+    gpu: the --device gpu code path (also simulated): JAX compiles here and
+    the function carries ``xla_temp_mb``, XLA's temporary buffers of the step
+    (the FFI handlers' scratch comes from XLA's allocator at run time and is
+    not in it).
     """
     import numpy as np
 
@@ -104,7 +110,21 @@ def _step_fn(backend, path, b, n, k, cuda=False):
 
         f = jax.jit(jax.value_and_grad(total, argnums=(0, 1)))
         zz, ss = jnp.asarray(z), jnp.float32(8.0)
-        return lambda: jax.block_until_ready(f(zz, ss))
+        if not gpu:
+            return lambda: jax.block_until_ready(f(zz, ss))
+        # On the GPU: compiled here, so that XLA's own account of the
+        # program's buffers is read for every cell (JAX's peak statistic
+        # cannot be reset, so it is masked wherever an earlier cell peaked higher).
+        compiled = f.lower(zz, ss).compile()
+
+        def run():
+            jax.block_until_ready(compiled(zz, ss))
+
+        try:
+            run.xla_temp_mb = compiled.memory_analysis().temp_size_in_bytes / 2**20
+        except Exception:  # noqa: BLE001 - a backend without the analysis: no column
+            pass
+        return run
     if backend == "torch":
         import torch
 
@@ -167,7 +187,7 @@ def worker(args):
     for path in sorted({c[3] for c in cells}):
         os.environ["KERAS_ECOC_LOSS_PATH"] = path if path != "fused" else "auto"
         try:
-            _step_fn(backend, path, 4, 50 if path != "streaming" else 2000, 8, cuda)()
+            _step_fn(backend, path, 4, 50 if path != "streaming" else 2000, 8, cuda, gpu)()
         except Exception:  # noqa: BLE001 - the measured cell reports the error
             pass
     for b, k, n, path in cells:
@@ -187,7 +207,7 @@ def worker(args):
                 raise RuntimeError(f"the dispatcher chose {chosen}")
             base = _rss_mb("VmRSS")
             hwm_ok = _reset_hwm()
-            run = _step_fn(backend, path, b, n, k, cuda)
+            run = _step_fn(backend, path, b, n, k, cuda, gpu)
             mem = _device_memory(backend, args.simulate_gpu) if gpu else None
             if mem:
                 mem.before_warmup()
@@ -217,6 +237,8 @@ def worker(args):
             row["peak_mb"] = (_rss_mb("VmHWM") - base) if hwm_ok else None
             if mem:
                 row.update(mem.result())
+            if hasattr(run, "xla_temp_mb"):
+                row["xla_temp_mb"] = run.xla_temp_mb
         except Exception as e:  # noqa: BLE001 - report the cell, go on
             row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
         print("ROW " + json.dumps(row), flush=True)
@@ -375,6 +397,8 @@ def render(rows, skipped, args):
     fields = [("ms", "ms"), ("cpu_ms", "CPU ms"), ("peak_mb", "MiB")]
     if any("dev_peak_mb" in r for r in rows):  # --device gpu rows
         fields = [("ms", "ms"), ("dev_peak_mb", "device MiB"), ("peak_mb", "host MiB")]
+        if any("xla_temp_mb" in r for r in rows):  # JAX: XLA's temporaries, never masked
+            fields.insert(2, ("xla_temp_mb", "XLA temp MiB"))
     head = ["backend", "B", "k", "n"] + [f"{p} {label}" for _, label in fields for p in paths]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for backend in backends:
