@@ -18,11 +18,29 @@ cell, so it includes compilation and every temporary, in MiB.
 Dense cells whose B x n float32 logits would exceed `--dense-max-mb` are
 skipped (the dense path holds several B x n arrays).
 
+On a GPU (``--device gpu``, JAX and PyTorch only): the arrays live on the
+GPU (JAX's default device must be a GPU; PyTorch tensors on ``cuda``), each
+step ends with ``block_until_ready`` / ``torch.cuda.synchronize()`` before
+the clock is read, the fused cells must be dispatched to the CUDA kernels
+(the dispatcher is asked for the GPU), and each row adds the peak device
+memory of the timed steps above the inputs (``dev_peak_mb``: PyTorch's
+``max_memory_allocated`` after ``reset_peak_memory_stats``, exact; JAX's
+``peak_bytes_in_use`` minus ``bytes_in_use`` before the warm-up, valid only
+when the cell raised the process's peak, else None with
+``dev_peak_masked``; JAX rows also carry ``xla_temp_mb``, the compiled
+step's temporary buffers from XLA's memory analysis, for every cell).
+``--time-limit`` bounds the whole run: each backend
+gets an equal share of what is left, a cell that would start after its
+backend's share is not run, and every cell not run is named in the JSON's
+``skipped`` list and in the table. Without a GPU it says so in one line and
+exits 2. The hidden ``--simulate-gpu`` runs this code path on the CPU (no
+device statistics): how benchmarks/device_run_backends.sh is tested here.
+
 Usage::
 
     python benchmarks/bench_fused_backends.py [--quick] [--backends jax,torch,tensorflow]
         [--batch 16,256] [--k 32,128] [--n 10000,100000,1000000] [--reps 3]
-        [--big-reps 1] [--json rows.json]
+        [--big-reps 1] [--json rows.json] [--device cpu|gpu] [--time-limit S]
     python benchmarks/bench_fused_backends.py --render a.json,b.json
 
 `--big-reps` applies to the n >= 10^6 cells (a streaming step there takes
@@ -38,6 +56,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -61,8 +80,15 @@ def _reset_hwm():
         return False
 
 
-def _step_fn(backend, path, b, n, k):
-    """A function running one forward+backward step, and a sync."""
+def _step_fn(backend, path, b, n, k, cuda=False, gpu=False):
+    """A function running one forward+backward step, and a sync.
+
+    cuda: PyTorch tensors on the GPU (JAX places them on its default device).
+    gpu: the --device gpu code path (also simulated): JAX compiles here and
+    the function carries ``xla_temp_mb``, XLA's temporary buffers of the step
+    (the FFI handlers' scratch comes from XLA's allocator at run time and is
+    not in it).
+    """
     import numpy as np
 
     from keras_ecoc import ops as eops
@@ -84,19 +110,36 @@ def _step_fn(backend, path, b, n, k):
 
         f = jax.jit(jax.value_and_grad(total, argnums=(0, 1)))
         zz, ss = jnp.asarray(z), jnp.float32(8.0)
-        return lambda: jax.block_until_ready(f(zz, ss))
+        if not gpu:
+            return lambda: jax.block_until_ready(f(zz, ss))
+        # On the GPU: compiled here, so that XLA's own account of the
+        # program's buffers is read for every cell (JAX's peak statistic
+        # cannot be reset, so it is masked wherever an earlier cell peaked higher).
+        compiled = f.lower(zz, ss).compile()
+
+        def run():
+            jax.block_until_ready(compiled(zz, ss))
+
+        try:
+            run.xla_temp_mb = compiled.memory_analysis().temp_size_in_bytes / 2**20
+        except Exception:  # noqa: BLE001 - a backend without the analysis: no column
+            pass
+        return run
     if backend == "torch":
         import torch
 
-        c = torch.tensor(codes)
-        y = torch.tensor(labels).long()
-        zz = torch.tensor(z, requires_grad=True)
-        ss = torch.tensor(8.0, requires_grad=True)
+        dev = torch.device("cuda" if cuda else "cpu")
+        c = torch.tensor(codes, device=dev)
+        y = torch.tensor(labels, device=dev).long()
+        zz = torch.tensor(z, device=dev, requires_grad=True)
+        ss = torch.tensor(8.0, device=dev, requires_grad=True)
 
         def run():
             zz.grad = None
             ss.grad = None
             torch.sum(eops.ecoc_cross_entropy(y, zz, c, ss, fused=fused)).backward()
+            if cuda:  # the kernels run asynchronously: wait for them before the clock
+                torch.cuda.synchronize()
 
         return run
     import tensorflow as tf
@@ -115,8 +158,27 @@ def _step_fn(backend, path, b, n, k):
     return lambda: [t.numpy() for t in tf.nest.flatten(step(zz, ss))]
 
 
+def _device_memory(backend, simulate):
+    """bench_streaming's peak-device-memory probe (the same rules, see its docstring)."""
+    sys.path.insert(0, HERE)
+    from bench_streaming import _DeviceMemory  # noqa: PLC0415 - only on the GPU path
+
+    return _DeviceMemory(backend, simulate)
+
+
 def worker(args):
     backend = os.environ["KERAS_BACKEND"]
+    gpu = args.device == "gpu"
+    cuda = gpu and not args.simulate_gpu
+    if gpu:
+        sys.path.insert(0, HERE)
+        from bench_streaming import _gpu_env_ok  # noqa: PLC0415
+
+        try:
+            _gpu_env_ok(backend, args.simulate_gpu)
+        except RuntimeError as e:
+            print(f"NOGPU {backend}: {e}", flush=True)
+            return 2
     from keras_ecoc import ops as eops
 
     cells = json.loads(args.cells)
@@ -125,12 +187,18 @@ def worker(args):
     for path in sorted({c[3] for c in cells}):
         os.environ["KERAS_ECOC_LOSS_PATH"] = path if path != "fused" else "auto"
         try:
-            _step_fn(backend, path, 4, 50 if path != "streaming" else 2000, 8)()
+            _step_fn(backend, path, 4, 50 if path != "streaming" else 2000, 8, cuda, gpu)()
         except Exception:  # noqa: BLE001 - the measured cell reports the error
             pass
     for b, k, n, path in cells:
+        if args.deadline and time.time() > args.deadline:
+            # Named, not run: the parent lists it among the skipped cells.
+            print("SKIP " + json.dumps([b, k, n, path, "time limit"]), flush=True)
+            continue
         os.environ["KERAS_ECOC_LOSS_PATH"] = path if path != "fused" else "auto"
-        row = {"backend": backend, "B": b, "k": k, "n": n, "path": path}
+        row = {"backend": backend, "B": b, "k": k, "n": n, "path": path, "device": args.device}
+        if args.simulate_gpu:
+            row["simulated"] = True
         try:
             from keras_ecoc.ops import _dispatch
 
@@ -139,10 +207,15 @@ def worker(args):
                 raise RuntimeError(f"the dispatcher chose {chosen}")
             base = _rss_mb("VmRSS")
             hwm_ok = _reset_hwm()
-            run = _step_fn(backend, path, b, n, k)
+            run = _step_fn(backend, path, b, n, k, cuda, gpu)
+            mem = _device_memory(backend, args.simulate_gpu) if gpu else None
+            if mem:
+                mem.before_warmup()
             t0 = time.perf_counter()
             run()  # warm-up / compile
             row["first_s"] = time.perf_counter() - t0
+            if mem:
+                mem.before_timed()
             times, cpu = [], []
             for _ in range(args.big_reps if n >= 10**6 else args.reps):
                 t0, c0 = time.perf_counter(), time.process_time()
@@ -162,9 +235,14 @@ def worker(args):
                 # per-call std::threads (KERAS_ECOC_TORCH_CPU_POOL=threads).
                 row["cpu_pool"] = _fused_torch.cpu_pool()
             row["peak_mb"] = (_rss_mb("VmHWM") - base) if hwm_ok else None
+            if mem:
+                row.update(mem.result())
+            if hasattr(run, "xla_temp_mb"):
+                row["xla_temp_mb"] = run.xla_temp_mb
         except Exception as e:  # noqa: BLE001 - report the cell, go on
             row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
         print("ROW " + json.dumps(row), flush=True)
+    return 0
 
 
 def main():
@@ -182,12 +260,21 @@ def main():
     p.add_argument("--quick", action="store_true",
                    help="n = 1e6 only at B = 16, k = 32")
     p.add_argument("--markdown", action="store_true")
+    p.add_argument("--device", default="cpu", choices=("cpu", "gpu"),
+                   help="gpu: arrays on the GPU, synchronised timing, peak device memory "
+                        "(JAX and PyTorch only)")
+    p.add_argument("--time-limit", type=float, default=0.0,
+                   help="seconds for the whole run (0: none); cells that do not fit are skipped "
+                        "and named")
+    p.add_argument("--grace", type=float, default=20.0,
+                   help="seconds a cell may run past its backend's share of --time-limit")
+    p.add_argument("--simulate-gpu", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--deadline", type=float, default=0.0, help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--cells", default="[]", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        worker(args)
-        return 0
+        return worker(args)
     if args.render:
         rows, skipped = [], []
         for path in args.render.split(","):
@@ -198,6 +285,13 @@ def main():
         args.backends = ",".join(dict.fromkeys(r["backend"] for r in rows))
         render(rows, skipped, args)
         return 0
+    backends = args.backends.split(",")
+    if args.device == "gpu" and not set(backends) <= {"jax", "torch"}:
+        p.error("with --device gpu, argument `--backends` must be a comma-separated subset of "
+                f"jax,torch. Received: --backends={args.backends}")
+    if args.time_limit < 0:
+        p.error(f"Argument `--time-limit` must be >= 0 seconds. Received: --time-limit={args.time_limit}")
+    t_start = time.time()
     bs = [int(x) for x in args.batch.split(",")]
     ks = [int(x) for x in args.k.split(",")]
     ns = [int(float(x)) for x in args.n.split(",")]
@@ -210,67 +304,131 @@ def main():
                     continue
                 for path in paths:
                     if path == "dense" and b * n * 4 / 2**20 > args.dense_max_mb:
-                        skipped.append((b, k, n, path))
+                        skipped.append((b, k, n, path, f"dense logits over {args.dense_max_mb:g} MiB"))
                         continue
                     cells.append((b, k, n, path))
-    rows = []
-    for backend in args.backends.split(","):
+    rows, no_gpu = [], []
+    for i, backend in enumerate(backends):
         env = dict(os.environ, KERAS_BACKEND=backend, PYTHONPATH=ROOT + os.pathsep + os.environ.get(
             "PYTHONPATH", ""), TF_CPP_MIN_LOG_LEVEL="3")
+        deadline = 0.0
+        if args.time_limit:
+            # An equal share of what is left for this and each later backend.
+            left = args.time_limit - (time.time() - t_start)
+            deadline = time.time() + left / (len(backends) - i)
         errf = tempfile.TemporaryFile("w+")  # a file, not a pipe: a chatty stderr cannot block
-        proc = subprocess.Popen([sys.executable, __file__, "--worker", "--cells", json.dumps(cells),
-                                 "--reps", str(args.reps), "--big-reps", str(args.big_reps)],
-                                env=env, stdout=subprocess.PIPE, stderr=errf, text=True)
-        got = 0
+        cmd = [sys.executable, __file__, "--worker", "--cells", json.dumps(cells),
+               "--reps", str(args.reps), "--big-reps", str(args.big_reps), "--device", args.device,
+               "--deadline", repr(deadline)]
+        if args.simulate_gpu:
+            cmd.append("--simulate-gpu")
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=errf, text=True)
+        done, here_no_gpu = set(), False
+        if deadline:
+            # A cell still running at the deadline (+ a grace for its last
+            # step) is stopped; the killed worker's stdout then ends.
+            killer = threading.Timer(max(deadline - time.time(), 0) + args.grace, proc.kill)
+            killer.daemon = True
+            killer.start()
         for line in proc.stdout:  # rows as they come: a run cut short keeps its rows
             if line.startswith("ROW "):
                 rows.append(json.loads(line[4:]))
-                got += 1
+                done.add((rows[-1]["B"], rows[-1]["k"], rows[-1]["n"], rows[-1]["path"]))
                 _save(args.json, rows, skipped)
-        proc.wait()
+            elif line.startswith("SKIP "):
+                b, k, n, path, why = json.loads(line[5:])
+                skipped.append((b, k, n, path, f"{backend}: {why}"))
+                done.add((b, k, n, path))
+                _save(args.json, rows, skipped)
+            elif line.startswith("NOGPU "):
+                no_gpu.append(line[6:].strip())
+                here_no_gpu = True
+        rc = proc.wait()
+        if deadline:
+            killer.cancel()
+        for cell in cells:
+            if cell not in done and not here_no_gpu:
+                why = ("time limit (worker stopped)" if rc < 0 and deadline
+                       else f"worker exited with {rc}")
+                skipped.append((*cell, f"{backend}: {why}"))
         errf.seek(0)
         err = errf.read()
-        if not got:
+        if not done and not here_no_gpu:
             print(f"{backend}: worker failed\n{err[-3000:]}", file=sys.stderr)
-    _save(args.json, rows, skipped)
+    _save(args.json, rows, skipped, no_gpu)
+    if no_gpu and not rows:
+        print(f"bench_fused_backends --device gpu: no GPU: {'; '.join(no_gpu)}", file=sys.stderr)
+        return 2
+    for line in no_gpu:
+        print(f"no GPU: {line}", file=sys.stderr)
     render(rows, skipped, args)
+    return 0
 
 
-def _save(path, rows, skipped):
+def _save(path, rows, skipped, no_gpu=()):
     if path:
         with open(path, "w") as f:
-            json.dump({"rows": rows, "skipped": skipped, "argv": sys.argv[1:]}, f, indent=1)
+            json.dump({"rows": rows, "skipped": skipped, "no_gpu": list(no_gpu),
+                       "argv": sys.argv[1:]}, f, indent=1)
     return 0
+
+
+def _skip_reasons(skipped):
+    """{(backend or None, B, k, n, path): why} from the JSON's skipped list.
+
+    Entries are [B, k, n, path] (older files) or [B, k, n, path, why], where a
+    why of the form "<backend>: ..." concerns that backend only.
+    """
+    out = {}
+    for c in skipped:
+        why = c[4] if len(c) > 4 else "skipped"
+        head = why.split(":", 1)[0]
+        backend = head if head in ("jax", "torch", "tensorflow") else None
+        out[(backend, *c[:4])] = why
+    return out
 
 
 def render(rows, skipped, args):
     by = {(r["backend"], r["B"], r["k"], r["n"], r["path"]): r for r in rows}
+    why = _skip_reasons(skipped)
     backends = args.backends.split(",")
     paths = args.paths.split(",")
-    keys = sorted({(r["B"], r["k"], r["n"]) for r in rows})
-    head = (["backend", "B", "k", "n"] + [f"{p} ms" for p in paths]
-            + [f"{p} CPU ms" for p in paths] + [f"{p} MiB" for p in paths])
+    keys = sorted({(r["B"], r["k"], r["n"]) for r in rows} | {tuple(c[:3]) for c in skipped})
+    fields = [("ms", "ms"), ("cpu_ms", "CPU ms"), ("peak_mb", "MiB")]
+    if any("dev_peak_mb" in r for r in rows):  # --device gpu rows
+        fields = [("ms", "ms"), ("dev_peak_mb", "device MiB"), ("peak_mb", "host MiB")]
+        if any("xla_temp_mb" in r for r in rows):  # JAX: XLA's temporaries, never masked
+            fields.insert(2, ("xla_temp_mb", "XLA temp MiB"))
+    head = ["backend", "B", "k", "n"] + [f"{p} {label}" for _, label in fields for p in paths]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for backend in backends:
         for b, k, n in keys:
             cells = [backend, str(b), str(k), f"{n:.0e}".replace("e+0", "e")]
-            for field in ("ms", "cpu_ms", "peak_mb"):
+            for field, _ in fields:
                 for path in paths:
                     r = by.get((backend, b, k, n, path))
                     if r is None:
-                        cells.append("skipped" if (b, k, n, path) in skipped else "-")
+                        skip = (backend, b, k, n, path) in why or (None, b, k, n, path) in why
+                        cells.append("skipped" if skip else "-")
                     elif "error" in r and "ms" not in r:
                         cells.append("error")
+                    elif field == "dev_peak_mb" and r.get("dev_peak_masked"):
+                        cells.append("masked")  # an earlier cell's JAX peak was higher
                     else:
                         v = r.get(field)
                         cells.append("-" if v is None else (f"{v:.1f}" if v < 100 else f"{v:.0f}"))
             lines.append("| " + " | ".join(cells) + " |")
+    if any(r.get("simulated") for r in rows):
+        lines.append("\nSIMULATED (--simulate-gpu): the GPU code path on the CPU; not GPU numbers.")
+    named = sorted(why.items(), key=lambda kv: (str(kv[0][0]), kv[0][1:]))
+    if named:
+        lines.append("\nSkipped cells: " + "; ".join(
+            f"B={b} k={k} n={n:g} {path} ({w})" for (_, b, k, n, path), w in named))
     print("\n".join(lines))
     errors = [r for r in rows if "error" in r]
     for r in errors:
         print(f"# {r['backend']} B={r['B']} k={r['k']} n={r['n']} {r['path']}: {r['error']}",
               file=sys.stderr)
-
 
 if __name__ == "__main__":
     sys.exit(main())

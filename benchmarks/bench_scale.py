@@ -34,6 +34,11 @@ ends, so a killed benchmark keeps what finished):
                   freed buffers return to the OS)
   peak_after_construct_mib  the same peak, read after the model, loss and
                   metrics are built and compiled but before `fit`
+  device_peak_mib on a GPU (JAX's default backend "gpu", or PyTorch with
+                  CUDA): the process's peak device memory at the end of fit
+                  (JAX peak_bytes_in_use, torch.cuda.max_memory_allocated;
+                  one fresh process per run, so weights, optimizer state,
+                  codes and every temporary); absent on the CPU
 
 Optional rows (`--reload`): save the trained classifier to .keras, reload it
 in the same process and compare predictions (peak of the load reported).
@@ -88,6 +93,25 @@ def _reset_peak():
         f.write("5")
 
 
+def _device_peak_mib(backend):
+    """(device name, peak device memory of this process in MiB), or (None, None) off the GPU."""
+    if backend == "jax":
+        import jax
+
+        if jax.default_backend() != "gpu":
+            return None, None
+        peak = (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")
+        return str(jax.devices()[0]), None if peak is None else peak / 2**20
+    if backend == "torch":
+        import torch
+
+        if not torch.cuda.is_available():
+            return None, None
+        torch.cuda.synchronize()
+        return torch.cuda.get_device_name(), torch.cuda.max_memory_allocated() / 2**20
+    return None, None
+
+
 def _make_codes(n, k, seed=0):
     """Unit-norm Gaussian codes (n, k) float32, made in chunks (no float64 copy)."""
     import numpy as np
@@ -120,8 +144,7 @@ def worker(args):
         "batch": args.batch, "steps": args.steps, "epochs": args.epochs,
         "features": args.features, "load1_start": os.getloadavg()[0],
     }
-    if args.backend == "tensorflow":
-        row["loss_path"] = keras_ecoc.ops.loss_path(args.n)
+    row["loss_path"] = keras_ecoc.ops.loss_path(args.n)
     rng = np.random.default_rng(1)
     x = rng.standard_normal((args.batch * args.steps, args.features)).astype("float32")
     y = rng.integers(0, args.n, size=(args.batch * args.steps,)).astype("int32")
@@ -193,6 +216,9 @@ def worker(args):
     row["cpu_s"] = sum(os.times()[:2])  # user + system, all threads
     row["peak_mib"] = _status("VmHWM") - rss_codes
     row["final_loss"] = float(history.history["loss"][-1])
+    device, device_peak = _device_peak_mib(args.backend)
+    if device is not None:
+        row["device"], row["device_peak_mib"] = device, device_peak
     if args.reload and args.model == "classifier":
         import tempfile
 
@@ -406,6 +432,8 @@ def render(*paths):
             continue
         later = r.get("epoch_s") or []
         notes = [f"{r.get('steps', '?')} steps/epoch"]
+        if r.get("device_peak_mib") is not None:
+            notes.append(f"{r['device']}: peak device memory {r['device_peak_mib']:,.0f} MiB")
         if "reload_identical" in r:
             notes.append(f"reload: identical={r['reload_identical']}, "
                          f"load peak {r['load_peak_mib']:.0f} MiB, file {r['saved_mib']:.0f} MiB")

@@ -536,3 +536,117 @@ def test_device_run_on_a_fake_gpu_merges_the_harness_rows_into_the_loss_table(tm
     assert "| 4 | 8 | 100 | 3xtf32 | 0.02 | " in table  # the targets table
     assert json.loads((out / "bench_gpu_loss.json").read_text())["harness_rows"][0]["B"] == 4
     assert len([p for p in out.rglob("*") if p.is_file()]) <= 8
+
+
+# --- device_run_backends.sh and bench_fused_backends.py --device gpu (issue 17) ------------
+
+DEVICE_RUN_BACKENDS = REPO / "benchmarks" / "device_run_backends.sh"
+FUSED_BACKENDS = REPO / "benchmarks" / "bench_fused_backends.py"
+
+
+def test_device_run_backends_dry_run_fits_its_budget_even_when_every_phase_runs_to_its_limit():
+    proc = subprocess.run(["bash", str(DEVICE_RUN_BACKENDS), "--dry-run"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    phases = [(name, int(lim), int(at)) for name, lim, at in
+              re.findall(r"^phase (\S+) \(<= (\d+) s, starts by (\d+) s\)", proc.stdout, re.M)]
+    assert [p[0] for p in phases] == ["info", "wheels", "build", "status", "bench", "fit"]
+    assert max(lim + at for _, lim, at in phases) <= 280  # + the 5 s kill margin: under 5 minutes
+    limits = {n: lim for n, lim, _ in phases}
+    assert limits["bench"] >= 20 and limits["fit"] >= 70  # even in the worst case
+    bench = next(line for line in proc.stdout.splitlines() if line.startswith("phase bench "))
+    assert "--device gpu --backends jax,torch --batch 16,256 --k 32,128 --n 10000,100000,1000000" in bench
+    assert re.search(r"--time-limit (\d+)", bench) and int(re.search(r"--time-limit (\d+)", bench)[1]) \
+        < limits["bench"]
+    fit = next(line for line in proc.stdout.splitlines() if line.startswith("phase fit "))
+    assert "--backends jax --models classifier onehot --n 100000 1000000" in fit
+    files = proc.stdout.splitlines()[0].rsplit(": ", 1)[1].split()
+    assert len(files) <= 8 and "bench_fused_backends_gpu.json" in files and "fit_jax_gpu.jsonl" in files
+
+
+@pytest.mark.parametrize("env,arg,message", [
+    ({"DEVICE_RUN_BACKENDS_BUDGET": "4m"}, "--dry-run",
+     "Received: DEVICE_RUN_BACKENDS_BUDGET=4m"),
+    ({}, "--wet-run", "unknown argument '--wet-run'"),
+])
+def test_device_run_backends_refuses_a_bad_budget_or_argument(env, arg, message):
+    proc = subprocess.run(["bash", str(DEVICE_RUN_BACKENDS), arg], capture_output=True, text=True,
+                          timeout=30, env=dict(os.environ, **env))
+    assert proc.returncode == 3 and message in proc.stderr
+
+
+def test_device_run_backends_without_a_gpu_says_no_gpu_for_every_gpu_phase(tmp_path):
+    _no_gpu_or_skip()
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out), PYTHON=sys.executable, WHEEL_DIR=str(tmp_path / "none"),
+               SITE_DIR=str(tmp_path / "site"))
+    proc = subprocess.run(["nice", "-n", "19", "bash", str(DEVICE_RUN_BACKENDS)], capture_output=True,
+                          text=True, timeout=200, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    summary = (out / "backends_summary.md").read_text()
+    rows = {line.split(" | ")[0][2:]: line.split(" | ")[1]
+            for line in summary.splitlines() if line.startswith("| ") and "---" not in line}
+    assert rows == {"phase": "status", "info": "pass", "wheels": "pass", "build": "NO GPU",
+                    "status": "NO GPU", "bench": "NO GPU", "fit": "NO GPU"}, summary
+    assert {p.name for p in out.iterdir()} == {"backends_summary.md", "backends.log"}
+
+
+def _run_fused_backends(*args, timeout=240, **env):
+    return subprocess.run(["nice", "-n", "19", sys.executable, str(FUSED_BACKENDS), *args],
+                          capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu", **env))
+
+
+def test_bench_fused_backends_gpu_refuses_tensorflow_and_says_no_gpu_in_one_line(tmp_path):
+    proc = _run_fused_backends("--device", "gpu", "--backends", "jax,tensorflow")
+    assert proc.returncode == 2
+    assert "must be a comma-separated subset of jax,torch. Received: --backends=jax,tensorflow" \
+        in proc.stderr
+    _no_gpu_or_skip()
+    proc = _run_fused_backends("--device", "gpu", "--backends", "jax", "--batch", "4", "--k", "8",
+                               "--n", "1000", "--json", str(tmp_path / "rows.json"))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "bench_fused_backends --device gpu: no GPU: jax: JAX sees no GPU" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    saved = json.loads((tmp_path / "rows.json").read_text())
+    assert saved["rows"] == [] and saved["no_gpu"][0].startswith("jax: JAX sees no GPU")
+
+
+@pytest.mark.slow
+def test_bench_fused_backends_names_every_cell_its_time_limit_left_out(tmp_path):
+    # About 20 s: one JAX worker (simulated GPU) whose deadline has passed
+    # before its first cell: nothing is measured, every cell is named.
+    rows_json = tmp_path / "rows.json"
+    proc = _run_fused_backends("--device", "gpu", "--simulate-gpu", "--backends", "jax",
+                               "--batch", "4", "--k", "8", "--n", "1000,2000", "--reps", "1",
+                               "--time-limit", "0.001", "--grace", "150", "--json", str(rows_json))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    saved = json.loads(rows_json.read_text())
+    assert saved["rows"] == []
+    named = {tuple(c[:4]): c[4] for c in saved["skipped"]}
+    assert set(named) == {(4, 8, n, p) for n in (1000, 2000) for p in ("fused", "streaming", "dense")}
+    assert all(why == "jax: time limit" for why in named.values())
+    assert "Skipped cells: B=4 k=8 n=1000 dense (jax: time limit)" in proc.stdout
+
+
+def test_bench_fused_backends_table_shows_device_memory_masked_peaks_and_skipped_cells(capsys):
+    spec = importlib.util.spec_from_file_location("bench_fused_backends", FUSED_BACKENDS)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    row = dict(backend="jax", B=16, k=32, n=10000, device="gpu", ms=1.25, cpu_ms=1.0, peak_mb=3.0)
+    rows = [dict(row, path="fused", dev_peak_mb=2.5),
+            dict(row, path="streaming", dev_peak_mb=None, dev_peak_masked=True)]
+    skipped = [(16, 32, 10000, "dense", "dense logits over 0.5 MiB"),
+               (16, 32, 10**6, "fused", "torch: time limit")]  # another backend's: not this row's
+
+    class Args:
+        backends, paths = "jax", "fused,streaming,dense"
+
+    mod.render(rows, skipped, Args)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split(" | ")[4:7] == ["fused ms", "streaming ms", "dense ms"]
+    assert "fused device MiB" in lines[0] and "dense host MiB" in lines[0]
+    assert lines[2] == ("| jax | 16 | 32 | 1e4 | 1.2 | 1.2 | skipped | 2.5 | masked | skipped "
+                        "| 3.0 | 3.0 | skipped |")
+    assert lines[3].startswith("| jax | 16 | 32 | 1e6 | - | - | - |")
+    assert any("B=16 k=32 n=1e+06 fused (torch: time limit)" in line for line in lines)
