@@ -100,6 +100,20 @@ def numeric_grad(fn, x, step=1e-6):
     return grad
 
 
+def count_calls(monkeypatch, owner, name):
+    """Wraps `owner.name` for the test and returns the list its calls append
+    to (one entry per call), so a test can pin how often a step runs."""
+    calls = []
+    original = getattr(owner, name)
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counting)
+    return calls
+
+
 def backend_grad(fn, x):
     """Gradient of scalar fn(tensor) at x (float32) on the active backend."""
     import keras

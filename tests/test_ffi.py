@@ -16,6 +16,7 @@ from keras_ecoc import ops as eops
 from keras_ecoc.ops import _dispatch
 from keras_ecoc.ops import _loader
 
+from conftest import count_calls
 from test_streaming import assert_close_grad
 from test_streaming import loss_and_grads
 from test_streaming import random_problem
@@ -246,14 +247,7 @@ def test_jax_fixed_codes_never_run_the_codes_gradient_pass(monkeypatch):
 
     from keras_ecoc.ops import _fused_jax
 
-    calls = []
-    original = _fused_jax._codes_grad_call
-
-    def counting(*args):
-        calls.append(1)
-        return original(*args)
-
-    monkeypatch.setattr(_fused_jax, "_codes_grad_call", counting)
+    calls = count_calls(monkeypatch, _fused_jax, "_codes_grad_call")
     rng = np.random.default_rng(17)
     z, codes, labels, scale = random_problem(rng, 6, 41, 9)
     w = _weights(6)

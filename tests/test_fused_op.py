@@ -33,6 +33,8 @@ import pytest
 
 import keras
 
+from conftest import count_calls
+
 BACKEND = keras.backend.backend()
 REQUIRE_FUSED = os.environ.get("KERAS_ECOC_REQUIRE_FUSED", "").strip().lower() in ("1", "true", "yes")
 OP_NAMES = ("EcocCrossEntropy", "EcocCrossEntropyCodesGrad", "EcocLabelRank", "EcocNearestCodeword")
@@ -439,14 +441,7 @@ def test_isa_variants_agree(lib, tf, rng, monkeypatch):
 def test_codes_gradient_only_when_requested(lib, tf, rng, monkeypatch):
     from keras_ecoc import ops as eops
 
-    calls = []
-    original = lib.ecoc_cross_entropy_codes_grad
-
-    def counting(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(lib, "ecoc_cross_entropy_codes_grad", counting)
+    calls = count_calls(monkeypatch, lib, "ecoc_cross_entropy_codes_grad")
     z, codes, labels, scale = random_problem(rng, 5, 30, 4)
     zt, ct = tf.constant(z), tf.constant(codes)
     with tf.GradientTape() as tape:

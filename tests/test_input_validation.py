@@ -3,7 +3,7 @@
 import keras
 import numpy as np
 import pytest
-from conftest import reference_logits
+from conftest import count_calls, reference_logits
 from keras import ops
 
 import keras_ecoc
@@ -182,14 +182,7 @@ def test_a_code_tensor_is_validated_once_and_kept_as_a_tensor(rng, monkeypatch):
     it sees it; later calls with the same tensor use it as it is."""
     from keras_ecoc import _validation
 
-    checked = []
-    original = _validation.codes_array
-
-    def counting(*args, **kwargs):
-        checked.append(1)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(_validation, "codes_array", counting)
+    checked = count_calls(monkeypatch, _validation, "codes_array")
     codes = _codes()
     tensor = ops.convert_to_tensor(codes)
     y = rng.integers(0, 6, size=5)
@@ -217,14 +210,7 @@ def test_label_tensor_is_converted_once_per_call(rng, monkeypatch):
     public op, or by the loss / metric on their unchecked path."""
     from keras_ecoc.ops import _checks
 
-    converted = []
-    original = _checks.integer_label_tensor
-
-    def counting(*args, **kwargs):
-        converted.append(1)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(_checks, "integer_label_tensor", counting)
+    converted = count_calls(monkeypatch, _checks, "integer_label_tensor")
     codes = _codes()
     y = rng.integers(0, 6, size=5)
     labels = ops.convert_to_tensor(y.astype("float32"))
