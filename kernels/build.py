@@ -91,6 +91,9 @@ FFI_INCLUDE = os.path.join(KERNELS_DIR, "third_party", "xla")
 FFI_HEADERS = tuple(os.path.join("third_party", "xla", "xla", "ffi", "api", h)
                     for h in ("api.h", "c_api.h", "ffi.h"))
 
+# The CUDA handlers' workspace alignment (header-only, ours).
+FFI_WORKSPACE_HEADER = os.path.join("ffi", "ecoc_ffi_workspace.h")
+
 CXX_WARNINGS = [
     "-Wno-deprecated-declarations",
     "-Wno-interference-size",
@@ -613,7 +616,8 @@ def _kernel_units(cxx: str, nvcc: str | None, cuda_home: str | None, with_cuda: 
     if with_cuda:
         cuda_tc = f"{host_tc} nvcc={toolchain.get('nvcc')}"
         units.append(_Unit("ffi_cuda", src(FFI_CUDA_SRC), base + [f"-I{os.path.join(cuda_home, 'include')}"],
-                           "cuda", deps=_cuda_headers() + FFI_HEADERS, toolchain=cuda_tc))
+                           "cuda", deps=_cuda_headers() + FFI_HEADERS + (FFI_WORKSPACE_HEADER,),
+                           toolchain=cuda_tc))
         units.append(_cuda_kernels_unit(nvcc, archs, toolchain))
     return units
 

@@ -23,6 +23,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/ecoc_kernels.h"
+#include "ffi/ecoc_ffi_workspace.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace keras_ecoc {
@@ -68,15 +69,21 @@ ffi::Error Problem(ffi::AnyBuffer z, ffi::Buffer<ffi::F32> codes, float epsilon,
   return ffi::Error::Success();
 }
 
-// Workspace of `bytes` from the FFI scratch allocator (null for 0 bytes).
+// Workspace of `bytes` from the FFI scratch allocator (null for 0 bytes),
+// aligned to the contract's 256 bytes by padding: XLA's allocator refuses
+// alignments above 16 (see ecoc_ffi_workspace.h).
 ffi::Error Workspace(ffi::ScratchAllocator& scratch, size_t bytes, void** ptr) {
   *ptr = nullptr;
-  if (bytes == 0) return ffi::Error::Success();
-  auto mem = scratch.Allocate(bytes, kc::kWorkspaceAlignment);
+  auto mem = AlignedWorkspace(
+      [&scratch](size_t size, size_t alignment) {
+        return scratch.Allocate(size, alignment);
+      },
+      bytes, kc::kWorkspaceAlignment);
   if (!mem.has_value()) {
     return ffi::Error(ffi::ErrorCode::kResourceExhausted,
                       "keras_ecoc: no FFI scratch memory for the CUDA workspace (" +
-                          std::to_string(bytes) + " bytes)");
+                          std::to_string(PaddedWorkspaceBytes(bytes, kc::kWorkspaceAlignment)) +
+                          " bytes at 16-byte alignment)");
   }
   *ptr = *mem;
   return ffi::Error::Success();
