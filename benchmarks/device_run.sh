@@ -19,8 +19,9 @@
 #   kernels  kernels/cuda/device_check.sh: build, checks, the grid against
 #            float64, memcheck, racecheck, the harness's timing mode (today's
 #            v2 kernels and every launch variant side by side, each math
-#            mode), one Nsight Compute profile of the forward split kernel;
-#            its step limits are fitted into the time the later phases leave
+#            mode), Nsight Compute profiles of the forward split kernel and
+#            of the codes-gradient kernel at one shape; its step limits are
+#            fitted into the time the later phases leave
 #   gpuloss  benchmarks/bench_gpu_loss.py: the timing table of the loss
 #            (JAX, torch.compile, cut cross-entropy, Liger) with the CUDA
 #            kernels' rows merged from the harness's JSON, given the rest of
@@ -29,9 +30,10 @@
 #            DEVICE_RUN_STREAMING_MIN (60) seconds are left
 #
 # Budget: DEVICE_RUN_BUDGET seconds in all (default 465); the last phase ends
-# at most ~15 s after it. The kernels phase gets at most 390 s and leaves at
-# least DEVICE_RUN_GPULOSS_MIN (140) s for gpuloss; DEVICE_RUN_IMPORT_LIMIT
-# (40) s for each import check. DEVICE_CHECK_T_* set a
+# at most ~15 s after it. The kernels phase gets at most 385 s and leaves at
+# least DEVICE_RUN_GPULOSS_MIN (110) s for gpuloss; DEVICE_RUN_IMPORT_LIMIT
+# (30) s for each import check. On the H100 (2026-11-26) the run took 450 s
+# and the device call held the machine 480 s: give the call timeout_s >= 500. DEVICE_CHECK_T_* set a
 # step limit of device_check.sh outright (else the defaults below, scaled
 # down to fit). DEVICE_RUN_GPULOSS_ARGS and DEVICE_RUN_BENCH_ARGS add
 # arguments to the two benchmarks (word-split; their hidden --simulate-gpu
@@ -79,11 +81,11 @@ positive_int() {  # name value default -> echoes value, or default with a warnin
     echo "$3"; fi
 }
 BUDGET=$(positive_int DEVICE_RUN_BUDGET "${DEVICE_RUN_BUDGET:-465}" 465)
-GPULOSS_MIN=$(positive_int DEVICE_RUN_GPULOSS_MIN "${DEVICE_RUN_GPULOSS_MIN:-140}" 140)
+GPULOSS_MIN=$(positive_int DEVICE_RUN_GPULOSS_MIN "${DEVICE_RUN_GPULOSS_MIN:-110}" 110)
 STREAMING_MIN=$(positive_int DEVICE_RUN_STREAMING_MIN "${DEVICE_RUN_STREAMING_MIN:-60}" 60)
-# Each import check's limit: 11 s was seen on an H200 machine; a loaded
-# machine without a GPU (the tests) may need more.
-IMPORT_LIMIT=$(positive_int DEVICE_RUN_IMPORT_LIMIT "${DEVICE_RUN_IMPORT_LIMIT:-40}" 40)
+# Each import check's limit: 7 s (jax) and 17 s (torch) on the H100 machine
+# of 2026-11-26; a loaded machine without a GPU (the tests) may need more.
+IMPORT_LIMIT=$(positive_int DEVICE_RUN_IMPORT_LIMIT "${DEVICE_RUN_IMPORT_LIMIT:-30}" 30)
 export ECOC_HARNESS_JSON="${ECOC_HARNESS_JSON:-/tmp/ecoc_device_run/harness_timing.json}"
 START=$SECONDS
 LOG="$OUT/device_run.log"
@@ -186,7 +188,7 @@ EOF
 }
 export PY WHEELS SITE WHEEL_LIST
 export -f info
-PHASE_NOTE="" phase info 30 "$LOG" bash -c info
+PHASE_NOTE="" phase info 20 "$LOG" bash -c info  # 9 s on the H100
 
 # --- wheels -------------------------------------------------------------------
 # Installs every wheel that is there (so keras still imports when, say, the
@@ -212,7 +214,7 @@ install_wheels() {
 }
 export -f install_wheels
 PHASE_NOTE="into $SITE" PHASE_NOTE_GREP='^(missing wheels|no wheels in)' \
-  phase wheels 45 "$LOG" bash -c install_wheels
+  phase wheels 30 "$LOG" bash -c install_wheels  # 1 s on the H100
 WHEELS_RC=$?
 export PYTHONPATH="$SITE:$REPO${PYTHONPATH:+:$PYTHONPATH}"
 if ((!DRY_RUN)) && [[ $WHEELS_RC != 0 ]]; then
@@ -231,21 +233,33 @@ for backend in jax torch; do
 done
 
 # --- kernels: the CUDA harness -------------------------------------------------
-# Step limits (seconds) that sum to 375: the H200 run of 2026-11-26 took 12 s
-# to build (the variants add instantiations: more now), 1 s for the checks,
-# 70 s for the grid (n = 10^6), 4 s for both sanitizers and 8 s for the
-# timings of v2 alone (four variants now: about 4x; 60 s); the ncu profile
-# (8 forward launches, 5 sections) is expected to take well under its 60 s
-# (not yet measured). Scaled down when less time is left, so that
-# device_check.sh always finishes (it writes device_check.md at its end) and
-# gpuloss keeps DEVICE_RUN_GPULOSS_MIN. The gpuloss phase (282 s last time)
-# gets what is left: it skips the cells that do not fit.
-KLIMIT=$(( $(left) - GPULOSS_MIN )); ((KLIMIT > 390)) && KLIMIT=390
-STEP_DEFAULTS=(BUILD:60 CHECK:25 GRID:110 SMEM:10 MEMCHECK:25 RACECHECK:25 BENCH:60 NCU:60)
-STEP_SUM=375 STEP_ROOM=$((KLIMIT - 15))
-for pair in "${STEP_DEFAULTS[@]}"; do
-  var="DEVICE_CHECK_T_${pair%%:*}" t="${pair##*:}"
-  ((STEP_ROOM < STEP_SUM)) && t=$(( t * STEP_ROOM / STEP_SUM )) && ((t < 5)) && t=5
+# Each step of device_check.sh gets NAME:NEED:CAP seconds. NEED is what the
+# H100 run of 2026-11-26 measured plus a margin (build 31 s, checks 2, grid
+# 75-81, smem-limit 1, memcheck 1, racecheck 16, the timings 47 s for six
+# launch variants, ~65 s for eight, ncu 16 s for 12 forward profiles); CAP is
+# device_check.sh's default. Room for the steps above the sum of the needs
+# goes to each step in proportion to its CAP - NEED; below it (only when the
+# earlier phases ran far over their measured times) every step is scaled
+# down, so that device_check.sh always finishes (it writes device_check.md at
+# its end) and gpuloss keeps DEVICE_RUN_GPULOSS_MIN. On 2026-11-26 the
+# earlier phases took 34 s: the kernels phase then gets ~320 s and uses ~225.
+STEP_PLAN=(BUILD:35:50 CHECK:5:15 GRID:88:110 SMEM:3:10 MEMCHECK:5:15 RACECHECK:18:30 BENCH:72:90
+           NCU:20:30 NCUGRAD:12:25)
+NEED_SUM=0 CAP_SUM=0
+for plan in "${STEP_PLAN[@]}"; do
+  IFS=: read -r _ need cap <<<"$plan"
+  NEED_SUM=$((NEED_SUM + need)) CAP_SUM=$((CAP_SUM + cap))
+done
+KLIMIT=$(( $(left) - GPULOSS_MIN )); ((KLIMIT > CAP_SUM + 10)) && KLIMIT=$((CAP_SUM + 10))
+STEP_ROOM=$((KLIMIT - 10))
+for plan in "${STEP_PLAN[@]}"; do
+  IFS=: read -r name need cap <<<"$plan"
+  var="DEVICE_CHECK_T_$name"
+  if ((STEP_ROOM >= CAP_SUM)); then t=$cap
+  elif ((STEP_ROOM >= NEED_SUM)); then
+    t=$(( need + (cap - need) * (STEP_ROOM - NEED_SUM) / (CAP_SUM - NEED_SUM) ))
+  else t=$(( need * STEP_ROOM / NEED_SUM )); ((t < 5)) && t=5
+  fi
   export "$var=${!var:-$t}"
 done
 T0=$SECONDS
@@ -303,7 +317,8 @@ fi
 
 if ((DRY_RUN)); then
   echo "worst case (every phase runs to its limit): $((BUDGET - $(left))) s of the ${BUDGET} s budget;" \
-       "typical runs leave the kernels phase about 300 s and the benchmarks more"
+       "on the H100 of 2026-11-26 the phases before kernels took 34 s (limits: $((20 + 30 + 2 * IMPORT_LIMIT)) s)," \
+       "which gives the kernels phase ~320 s (it needs ~225) and gpuloss ~200 s"
   exit 0
 fi
 NFILES=$(find "$OUT" -type f | wc -l)

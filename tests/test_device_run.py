@@ -48,7 +48,7 @@ def test_device_check_takes_step_limits_from_the_environment():
                           text=True, timeout=60, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "step grid (<= 60 s)" in proc.stdout and "step build (<= 45 s)" in proc.stdout
-    assert "step checks (<= 35 s)" in proc.stdout  # the default where none is given
+    assert "step checks (<= 15 s)" in proc.stdout  # the default where none is given
 
 
 @pytest.mark.parametrize("value", ["abc", "0", "-5", "1.5"])
@@ -132,9 +132,9 @@ def test_device_run_dry_run_fits_eight_minutes_even_when_every_phase_runs_to_its
     assert end <= 465 and end + 15 <= 480  # +15: the last phase's kill margin
     kernels = dict((n, lim) for n, lim, _ in phases)["kernels"]
     assert set(steps) == {"build", "checks", "grid", "smem-limit", "memcheck", "racecheck",
-                          "bench", "ncu"}
+                          "bench", "ncu", "ncu-codes-grad"}
     assert sum(steps.values()) <= kernels - 10  # device_check.sh finishes, writes its table
-    assert dict((n, lim) for n, lim, _ in phases)["gpuloss"] >= 130
+    assert dict((n, lim) for n, lim, _ in phases)["gpuloss"] >= 100
     files = out.splitlines()[0].rsplit(": ", 1)[1].split()
     assert len(files) == 8 and "bench_gpu_loss.md" in files and "device_check.md" in files
 
@@ -142,9 +142,19 @@ def test_device_run_dry_run_fits_eight_minutes_even_when_every_phase_runs_to_its
 def test_device_run_dry_run_gives_the_grid_more_time_with_a_longer_budget_and_honours_overrides():
     _, _, short = _dry_run()
     _, phases, steps = _dry_run(DEVICE_RUN_BUDGET="900", DEVICE_CHECK_T_MEMCHECK="33")
-    assert steps["grid"] == 110 and steps["build"] == 60 and steps["memcheck"] == 33
+    assert steps["grid"] == 110 and steps["build"] == 50 and steps["memcheck"] == 33
     assert short["grid"] < steps["grid"]
-    assert dict((n, lim) for n, lim, _ in phases)["kernels"] == 390
+    assert dict((n, lim) for n, lim, _ in phases)["kernels"] == 385
+
+
+def test_device_run_gives_the_kernel_steps_what_the_h100_measured_when_earlier_phases_are_typical():
+    # On the H100 of 2026-11-26 the phases before kernels took 34 s of the 465 s
+    # budget, leaving 431 s; the dry run charges the earlier phases their 110 s of
+    # limits, so a budget of 431 + 110 s shows that plan. The grid (75-81 s there)
+    # and the timings of eight launch variants (~65 s) must fit.
+    _, _, steps = _dry_run(DEVICE_RUN_BUDGET=str(431 + 110))  # + the worst-case earlier limits
+    assert steps["grid"] >= 90 and steps["bench"] >= 75 and steps["build"] >= 40
+    assert steps["ncu"] >= 20 and steps["ncu-codes-grad"] >= 12
 
 
 def test_device_run_rejects_an_unknown_argument():
