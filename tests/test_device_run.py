@@ -660,3 +660,59 @@ def test_bench_fused_backends_table_shows_device_memory_masked_peaks_and_skipped
                         "| 3.0 | 3.0 | skipped |")
     assert lines[3].startswith("| jax | 16 | 32 | 1e6 | - | - | - |")
     assert any("B=16 k=32 n=1e+06 fused (torch: time limit)" in line for line in lines)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (REPO / "keras_ecoc" / "_lib" / "_ecoc_kernels.so").exists(),
+                    reason="the kernel library is not built (kernels/build.py --no-cuda)")
+@pytest.mark.parametrize("fault", [None, "RESOURCE_EXHAUSTED: keras_ecoc: no FFI scratch memory"])
+def test_device_run_backends_status_fails_naming_the_error_when_a_fused_call_raises(tmp_path, fault):
+    # About 60 s per case: the status phase alone (--simulate-gpu: the CPU kernels)
+    # runs the dispatcher check and one jitted fused loss + gradient per backend
+    # against float64 NumPy. On the H100 of 2026-11-26 the old phase said "pass"
+    # while every JAX fused call raised; a raising call must now fail it.
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out), PYTHON=sys.executable, JAX_PLATFORMS="cpu",
+               DEVICE_RUN_BACKENDS_ONLY="status")
+    if fault:
+        env["DEVICE_FUSED_CHECK_FAULT"] = fault
+    proc = subprocess.run(["nice", "-n", "19", "bash", str(DEVICE_RUN_BACKENDS), "--simulate-gpu"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    summary = (out / "backends_summary.md").read_text()
+    rows = {line.split(" | ")[0][2:]: line.split(" | ")[1:4]
+            for line in summary.splitlines() if line.startswith("| ") and "---" not in line}
+    assert rows["build"][0] == "SKIPPED" and rows["fit"][0] == "SKIPPED", summary
+    log = (out / "backends.log").read_text()
+    if fault is None:
+        assert rows["status"][0] == "pass", summary + log[-3000:]
+        for b in ("jax", "torch"):
+            assert f"pass {b} fused loss + gradient (B=8 k=16 n=1000 s=10)" in log
+    else:
+        assert rows["status"][0] == "FAIL", summary
+        note = rows["status"][2]
+        assert "FAIL jax fused loss + gradient" in note and f"RuntimeError: {fault}" in note
+        assert f"FAIL torch fused loss + gradient (B=8 k=16 n=1000 s=10): the call raised " \
+               f"RuntimeError: {fault}" in log
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_fused_check_reference_gradient_matches_finite_differences(seed):
+    # The float64 reference of benchmarks/device_fused_check.py is analytic;
+    # central differences of its loss pin its gradient down independently.
+    spec = importlib.util.spec_from_file_location("device_fused_check",
+                                                  REPO / "benchmarks" / "device_fused_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rng = np.random.default_rng(seed)
+    z = rng.normal(size=(3, 5))
+    codes = rng.normal(size=(40, 5)) / np.sqrt(5)
+    labels = rng.integers(0, 40, size=3)
+    _, grad = mod.reference(z, codes, labels, 7.0)
+    fd = np.zeros_like(z)
+    for idx in np.ndindex(*z.shape):
+        dz = np.zeros_like(z)
+        dz[idx] = 1e-6
+        fd[idx] = (mod.reference(z + dz, codes, labels, 7.0)[0]
+                   - mod.reference(z - dz, codes, labels, 7.0)[0]) / 2e-6
+    np.testing.assert_allclose(grad, fd, rtol=1e-6, atol=1e-8)
