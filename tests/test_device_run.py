@@ -716,3 +716,66 @@ def test_fused_check_reference_gradient_matches_finite_differences(seed):
         fd[idx] = (mod.reference(z + dz, codes, labels, 7.0)[0]
                    - mod.reference(z - dz, codes, labels, 7.0)[0]) / 2e-6
     np.testing.assert_allclose(grad, fd, rtol=1e-6, atol=1e-8)
+
+
+# --- bench_gpu_loss.py: the order of the work and the cap of a slow method -------------
+
+def test_bench_gpu_loss_measures_the_target_cells_first_and_the_baselines_first_within_a_cell():
+    mod = _gpu_loss_module()
+
+    class Args:
+        quick = simulate_gpu = False
+        reference = True
+        methods = ",".join(mod.METHODS)
+
+    work = dict(mod.plan(Args))
+    for framework, items in work.items():
+        cells = [tuple(c) for c, _ in items]
+        first_seen = list(dict.fromkeys(cells))
+        assert len(first_seen) == 18
+        groups = [0 if (b <= 256 and n >= 10**5) else 1 if b <= 256 else 2 for b, _, n in first_seen]
+        assert groups == sorted(groups) and groups.count(0) == 8 and groups.count(2) == 6, first_seen
+        assert first_seen[0] == (16, 32, 100_000) and first_seen[-1] == (4096, 128, 1_000_000)
+    torch_methods = [m for c, m in work["torch"] if tuple(c) == (256, 128, 100_000)]
+    assert torch_methods == ["ref", "cce_exact", "cce_tf32", "torch_compile", "torch_compile_tf32",
+                             "liger"]
+    assert [m for c, m in work["jax"] if tuple(c) == (16, 32, 100_000)] == ["jax_default",
+                                                                              "jax_highest"]
+
+
+@pytest.mark.parametrize("call_ms,blocks", [(0.5, 5), (900.0, 4), (1700.0, 2), (9000.0, 1)])
+def test_bench_gpu_loss_cuts_the_timed_blocks_of_a_slow_call_to_the_step_budget(call_ms, blocks):
+    mod = _gpu_loss_module()
+    calls = []
+
+    def block_ms(call, reps):  # a stand-in clock: every call takes call_ms
+        calls.append(reps)
+        return call_ms * reps
+
+    class Args:
+        reps, block_ms, max_calls, step_budget = 5, 40.0, 100, 4.0
+
+    row = {}
+    mod._timed(row, "fwdbwd", block_ms, None, Args)
+    assert row["fwdbwd_ms"] == pytest.approx(call_ms)
+    assert len(calls) == 1 + blocks  # the sizing call, then the timed blocks
+    assert sum(calls[1:]) * call_ms <= 4000 or blocks == 1
+    if blocks < 5:
+        assert row["fwdbwd_blocks"] == blocks and row["cut"] == [f"fwdbwd: {blocks} of 5 blocks"]
+    else:
+        assert "cut" not in row and "fwdbwd_blocks" not in row
+    text = mod.render({"t0": 0, "status": "finished", "simulated": False, "scale": 16.0, "reps": 5,
+                       "probe": {}, "card": None, "notes": [], "skipped": [], "elapsed_s": 1.0,
+                       "rows": [dict(row, method="cce_exact", B=16, k=32, n=10**6,
+                                     framework="torch")]})
+    assert ("cce_exact B=16 k=32 n=1000000 (fwdbwd: " in text) == (blocks < 5)
+
+
+def test_check_harness_json_accepts_the_auto_and_warps8_launch_variants(tmp_path):
+    mod = _gpu_loss_module()
+    path = tmp_path / "h.json"
+    path.write_text(json.dumps([{"B": 16, "k": 32, "n": 10**5, "mode": mode, "fwd_ms": 0.1,
+                                 "fwdbwd_ms": 0.2, "peak_bytes": 10}
+                                for mode in ("3xtf32+auto", "tf32+warps8", "fp32+rows64+warps8")]))
+    rows = mod.load_harness_json(str(path))
+    assert [mod.harness_precision(r["mode"]) for r in rows] == ["fp32", "tf32", "fp32"]
