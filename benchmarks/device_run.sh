@@ -75,11 +75,9 @@ PY="${PYTHON:-python3}"
 WHEELS="${WHEEL_DIR:-.whl}"
 SITE="${SITE_DIR:-/tmp/site}"
 WHEEL_LIST="$REPO/benchmarks/device_wheels.txt"
-positive_int() {  # name value default -> echoes value, or default with a warning
-  if [[ "$2" =~ ^[1-9][0-9]*$ ]]; then echo "$2"; else
-    echo "device_run: $1 must be a positive integer number of seconds. Received: $1=$2" >&2
-    echo "$3"; fi
-}
+SCRIPT_NAME=device_run
+# positive_int, left, write_summary, phase, no_gpu_row
+source "$REPO/benchmarks/device_lib.sh"
 BUDGET=$(positive_int DEVICE_RUN_BUDGET "${DEVICE_RUN_BUDGET:-465}" 465)
 GPULOSS_MIN=$(positive_int DEVICE_RUN_GPULOSS_MIN "${DEVICE_RUN_GPULOSS_MIN:-110}" 110)
 STREAMING_MIN=$(positive_int DEVICE_RUN_STREAMING_MIN "${DEVICE_RUN_STREAMING_MIN:-60}" 60)
@@ -105,61 +103,6 @@ export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3
 
 # --dry-run charges every phase its whole limit: it shows the worst case.
 DRY_ELAPSED=0
-left() { echo $((BUDGET - (SECONDS - START) - DRY_ELAPSED)); }
-
-write_summary() {
-  ((DRY_RUN)) && return
-  {
-    echo "# device_run $(date -u +%FT%TZ): $((SECONDS - START)) s of a ${BUDGET} s budget"
-    echo
-    echo "| phase | status | seconds | note |"
-    echo "|---|---|---:|---|"
-    printf '%s\n' "${ROWS[@]}"
-  } >"$SUMMARY"
-}
-
-# phase NAME LIMIT LOGFILE COMMAND...: runs COMMAND under `timeout LIMIT`,
-# appends its output to LOGFILE and a row to the summary (note: PHASE_NOTE,
-# then the last line of the phase's output that matches the extended regex
-# PHASE_NOTE_GREP, if set). Never exits. With --dry-run it prints the phase
-# instead and returns 0.
-phase() {
-  local name="$1" limit="$2" log="$3"; shift 3
-  if ((DRY_RUN)); then
-    local cmd="$*"
-    echo "phase $name (<= ${limit} s, starts by $((BUDGET - $(left))) s): ${cmd//$'\n'/ }"
-    DRY_ELAPSED=$((DRY_ELAPSED + limit))
-    ROWS+=("| $name | DRY RUN | 0 | |"); return 0
-  fi
-  if ((limit < 5)); then
-    ROWS+=("| $name | SKIPPED | 0 | no time left in the ${BUDGET} s budget |")
-    echo "## phase $name: SKIPPED (no time left)" >>"$log"; write_summary; return 99
-  fi
-  echo "## phase $name (limit ${limit} s) $(date -u +%T): $*" >>"$log"
-  local t0=$SECONDS rc from
-  from=$(wc -l <"$log")
-  timeout --kill-after=5 "$limit" "$@" >>"$log" 2>&1
-  rc=$?
-  local dt=$((SECONDS - t0)) status=pass note="${PHASE_NOTE:-}" found=""
-  if [[ -n "${PHASE_NOTE_GREP:-}" ]]; then
-    found="$(tail -n +"$((from + 1))" "$log" | grep -E "$PHASE_NOTE_GREP" | tail -n1)"
-    [[ -n "$found" ]] && note="${note:+$note; }$found"
-  fi
-  if [[ $rc == 124 || $rc == 137 ]]; then status=FAIL; note="timed out after ${limit} s; $note"
-  elif [[ $rc != 0 ]]; then status=FAIL; note="exit code $rc; $note"; fi
-  ROWS+=("| $name | $status | $dt | ${note//|//} |")
-  echo "## phase $name: $status in $dt s (exit $rc)" >>"$log"
-  write_summary
-  return $rc
-}
-
-# no_gpu_row NAME SECONDS NOTE: replaces the last summary row (a phase that
-# found no GPU ran nothing; that is neither a pass nor a failure of the code).
-no_gpu_row() {
-  ((DRY_RUN)) && return
-  ROWS[${#ROWS[@]}-1]="| $1 | NO GPU | $2 | $3 |"
-  write_summary
-}
 
 # --- info -------------------------------------------------------------------
 info() {
@@ -188,7 +131,7 @@ EOF
 }
 export PY WHEELS SITE WHEEL_LIST
 export -f info
-PHASE_NOTE="" phase info 20 "$LOG" bash -c info  # 9 s on the H100
+PHASE_NOTE="" phase info 20 bash -c info  # 9 s on the H100
 
 # --- wheels -------------------------------------------------------------------
 # Installs every wheel that is there (so keras still imports when, say, the
@@ -214,7 +157,7 @@ install_wheels() {
 }
 export -f install_wheels
 PHASE_NOTE="into $SITE" PHASE_NOTE_GREP='^(missing wheels|no wheels in)' \
-  phase wheels 30 "$LOG" bash -c install_wheels  # 1 s on the H100
+  phase wheels 30 bash -c install_wheels  # 1 s on the H100
 WHEELS_RC=$?
 export PYTHONPATH="$SITE:$REPO${PYTHONPATH:+:$PYTHONPATH}"
 if ((!DRY_RUN)) && [[ $WHEELS_RC != 0 ]]; then
@@ -229,7 +172,7 @@ print("keras", keras.__version__, keras.__file__, "| backend", keras.backend.bac
 print(ops.backend_status(100000))'
 for backend in jax torch; do
   PHASE_NOTE="KERAS_BACKEND=$backend" KERAS_BACKEND=$backend \
-    phase "import-$backend" "$IMPORT_LIMIT" "$LOG" "$PY" -c "$IMPORT_CHECK"
+    phase "import-$backend" "$IMPORT_LIMIT" "$PY" -c "$IMPORT_CHECK"
 done
 
 # --- kernels: the CUDA harness -------------------------------------------------
@@ -267,7 +210,7 @@ if ((DRY_RUN)); then
   bash kernels/cuda/device_check.sh --dry-run | sed 's/^/  /'
 fi
 PHASE_NOTE="steps and results in device_check.md" OUT="$OUT" \
-  phase kernels "$KLIMIT" "$LOG" bash kernels/cuda/device_check.sh
+  phase kernels "$KLIMIT" bash kernels/cuda/device_check.sh
 if [[ $? == 0 ]] && ((!DRY_RUN)) && tail -n 3 "$LOG" | grep -q "device_check: no GPU"; then
   no_gpu_row kernels $((SECONDS - T0)) "device_check.sh found no GPU (nvidia-smi) and ran nothing"
 fi
@@ -290,7 +233,7 @@ read -r -a GL_EXTRA <<<"${DEVICE_RUN_GPULOSS_ARGS:-}"
 T0=$SECONDS
 GLIMIT=$(( $(left) - 5 ))
 PHASE_NOTE="table in bench_gpu_loss.md${HARNESS_ARGS[*]:+, harness rows merged}" \
-  phase gpuloss "$GLIMIT" "$LOG" "$PY" benchmarks/bench_gpu_loss.py "${QUICK[@]}" \
+  phase gpuloss "$GLIMIT" "$PY" benchmarks/bench_gpu_loss.py "${QUICK[@]}" \
   "${HARNESS_ARGS[@]}" "${GL_EXTRA[@]}" --time-limit "$((GLIMIT > 30 ? GLIMIT - 10 : GLIMIT))" \
   --out "$OUT/bench_gpu_loss.md"
 if [[ $? == 2 ]] && ((!DRY_RUN)); then
@@ -307,7 +250,7 @@ if ((BLIMIT < STREAMING_MIN)); then
   write_summary
 else
   PHASE_NOTE="tables in bench_streaming_gpu.md" \
-    phase bench "$BLIMIT" "$LOG" "$PY" benchmarks/bench_streaming.py \
+    phase bench "$BLIMIT" "$PY" benchmarks/bench_streaming.py \
     --device gpu "${QUICK[@]}" "${BENCH_EXTRA[@]}" --time-limit "$((BLIMIT > 30 ? BLIMIT - 15 : BLIMIT))" \
     --out "$OUT/bench_streaming_gpu.md"
   if [[ $? == 2 ]] && ((!DRY_RUN)); then

@@ -67,17 +67,15 @@ for arg in "$@"; do
             "(usage: device_run_backends.sh [--dry-run] [--simulate-gpu])" >&2; exit 3 ;;
   esac
 done
-positive_int() {  # name value -> echoes value, or exits 3 naming it
-  if [[ "$2" =~ ^[1-9][0-9]*$ ]]; then echo "$2"; else
-    echo "device_run_backends: $1 must be a positive integer number of seconds. Received: $1=$2" >&2
-    exit 3; fi
-}
+SCRIPT_NAME=device_run_backends
+# positive_int, left, write_summary, phase
+source "$REPO/benchmarks/device_lib.sh"
 BUDGET=$(positive_int DEVICE_RUN_BACKENDS_BUDGET "${DEVICE_RUN_BACKENDS_BUDGET:-280}") || exit 3
 FIT_MIN=$(positive_int DEVICE_RUN_BACKENDS_FIT_MIN "${DEVICE_RUN_BACKENDS_FIT_MIN:-75}") || exit 3
 OUT="${OUT:-$REPO/build/device_run_backends}"
 # A comma-separated subset of the phases (say "status" on a warm machine after
 # a fix); the others are SKIPPED rows. Empty: every phase.
-ONLY="${DEVICE_RUN_BACKENDS_ONLY:-}"
+PHASE_ONLY="${DEVICE_RUN_BACKENDS_ONLY:-}" PHASE_ONLY_VAR=DEVICE_RUN_BACKENDS_ONLY
 PY="${PYTHON:-python3}"
 [[ -d /usr/local/cuda/bin ]] && export PATH="$PATH:/usr/local/cuda/bin"
 WHEELS="${WHEEL_DIR:-.whl}"
@@ -125,57 +123,7 @@ else
 fi
 ROWS=()
 DRY_ELAPSED=0
-left() { echo $((BUDGET - (SECONDS - START) - DRY_ELAPSED)); }
-
-write_summary() {
-  ((DRY_RUN)) && return
-  {
-    echo "# device_run_backends $(date -u +%FT%TZ): $((SECONDS - START)) s of a ${BUDGET} s budget" \
-         "$( ((SIMULATE)) && echo '(SIMULATED: --simulate-gpu, the CPU; not GPU numbers)')"
-    echo
-    echo "| phase | status | seconds | note |"
-    echo "|---|---|---:|---|"
-    printf '%s\n' "${ROWS[@]}"
-  } >"$SUMMARY"
-}
-
-# phase NAME LIMIT COMMAND...: COMMAND under `timeout LIMIT`, its output
-# appended to the log and a summary row (note: PHASE_NOTE; NEEDS_GPU=0 runs
-# it without a GPU, else such a phase is a NO GPU row). Never exits;
-# with --dry-run prints the phase, charges its whole limit and returns 0.
-phase() {
-  local name="$1" limit="$2"; shift 2
-  if ((DRY_RUN)); then
-    local cmd="$*"
-    echo "phase $name (<= ${limit} s, starts by $((BUDGET - $(left))) s): ${cmd//$'\n'/ }"
-    DRY_ELAPSED=$((DRY_ELAPSED + limit)); return 0
-  fi
-  if ((limit < 5)); then
-    ROWS+=("| $name | SKIPPED | 0 | no time left in the ${BUDGET} s budget |"); write_summary; return 99
-  fi
-  if [[ -n "$ONLY" && ",$ONLY," != *",$name,"* ]]; then
-    ROWS+=("| $name | SKIPPED | 0 | not in DEVICE_RUN_BACKENDS_ONLY=$ONLY |"); write_summary; return 97
-  fi
-  if ((${NEEDS_GPU:-1} && !GPU)); then
-    ROWS+=("| $name | NO GPU | 0 | nvidia-smi lists no GPU: nothing run |"); write_summary; return 98
-  fi
-  echo "## phase $name (limit ${limit} s) $(date -u +%T): $*" >>"$LOG"
-  local t0=$SECONDS rc from found
-  from=$(wc -l <"$LOG")
-  timeout --kill-after=5 "$limit" "$@" >>"$LOG" 2>&1
-  rc=$?
-  local dt=$((SECONDS - t0)) status=pass note="${PHASE_NOTE:-}"
-  if [[ -n "${PHASE_NOTE_GREP:-}" ]]; then
-    found="$(tail -n +"$((from + 1))" "$LOG" | grep -E "$PHASE_NOTE_GREP" | head -n2 | tr '\n' ' ')"
-    [[ -n "$found" ]] && note="$found; $note"
-  fi
-  if [[ $rc == 124 || $rc == 137 ]]; then status=FAIL; note="timed out after ${limit} s; $note"
-  elif [[ $rc != 0 ]]; then status=FAIL; note="exit code $rc; $note"; fi
-  ROWS+=("| $name | $status | $dt | ${note//|//} |")
-  echo "## phase $name: $status in $dt s (exit $rc)" >>"$LOG"
-  write_summary
-  return $rc
-}
+((SIMULATE)) && SUMMARY_NOTE="(SIMULATED: --simulate-gpu, the CPU; not GPU numbers)"
 
 # --- info (runs with or without a GPU) ---------------------------------------------
 info() {
