@@ -140,9 +140,11 @@ def main(argv=None):
     loss_err = abs(loss - want_loss)
     grad_err = float(np.max(np.abs(grad - want_grad)))
     grad_tol = ATOL + RTOL * float(np.max(np.abs(want_grad)))
-    ok = loss_err <= ATOL + RTOL * abs(want_loss) and grad_err <= grad_tol and np.all(np.isfinite(grad))
-    print(f"{'pass' if ok else 'FAIL'} {where} on {device}: loss {loss:.6f} (float64 {want_loss:.6f},"
-          f" |err| {loss_err:.2e}), max |grad err| {grad_err:.2e} (tolerance {grad_tol:.2e})")
+    ok = (loss_err <= ATOL + RTOL * abs(want_loss) and grad_err <= grad_tol
+          and bool(np.all(np.isfinite(grad))))
+    print(f"{'pass' if ok else 'FAIL'} {where} on {device}: loss {loss:.6f} (float64 "
+          f"{want_loss:.6f}, |err| {loss_err:.2e}), max |grad err| {grad_err:.2e} "
+          f"(tolerance {grad_tol:.2e})")
     return 0 if ok else 1
 
 

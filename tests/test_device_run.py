@@ -2,8 +2,11 @@
 and budget; the whole run on stand-ins for nvidia-smi, nvcc and
 compute-sanitizer), `bench_streaming.py --device gpu`, benchmarks/bench_gpu_loss.py
 (its simulated GPU path against a float64 NumPy reference, the harness JSON
-merge, worker crashes and hangs), the wheel list, and the DEVICE_CHECK_T_*
-step limits of kernels/cuda/device_check.sh.
+merge, worker crashes and hangs, its cell and method order and the cap of a
+slow method), the wheel list, the DEVICE_CHECK_T_* step limits of
+kernels/cuda/device_check.sh, and benchmarks/device_run_backends.sh (its dry
+run, and its status phase with benchmarks/device_fused_check.py: a fused call
+that raises fails it).
 
 The numbers themselves need a GPU machine; these tests pin down what must hold
 anywhere: a missing GPU is said in one clear line (no traceback), every phase
