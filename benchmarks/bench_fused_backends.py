@@ -307,6 +307,13 @@ def main():
                         skipped.append((b, k, n, path, f"dense logits over {args.dense_max_mb:g} MiB"))
                         continue
                     cells.append((b, k, n, path))
+    # Measured in the order issue 17 needs them, so that a time limit cuts the
+    # least useful cells: n = 1e5 first, then n >= 1e6 (every B and k of one n
+    # before the next n: the H100 run of 2026-11-26, B-major, reached no
+    # B = 256 cell in 30 s), then the smaller n; within a cell the paths in
+    # --paths order.
+    cells.sort(key=lambda c: (0 if c[2] == 10**5 else 1 if c[2] > 10**5 else 2, c[2], c[0], c[1],
+                              paths.index(c[3])))
     rows, no_gpu = [], []
     for i, backend in enumerate(backends):
         env = dict(os.environ, KERAS_BACKEND=backend, PYTHONPATH=ROOT + os.pathsep + os.environ.get(

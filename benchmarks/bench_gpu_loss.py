@@ -92,10 +92,14 @@ Optional: "loss_err" and "grad_err" (relative to float64, as above) and
 "note". A file that breaks this is refused with a ValueError naming the entry.
 
 Order and time: a JAX worker (jax_default, jax_highest), then a PyTorch
-worker (ref, torch_compile, cce_exact, cce_tf32, liger,
-torch_compile_tf32); each walks the cells in ascending B*n*k with every one
-of its methods per cell, prints one JSON line per result, and is restarted
-past a (method, cell) that crashes or runs longer than --item-timeout.
+worker (ref, cce_exact, cce_tf32, torch_compile, torch_compile_tf32, liger);
+each walks the cells issue 16's targets name first (n >= 1e5 with B in
+{16, 256}, both k; then n = 1e4; B = 4096 last; see cell_priority) with every
+one of its methods per cell, prints one JSON line per result, and is restarted
+past a (method, cell) that crashes or runs longer than --item-timeout. A slow
+method is capped: the timed blocks of one step take at most --step-budget
+seconds (4; fewer than --reps blocks, at least one, listed under 'Not
+measured'), judged from the call that sizes the blocks.
 `--time-limit` is hard: the JAX worker gets 35% of it (what it leaves goes
 on), a worker still running at the deadline is killed, and what did not run
 is listed as skipped. (For the tests, the environment variable
@@ -145,9 +149,12 @@ METHODS = {
     "liger": ("torch", "fp32", "Liger FLCE, highest"),
     "torch_compile_tf32": ("torch", "tf32", "torch.compile, high (TF32)"),
 }
+# Within a cell, in this order: the float64 reference first (the error
+# columns need it), then the baselines issue 16's targets name (JAX DEFAULT and
+# HIGHEST; CCE at both precisions), then torch.compile and Liger.
 WORKERS = {"jax": ["jax_default", "jax_highest"],
-           "torch": ["ref", "torch_compile", "cce_exact", "cce_tf32", "liger",
-                     "torch_compile_tf32"]}
+           "torch": ["ref", "cce_exact", "cce_tf32", "torch_compile", "torch_compile_tf32",
+                     "liger"]}
 JAX_SHARE = 0.35
 LIGER_MAX_CHUNKS = 256
 # (substrings of torch.cuda.get_device_name, all required; label, FP32 TFLOP/s,
@@ -435,11 +442,26 @@ def checks(loss, dz, dm, z, codes):
 
 
 def _time_step(block_ms, call, args):
-    """Median ms per call over args.reps blocks of R back-to-back calls; R from one call."""
+    """(median ms per call, R, blocks): `blocks` blocks of R back-to-back calls;
+    R from one call. Blocks is args.reps, cut so that the timed blocks take at
+    most --step-budget seconds when one call is slow (at least 1): CCE's
+    float32 backward took 1.7 s per call at n = 1e6 on the H100, and 5 blocks
+    of it (twice, fwd+bwd and its peak) ate a third of the run's budget."""
     one = block_ms(call, 1)
     r = max(1, min(args.max_calls, int(args.block_ms / max(one, 1e-3))))
-    samples = [block_ms(call, r) / r for _ in range(args.reps)]
-    return statistics.median(samples), r
+    blocks = max(1, min(args.reps, int(1e3 * args.step_budget / max(one * r, 1e-3))))
+    samples = [block_ms(call, r) / r for _ in range(blocks)]
+    return statistics.median(samples), r, blocks
+
+
+def _timed(row, key, block_ms, call, args):
+    """Sets row[key + "_ms"] and row[key + "_calls"]; row[key + "_blocks"]
+    (and a note in row["cut"]) where --step-budget cut the blocks."""
+    ms, calls, blocks = _time_step(block_ms, call, args)
+    row[f"{key}_ms"], row[f"{key}_calls"] = ms, calls
+    if blocks < args.reps:
+        row[f"{key}_blocks"] = blocks
+        row.setdefault("cut", []).append(f"{key}: {blocks} of {args.reps} blocks")
 
 
 def torch_measure(env, method, cell, args):
@@ -481,8 +503,8 @@ def torch_measure(env, method, cell, args):
         row["first_bwd_s"] = time.perf_counter() - t
         row.update(checks(loss, dz, dm, z, codes))
         del loss, dz, dm
-        row["fwd_ms"], row["fwd_calls"] = _time_step(env.block_ms, fwd, args)
-        row["fwdbwd_ms"], row["fwdbwd_calls"] = _time_step(env.block_ms, fwdbwd, args)
+        _timed(row, "fwd", env.block_ms, fwd, args)
+        _timed(row, "fwdbwd", env.block_ms, fwdbwd, args)
         row["peak_bytes"] = env.peak_bytes(fwdbwd)
         row["fwd_peak_bytes"] = env.peak_bytes(fwd)
         if method == "liger":
@@ -554,8 +576,8 @@ def jax_measure(method, cell, args):
         row["first_bwd_s"] = time.perf_counter() - t
         row.update(checks_jax(loss, dz, dm, z, codes))
         del loss, dz, dm
-        row["fwd_ms"], row["fwd_calls"] = _time_step(block_ms, fwd, args)
-        row["fwdbwd_ms"], row["fwdbwd_calls"] = _time_step(block_ms, fwdbwd, args)
+        _timed(row, "fwd", block_ms, fwd, args)
+        _timed(row, "fwdbwd", block_ms, fwdbwd, args)
         for key, fn in (("peak_bytes", fb_c), ("fwd_peak_bytes", fwd_c)):
             try:
                 ma = fn.memory_analysis()
@@ -665,8 +687,8 @@ def run_worker(framework, items, deadline, args, state, save):
     env = dict(os.environ, PYTHONUNBUFFERED="1", XLA_PYTHON_CLIENT_PREALLOCATE="false",
                TF_CPP_MIN_LOG_LEVEL="3")
     flags = ["--scale", str(args.scale), "--reps", str(args.reps), "--block-ms",
-             str(args.block_ms), "--max-calls", str(args.max_calls), "--compile-backend",
-             args.compile_backend]
+             str(args.block_ms), "--max-calls", str(args.max_calls), "--step-budget",
+             str(args.step_budget), "--compile-backend", args.compile_backend]
     if args.simulate_gpu:
         env.update(JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="")
         flags.append("--simulate-gpu")
@@ -889,6 +911,11 @@ def render(state, harness_rows=()):
                   "|---:|---:|---:|---|---:|---|---|---|"]
         lines += targets
     notes = list(state["notes"])
+    cut = [f"{r['method']} B={r['B']} k={r['k']} n={r['n']} ({', '.join(r['cut'])})"
+           for r in state["rows"] if r.get("cut")]
+    if cut:
+        notes.append(f"fewer timed blocks (--step-budget: one call too slow for {state['reps']} "
+                     f"blocks; the median is over the blocks run): " + "; ".join(cut))
     if state["skipped"]:
         notes.append(f"not run, --time-limit reached ({len(state['skipped'])}): "
                      + ", ".join(state["skipped"]))
@@ -960,10 +987,21 @@ def write_outputs(state, out, harness_rows=()):
     os.replace(js + ".tmp", js)
 
 
+def cell_priority(cell):
+    """Sort key: the cells issue 16's targets name first, so that a time limit
+    cuts the least useful ones (the H100 run of 2026-11-26, in ascending
+    B*n*k, left JAX HIGHEST at B = 256, n = 1e5 and every JAX cell at B = 256,
+    n = 1e6 unmeasured). n >= 1e5 with B <= 256 (both k), then n = 1e4 with
+    B <= 256, then B = 4096; ascending B*n*k within each group."""
+    b, k, n = cell
+    group = 2 if b > 256 else (0 if n >= 100_000 else 1)
+    return (group, b * k * n, cell)
+
+
 def plan(args):
-    """[(framework, [(cell, method)])]: each worker's cells in ascending B*n*k."""
+    """[(framework, [(cell, method)])]: each worker's cells in `cell_priority` order."""
     grid = QUICK_GRID if (args.quick or args.simulate_gpu) else GRID
-    grid = sorted(grid, key=lambda c: (c[0] * c[1] * c[2], c))
+    grid = sorted(grid, key=lambda c: cell_priority(tuple(c)))
     chosen = args.methods.split(",")
     out = []
     for framework, methods in WORKERS.items():
@@ -1034,6 +1072,9 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=5, help="timed blocks per step")
     p.add_argument("--block-ms", type=float, default=40.0, help="target length of a timed block")
     p.add_argument("--max-calls", type=int, default=100, help="calls per timed block at most")
+    p.add_argument("--step-budget", type=float, default=4.0,
+                   help="seconds the timed blocks of one step (fwd, or fwd+bwd) may take: a slow "
+                        "method gets fewer than --reps blocks (at least one), said in the table")
     p.add_argument("--item-timeout", type=float, default=120.0,
                    help="seconds one (method, cell) may take, compilation included")
     p.add_argument("--startup-timeout", type=float, default=120.0,
@@ -1057,6 +1098,9 @@ def main(argv=None):
     if args.time_limit is not None and not args.time_limit > 0:
         p.error(f"Argument `--time-limit` must be a positive number of seconds. "
                 f"Received: --time-limit={args.time_limit}")
+    if not args.step_budget > 0:
+        p.error(f"Argument `--step-budget` must be a positive number of seconds. "
+                f"Received: --step-budget={args.step_budget}")
     for name in ("reps", "max_calls"):
         if getattr(args, name) < 1:
             p.error(f"Argument `--{name.replace('_', '-')}` must be a positive integer. "

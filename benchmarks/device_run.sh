@@ -19,8 +19,9 @@
 #   kernels  kernels/cuda/device_check.sh: build, checks, the grid against
 #            float64, memcheck, racecheck, the harness's timing mode (today's
 #            v2 kernels and every launch variant side by side, each math
-#            mode), one Nsight Compute profile of the forward split kernel;
-#            its step limits are fitted into the time the later phases leave
+#            mode), Nsight Compute profiles of the forward split kernel and
+#            of the codes-gradient kernel at one shape; its step limits are
+#            fitted into the time the later phases leave
 #   gpuloss  benchmarks/bench_gpu_loss.py: the timing table of the loss
 #            (JAX, torch.compile, cut cross-entropy, Liger) with the CUDA
 #            kernels' rows merged from the harness's JSON, given the rest of
@@ -29,9 +30,10 @@
 #            DEVICE_RUN_STREAMING_MIN (60) seconds are left
 #
 # Budget: DEVICE_RUN_BUDGET seconds in all (default 465); the last phase ends
-# at most ~15 s after it. The kernels phase gets at most 390 s and leaves at
-# least DEVICE_RUN_GPULOSS_MIN (140) s for gpuloss; DEVICE_RUN_IMPORT_LIMIT
-# (40) s for each import check. DEVICE_CHECK_T_* set a
+# at most ~15 s after it. The kernels phase gets at most 385 s and leaves at
+# least DEVICE_RUN_GPULOSS_MIN (110) s for gpuloss; DEVICE_RUN_IMPORT_LIMIT
+# (30) s for each import check. On the H100 (2026-11-26) the run took 450 s
+# and the device call held the machine 480 s: give the call timeout_s >= 500. DEVICE_CHECK_T_* set a
 # step limit of device_check.sh outright (else the defaults below, scaled
 # down to fit). DEVICE_RUN_GPULOSS_ARGS and DEVICE_RUN_BENCH_ARGS add
 # arguments to the two benchmarks (word-split; their hidden --simulate-gpu
@@ -73,17 +75,15 @@ PY="${PYTHON:-python3}"
 WHEELS="${WHEEL_DIR:-.whl}"
 SITE="${SITE_DIR:-/tmp/site}"
 WHEEL_LIST="$REPO/benchmarks/device_wheels.txt"
-positive_int() {  # name value default -> echoes value, or default with a warning
-  if [[ "$2" =~ ^[1-9][0-9]*$ ]]; then echo "$2"; else
-    echo "device_run: $1 must be a positive integer number of seconds. Received: $1=$2" >&2
-    echo "$3"; fi
-}
+SCRIPT_NAME=device_run
+# positive_int, left, write_summary, phase, no_gpu_row
+source "$REPO/benchmarks/device_lib.sh"
 BUDGET=$(positive_int DEVICE_RUN_BUDGET "${DEVICE_RUN_BUDGET:-465}" 465)
-GPULOSS_MIN=$(positive_int DEVICE_RUN_GPULOSS_MIN "${DEVICE_RUN_GPULOSS_MIN:-140}" 140)
+GPULOSS_MIN=$(positive_int DEVICE_RUN_GPULOSS_MIN "${DEVICE_RUN_GPULOSS_MIN:-110}" 110)
 STREAMING_MIN=$(positive_int DEVICE_RUN_STREAMING_MIN "${DEVICE_RUN_STREAMING_MIN:-60}" 60)
-# Each import check's limit: 11 s was seen on an H200 machine; a loaded
-# machine without a GPU (the tests) may need more.
-IMPORT_LIMIT=$(positive_int DEVICE_RUN_IMPORT_LIMIT "${DEVICE_RUN_IMPORT_LIMIT:-40}" 40)
+# Each import check's limit: 7 s (jax) and 17 s (torch) on the H100 machine
+# of 2026-11-26; a loaded machine without a GPU (the tests) may need more.
+IMPORT_LIMIT=$(positive_int DEVICE_RUN_IMPORT_LIMIT "${DEVICE_RUN_IMPORT_LIMIT:-30}" 30)
 export ECOC_HARNESS_JSON="${ECOC_HARNESS_JSON:-/tmp/ecoc_device_run/harness_timing.json}"
 START=$SECONDS
 LOG="$OUT/device_run.log"
@@ -103,61 +103,6 @@ export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3
 
 # --dry-run charges every phase its whole limit: it shows the worst case.
 DRY_ELAPSED=0
-left() { echo $((BUDGET - (SECONDS - START) - DRY_ELAPSED)); }
-
-write_summary() {
-  ((DRY_RUN)) && return
-  {
-    echo "# device_run $(date -u +%FT%TZ): $((SECONDS - START)) s of a ${BUDGET} s budget"
-    echo
-    echo "| phase | status | seconds | note |"
-    echo "|---|---|---:|---|"
-    printf '%s\n' "${ROWS[@]}"
-  } >"$SUMMARY"
-}
-
-# phase NAME LIMIT LOGFILE COMMAND...: runs COMMAND under `timeout LIMIT`,
-# appends its output to LOGFILE and a row to the summary (note: PHASE_NOTE,
-# then the last line of the phase's output that matches the extended regex
-# PHASE_NOTE_GREP, if set). Never exits. With --dry-run it prints the phase
-# instead and returns 0.
-phase() {
-  local name="$1" limit="$2" log="$3"; shift 3
-  if ((DRY_RUN)); then
-    local cmd="$*"
-    echo "phase $name (<= ${limit} s, starts by $((BUDGET - $(left))) s): ${cmd//$'\n'/ }"
-    DRY_ELAPSED=$((DRY_ELAPSED + limit))
-    ROWS+=("| $name | DRY RUN | 0 | |"); return 0
-  fi
-  if ((limit < 5)); then
-    ROWS+=("| $name | SKIPPED | 0 | no time left in the ${BUDGET} s budget |")
-    echo "## phase $name: SKIPPED (no time left)" >>"$log"; write_summary; return 99
-  fi
-  echo "## phase $name (limit ${limit} s) $(date -u +%T): $*" >>"$log"
-  local t0=$SECONDS rc from
-  from=$(wc -l <"$log")
-  timeout --kill-after=5 "$limit" "$@" >>"$log" 2>&1
-  rc=$?
-  local dt=$((SECONDS - t0)) status=pass note="${PHASE_NOTE:-}" found=""
-  if [[ -n "${PHASE_NOTE_GREP:-}" ]]; then
-    found="$(tail -n +"$((from + 1))" "$log" | grep -E "$PHASE_NOTE_GREP" | tail -n1)"
-    [[ -n "$found" ]] && note="${note:+$note; }$found"
-  fi
-  if [[ $rc == 124 || $rc == 137 ]]; then status=FAIL; note="timed out after ${limit} s; $note"
-  elif [[ $rc != 0 ]]; then status=FAIL; note="exit code $rc; $note"; fi
-  ROWS+=("| $name | $status | $dt | ${note//|//} |")
-  echo "## phase $name: $status in $dt s (exit $rc)" >>"$log"
-  write_summary
-  return $rc
-}
-
-# no_gpu_row NAME SECONDS NOTE: replaces the last summary row (a phase that
-# found no GPU ran nothing; that is neither a pass nor a failure of the code).
-no_gpu_row() {
-  ((DRY_RUN)) && return
-  ROWS[${#ROWS[@]}-1]="| $1 | NO GPU | $2 | $3 |"
-  write_summary
-}
 
 # --- info -------------------------------------------------------------------
 info() {
@@ -186,7 +131,7 @@ EOF
 }
 export PY WHEELS SITE WHEEL_LIST
 export -f info
-PHASE_NOTE="" phase info 30 "$LOG" bash -c info
+PHASE_NOTE="" phase info 20 bash -c info  # 9 s on the H100
 
 # --- wheels -------------------------------------------------------------------
 # Installs every wheel that is there (so keras still imports when, say, the
@@ -212,7 +157,7 @@ install_wheels() {
 }
 export -f install_wheels
 PHASE_NOTE="into $SITE" PHASE_NOTE_GREP='^(missing wheels|no wheels in)' \
-  phase wheels 45 "$LOG" bash -c install_wheels
+  phase wheels 30 bash -c install_wheels  # 1 s on the H100
 WHEELS_RC=$?
 export PYTHONPATH="$SITE:$REPO${PYTHONPATH:+:$PYTHONPATH}"
 if ((!DRY_RUN)) && [[ $WHEELS_RC != 0 ]]; then
@@ -227,25 +172,37 @@ print("keras", keras.__version__, keras.__file__, "| backend", keras.backend.bac
 print(ops.backend_status(100000))'
 for backend in jax torch; do
   PHASE_NOTE="KERAS_BACKEND=$backend" KERAS_BACKEND=$backend \
-    phase "import-$backend" "$IMPORT_LIMIT" "$LOG" "$PY" -c "$IMPORT_CHECK"
+    phase "import-$backend" "$IMPORT_LIMIT" "$PY" -c "$IMPORT_CHECK"
 done
 
 # --- kernels: the CUDA harness -------------------------------------------------
-# Step limits (seconds) that sum to 375: the H200 run of 2026-11-26 took 12 s
-# to build (the variants add instantiations: more now), 1 s for the checks,
-# 70 s for the grid (n = 10^6), 4 s for both sanitizers and 8 s for the
-# timings of v2 alone (four variants now: about 4x; 60 s); the ncu profile
-# (8 forward launches, 5 sections) is expected to take well under its 60 s
-# (not yet measured). Scaled down when less time is left, so that
-# device_check.sh always finishes (it writes device_check.md at its end) and
-# gpuloss keeps DEVICE_RUN_GPULOSS_MIN. The gpuloss phase (282 s last time)
-# gets what is left: it skips the cells that do not fit.
-KLIMIT=$(( $(left) - GPULOSS_MIN )); ((KLIMIT > 390)) && KLIMIT=390
-STEP_DEFAULTS=(BUILD:60 CHECK:25 GRID:110 SMEM:10 MEMCHECK:25 RACECHECK:25 BENCH:60 NCU:60)
-STEP_SUM=375 STEP_ROOM=$((KLIMIT - 15))
-for pair in "${STEP_DEFAULTS[@]}"; do
-  var="DEVICE_CHECK_T_${pair%%:*}" t="${pair##*:}"
-  ((STEP_ROOM < STEP_SUM)) && t=$(( t * STEP_ROOM / STEP_SUM )) && ((t < 5)) && t=5
+# Each step of device_check.sh gets NAME:NEED:CAP seconds. NEED is what the
+# H100 run of 2026-11-26 measured plus a margin (build 31 s, checks 2, grid
+# 75-81, smem-limit 1, memcheck 1, racecheck 16, the timings 47 s for six
+# launch variants, ~65 s for eight, ncu 16 s for 12 forward profiles); CAP is
+# device_check.sh's default. Room for the steps above the sum of the needs
+# goes to each step in proportion to its CAP - NEED; below it (only when the
+# earlier phases ran far over their measured times) every step is scaled
+# down, so that device_check.sh always finishes (it writes device_check.md at
+# its end) and gpuloss keeps DEVICE_RUN_GPULOSS_MIN. On 2026-11-26 the
+# earlier phases took 34 s: the kernels phase then gets ~320 s and uses ~225.
+STEP_PLAN=(BUILD:35:50 CHECK:5:15 GRID:88:110 SMEM:3:10 MEMCHECK:5:15 RACECHECK:18:30 BENCH:72:90
+           NCU:20:30 NCUGRAD:12:25)
+NEED_SUM=0 CAP_SUM=0
+for plan in "${STEP_PLAN[@]}"; do
+  IFS=: read -r _ need cap <<<"$plan"
+  NEED_SUM=$((NEED_SUM + need)) CAP_SUM=$((CAP_SUM + cap))
+done
+KLIMIT=$(( $(left) - GPULOSS_MIN )); ((KLIMIT > CAP_SUM + 10)) && KLIMIT=$((CAP_SUM + 10))
+STEP_ROOM=$((KLIMIT - 10))
+for plan in "${STEP_PLAN[@]}"; do
+  IFS=: read -r name need cap <<<"$plan"
+  var="DEVICE_CHECK_T_$name"
+  if ((STEP_ROOM >= CAP_SUM)); then t=$cap
+  elif ((STEP_ROOM >= NEED_SUM)); then
+    t=$(( need + (cap - need) * (STEP_ROOM - NEED_SUM) / (CAP_SUM - NEED_SUM) ))
+  else t=$(( need * STEP_ROOM / NEED_SUM )); ((t < 5)) && t=5
+  fi
   export "$var=${!var:-$t}"
 done
 T0=$SECONDS
@@ -253,7 +210,7 @@ if ((DRY_RUN)); then
   bash kernels/cuda/device_check.sh --dry-run | sed 's/^/  /'
 fi
 PHASE_NOTE="steps and results in device_check.md" OUT="$OUT" \
-  phase kernels "$KLIMIT" "$LOG" bash kernels/cuda/device_check.sh
+  phase kernels "$KLIMIT" bash kernels/cuda/device_check.sh
 if [[ $? == 0 ]] && ((!DRY_RUN)) && tail -n 3 "$LOG" | grep -q "device_check: no GPU"; then
   no_gpu_row kernels $((SECONDS - T0)) "device_check.sh found no GPU (nvidia-smi) and ran nothing"
 fi
@@ -276,7 +233,7 @@ read -r -a GL_EXTRA <<<"${DEVICE_RUN_GPULOSS_ARGS:-}"
 T0=$SECONDS
 GLIMIT=$(( $(left) - 5 ))
 PHASE_NOTE="table in bench_gpu_loss.md${HARNESS_ARGS[*]:+, harness rows merged}" \
-  phase gpuloss "$GLIMIT" "$LOG" "$PY" benchmarks/bench_gpu_loss.py "${QUICK[@]}" \
+  phase gpuloss "$GLIMIT" "$PY" benchmarks/bench_gpu_loss.py "${QUICK[@]}" \
   "${HARNESS_ARGS[@]}" "${GL_EXTRA[@]}" --time-limit "$((GLIMIT > 30 ? GLIMIT - 10 : GLIMIT))" \
   --out "$OUT/bench_gpu_loss.md"
 if [[ $? == 2 ]] && ((!DRY_RUN)); then
@@ -293,7 +250,7 @@ if ((BLIMIT < STREAMING_MIN)); then
   write_summary
 else
   PHASE_NOTE="tables in bench_streaming_gpu.md" \
-    phase bench "$BLIMIT" "$LOG" "$PY" benchmarks/bench_streaming.py \
+    phase bench "$BLIMIT" "$PY" benchmarks/bench_streaming.py \
     --device gpu "${QUICK[@]}" "${BENCH_EXTRA[@]}" --time-limit "$((BLIMIT > 30 ? BLIMIT - 15 : BLIMIT))" \
     --out "$OUT/bench_streaming_gpu.md"
   if [[ $? == 2 ]] && ((!DRY_RUN)); then
@@ -303,7 +260,8 @@ fi
 
 if ((DRY_RUN)); then
   echo "worst case (every phase runs to its limit): $((BUDGET - $(left))) s of the ${BUDGET} s budget;" \
-       "typical runs leave the kernels phase about 300 s and the benchmarks more"
+       "on the H100 of 2026-11-26 the phases before kernels took 34 s (limits: $((20 + 30 + 2 * IMPORT_LIMIT)) s)," \
+       "which gives the kernels phase ~320 s (it needs ~225) and gpuloss ~200 s"
   exit 0
 fi
 NFILES=$(find "$OUT" -type f | wc -l)

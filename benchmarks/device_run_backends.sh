@@ -26,8 +26,11 @@
 #            with nvcc for this card's architecture only (KERAS_ECOC_CUDA_ARCHS
 #            from nvidia-smi's compute_cap); fails without the CUDA part
 #   status   under KERAS_BACKEND=jax and =torch: the backend is on the GPU,
-#            fused_status() names the kernel library's CUDA kernels and
-#            loss_path(10**5) == "fused" (the dispatcher asked for the GPU)
+#            fused_status() names the kernel library's CUDA kernels,
+#            loss_path(10**5) == "fused" (the dispatcher asked for the GPU),
+#            and one jitted fused loss + gradient (B = 8, k = 16, n = 1000)
+#            matches a float64 NumPy reference (benchmarks/device_fused_check.py);
+#            a call that raises fails the phase and its error is the note
 #   bench    benchmarks/bench_fused_backends.py --device gpu, jax then torch:
 #            fused vs streaming vs dense, forward+backward, B in {16, 256},
 #            k in {32, 128}, n in {10^4, 10^5, 10^6}, time and peak device
@@ -42,7 +45,8 @@
 # gets the rest (--dry-run charges every earlier phase its whole limit, so it
 # shows the worst case); the last phase ends at most ~10 s after the budget.
 # DEVICE_RUN_BACKENDS_BENCH_ARGS and DEVICE_RUN_BACKENDS_FIT_ARGS replace the
-# two benchmarks' shape arguments (word-split).
+# two benchmarks' shape arguments (word-split); DEVICE_RUN_BACKENDS_ONLY (say
+# "status" or "build,status") runs only the phases it names.
 #
 # Files under $OUT (6): backends_summary.md (each phase: status, seconds,
 # note), backends.log (everything printed), bench_fused_backends_gpu.json/.md,
@@ -63,14 +67,15 @@ for arg in "$@"; do
             "(usage: device_run_backends.sh [--dry-run] [--simulate-gpu])" >&2; exit 3 ;;
   esac
 done
-positive_int() {  # name value -> echoes value, or exits 3 naming it
-  if [[ "$2" =~ ^[1-9][0-9]*$ ]]; then echo "$2"; else
-    echo "device_run_backends: $1 must be a positive integer number of seconds. Received: $1=$2" >&2
-    exit 3; fi
-}
+SCRIPT_NAME=device_run_backends
+# positive_int, left, write_summary, phase
+source "$REPO/benchmarks/device_lib.sh"
 BUDGET=$(positive_int DEVICE_RUN_BACKENDS_BUDGET "${DEVICE_RUN_BACKENDS_BUDGET:-280}") || exit 3
 FIT_MIN=$(positive_int DEVICE_RUN_BACKENDS_FIT_MIN "${DEVICE_RUN_BACKENDS_FIT_MIN:-75}") || exit 3
 OUT="${OUT:-$REPO/build/device_run_backends}"
+# A comma-separated subset of the phases (say "status" on a warm machine after
+# a fix); the others are SKIPPED rows. Empty: every phase.
+PHASE_ONLY="${DEVICE_RUN_BACKENDS_ONLY:-}" PHASE_ONLY_VAR=DEVICE_RUN_BACKENDS_ONLY
 PY="${PYTHON:-python3}"
 [[ -d /usr/local/cuda/bin ]] && export PATH="$PATH:/usr/local/cuda/bin"
 WHEELS="${WHEEL_DIR:-.whl}"
@@ -118,49 +123,7 @@ else
 fi
 ROWS=()
 DRY_ELAPSED=0
-left() { echo $((BUDGET - (SECONDS - START) - DRY_ELAPSED)); }
-
-write_summary() {
-  ((DRY_RUN)) && return
-  {
-    echo "# device_run_backends $(date -u +%FT%TZ): $((SECONDS - START)) s of a ${BUDGET} s budget" \
-         "$( ((SIMULATE)) && echo '(SIMULATED: --simulate-gpu, the CPU; not GPU numbers)')"
-    echo
-    echo "| phase | status | seconds | note |"
-    echo "|---|---|---:|---|"
-    printf '%s\n' "${ROWS[@]}"
-  } >"$SUMMARY"
-}
-
-# phase NAME LIMIT COMMAND...: COMMAND under `timeout LIMIT`, its output
-# appended to the log and a summary row (note: PHASE_NOTE; NEEDS_GPU=0 runs
-# it without a GPU, else such a phase is a NO GPU row). Never exits;
-# with --dry-run prints the phase, charges its whole limit and returns 0.
-phase() {
-  local name="$1" limit="$2"; shift 2
-  if ((DRY_RUN)); then
-    local cmd="$*"
-    echo "phase $name (<= ${limit} s, starts by $((BUDGET - $(left))) s): ${cmd//$'\n'/ }"
-    DRY_ELAPSED=$((DRY_ELAPSED + limit)); return 0
-  fi
-  if ((limit < 5)); then
-    ROWS+=("| $name | SKIPPED | 0 | no time left in the ${BUDGET} s budget |"); write_summary; return 99
-  fi
-  if ((${NEEDS_GPU:-1} && !GPU)); then
-    ROWS+=("| $name | NO GPU | 0 | nvidia-smi lists no GPU: nothing run |"); write_summary; return 98
-  fi
-  echo "## phase $name (limit ${limit} s) $(date -u +%T): $*" >>"$LOG"
-  local t0=$SECONDS rc
-  timeout --kill-after=5 "$limit" "$@" >>"$LOG" 2>&1
-  rc=$?
-  local dt=$((SECONDS - t0)) status=pass note="${PHASE_NOTE:-}"
-  if [[ $rc == 124 || $rc == 137 ]]; then status=FAIL; note="timed out after ${limit} s; $note"
-  elif [[ $rc != 0 ]]; then status=FAIL; note="exit code $rc; $note"; fi
-  ROWS+=("| $name | $status | $dt | ${note//|//} |")
-  echo "## phase $name: $status in $dt s (exit $rc)" >>"$LOG"
-  write_summary
-  return $rc
-}
+((SIMULATE)) && SUMMARY_NOTE="(SIMULATED: --simulate-gpu, the CPU; not GPU numbers)"
 
 # --- info (runs with or without a GPU) ---------------------------------------------
 info() {
@@ -193,7 +156,7 @@ s = u.find_spec("keras"); print(m.version("keras"), s.origin) if s else exit(1)'
 }
 export -f install_wheels
 export WHEELS SITE
-NEEDS_GPU=0 PHASE_NOTE="into $SITE" phase wheels 30 bash -c install_wheels
+NEEDS_GPU=0 PHASE_NOTE="into $SITE" phase wheels 20 bash -c install_wheels  # 0 s on the H100
 
 # --- build: the kernel library for this card only ---------------------------------
 # build_kernels, not build.py's main: no TensorFlow op library (none there),
@@ -205,7 +168,7 @@ r = build.build_kernels(cuda=False if os.environ.get("SIMULATE") == "1" else Non
 print(r.summary())
 sys.exit(0 if ("cuda" in r.parts or os.environ.get("SIMULATE") == "1") else 1)'
 SIMULATE=$SIMULATE KERAS_ECOC_CUDA_ARCHS="$ARCH" PHASE_NOTE="KERAS_ECOC_CUDA_ARCHS=$ARCH" \
-  phase build 75 "$PY" -c "$BUILD_CHECK"
+  phase build 60 "$PY" -c "$BUILD_CHECK"  # 27 s on the H100
 [[ -n "$ARCH" ]] && export KERAS_ECOC_CUDA_ARCHS="$ARCH"
 
 # --- status: the dispatcher picks the CUDA kernels under JAX and PyTorch -----------
@@ -218,16 +181,29 @@ on_gpu = _dispatch._on_gpu_for(b, None)  # JAX default backend gpu / torch.cuda.
 print(b, "| on GPU:", on_gpu, "| fused_status:", status, "| loss_path(1e5):", path)
 print(ops.backend_status(10**5))
 cuda = on_gpu and _loader.kernels_have_cuda() and "and CUDA kernels" in status
-sys.exit(0 if path == "fused" and (cuda or os.environ.get("SIMULATE") == "1") else 1)'
+if path != "fused" or not (cuda or os.environ.get("SIMULATE") == "1"):
+    print(f"FAIL {b}: loss_path(10**5) = {path}, on GPU {on_gpu}, CUDA kernels {cuda}")
+    sys.exit(1)'
+# The dispatcher's answer is not enough (on the H100 of 2026-11-26 it said
+# "fused" for JAX and every JAX fused call then raised): each backend also
+# runs one jitted fused loss + gradient and compares it with float64 NumPy
+# (benchmarks/device_fused_check.py); its FAIL line names the error.
 status_both() {
-  local rc=0
-  for b in jax torch; do KERAS_BACKEND=$b "$PY" -c "$STATUS_CHECK" || rc=1; done
+  local rc=0 sim=()
+  ((SIMULATE)) && sim=(--simulate-gpu)
+  for b in jax torch; do
+    KERAS_BACKEND=$b "$PY" -c "$STATUS_CHECK" || rc=1
+    KERAS_BACKEND=$b "$PY" benchmarks/device_fused_check.py "${sim[@]}" || rc=1
+  done
   return $rc
 }
 export -f status_both
 export STATUS_CHECK SIMULATE
-PHASE_NOTE="on the GPU, CUDA kernels in fused_status(), loss_path(10**5) == fused: jax and torch" \
-  phase status 60 bash -c status_both
+# 22 s on the H100 without the fused calls; four processes on a loaded CPU
+# machine (--simulate-gpu, the tests) take minutes.
+STATUS_LIMIT=60; ((SIMULATE)) && STATUS_LIMIT=240
+PHASE_NOTE="dispatcher picks the CUDA kernels and one jitted fused loss + gradient matches float64: jax and torch" \
+  PHASE_NOTE_GREP="^FAIL " phase status "$STATUS_LIMIT" bash -c status_both
 
 # --- bench: fused vs streaming vs dense on the GPU ------------------------------------
 BLIMIT=$(( $(left) - FIT_MIN ))

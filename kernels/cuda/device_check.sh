@@ -23,9 +23,13 @@
 #   7. profiles the forward split kernel with Nsight Compute (ncu; sections
 #      SpeedOfLight, MemoryWorkloadAnalysis, Occupancy, LaunchStats,
 #      WarpStateStats) at B = 256, n = 1e5, k = 128 and B = 16, n = 1e6,
-#      k = 128, every variant, 3xTF32 (harness --profile); the report goes to
-#      device_check.log with the other raw output. A measurement, not a
-#      check: ncu not found (SKIPPED) or failing (say ERR_NVGPUCTRPERM: no
+#      k = 128, every variant, 3xTF32 (harness --profile), then the
+#      codes-gradient split kernel once (step ncu-codes-grad: ncu skips the
+#      CodesGradSplitKernel launches of `harness --bench-only --quick
+#      --variant v2` up to the 3xTF32 column of B = 256, k = 128, n = 1e5,
+#      profiles one launch and ends the harness, --kill yes); the reports go
+#      to device_check.log with the other raw output. Measurements, not
+#      checks: ncu not found (SKIPPED) or failing (say ERR_NVGPUCTRPERM: no
 #      access to the counters) is reported but does not change the exit code.
 #
 # Writes $OUT/device_check.md (one Markdown table: each step, its status and
@@ -34,9 +38,9 @@
 #
 # Usage (from anywhere):  bash kernels/cuda/device_check.sh [--dry-run]
 #   --dry-run   print the steps and commands, run nothing (exit 0)
-# Step time limits (seconds) from the environment: DEVICE_CHECK_T_BUILD (90),
-#   _T_CHECK (35), _T_GRID (120), _T_SMEM (15), _T_MEMCHECK (40),
-#   _T_RACECHECK (40), _T_BENCH (90), _T_NCU (50).
+# Step time limits (seconds) from the environment: DEVICE_CHECK_T_BUILD (50),
+#   _T_CHECK (15), _T_GRID (110), _T_SMEM (10), _T_MEMCHECK (15),
+#   _T_RACECHECK (30), _T_BENCH (90), _T_NCU (30), _T_NCUGRAD (25).
 # Exit codes: 0 every step passed, or no GPU (says "no GPU" and runs
 # nothing); 1 a step failed; 3 bad command line.
 set -u -o pipefail
@@ -47,7 +51,7 @@ DRY_RUN=0
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY_RUN=1 ;;
-    -h|--help) sed -n '2,41p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,45p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "device_check: unknown argument '$arg' (usage: device_check.sh [--dry-run])" >&2; exit 3 ;;
   esac
 done
@@ -78,12 +82,16 @@ if [[ -z "$SANITIZER" ]]; then
     if [[ -n "$candidate" && -x "$candidate" ]]; then SANITIZER="$candidate"; break; fi
   done
 fi
-# Seconds per step; together 480 s, 8 minutes (a run takes far less: the H200
-# run of 2026-11-26 needed 95 s for build, checks, grid and sanitizers). Each can be lowered (or
+# Seconds per step; together 375 s. Measured on an H100 on 2026-11-26
+# (docs/device_runs/2026-11-26-h100-variants): build 31 s, checks 2 s, grid
+# 75-81 s, smem-limit 1 s, memcheck 1 s, racecheck 16 s, bench ~47 s for six
+# launch variants (eight now: ~65 s), ncu 16 s. Each can be lowered (or
 # raised) from the environment, e.g. DEVICE_CHECK_T_GRID=60, to fit a shorter
-# device lease; a step that runs out of time is reported as failed.
-T_BUILD=90 T_CHECK=35 T_GRID=120 T_SMEM=15 T_MEMCHECK=40 T_RACECHECK=40 T_BENCH=90 T_NCU=50
-for step_var in T_BUILD T_CHECK T_GRID T_SMEM T_MEMCHECK T_RACECHECK T_BENCH T_NCU; do
+# device lease (benchmarks/device_run.sh does); a step that runs out of time
+# is reported as failed.
+T_BUILD=50 T_CHECK=15 T_GRID=110 T_SMEM=10 T_MEMCHECK=15 T_RACECHECK=30 T_BENCH=90 T_NCU=30
+T_NCUGRAD=25
+for step_var in T_BUILD T_CHECK T_GRID T_SMEM T_MEMCHECK T_RACECHECK T_BENCH T_NCU T_NCUGRAD; do
   env_var="DEVICE_CHECK_$step_var"
   if [[ -n "${!env_var:-}" ]]; then
     if [[ ! "${!env_var}" =~ ^[1-9][0-9]*$ ]]; then
@@ -111,6 +119,15 @@ BUILD_CMD=("$NVCC" -O2 -std=c++17 --expt-relaxed-constexpr -lineinfo
 # variants = 12 launches), so that the replays stay within about a minute.
 NCU_CMD=("$NCU" --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy
   --section LaunchStats --section WarpStateStats --kernel-name "regex:Forward(Split|Reg)Kernel")
+# The codes-gradient split kernel, once: in `--bench-only --quick --variant v2`
+# each cell (n-major, then k, then B in {16, 256, 4096}) launches it 5 times
+# per math column (one sizing call, 1 warm-up, 3 timed) over the columns fp32,
+# 3xtf32, tf32: 15 per cell. B = 256, k = 128, n = 1e5 is cell 10 (0-based),
+# so 150 + 5 launches come before its 3xtf32 column. ncu prints the grid and
+# the template arguments (the math mode) of what it profiled.
+NCU_GRAD_CMD=("$NCU" --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy
+  --section LaunchStats --section WarpStateStats --kernel-name "regex:CodesGradSplitKernel"
+  --launch-skip 155 --launch-count 1 --kill yes)
 STEPS=(
   "build|$T_BUILD|${BUILD_CMD[*]}"
   "checks|$T_CHECK|$EXE --check-only"
@@ -120,6 +137,7 @@ STEPS=(
   "racecheck|$T_RACECHECK|$SANITIZER --tool racecheck --error-exitcode 1 $EXE --small"
   "bench|$T_BENCH|$EXE --bench-only --quick --variant all"
   "ncu|$T_NCU|${NCU_CMD[*]} $EXE --profile"
+  "ncu-codes-grad|$T_NCUGRAD|${NCU_GRAD_CMD[*]} $EXE --bench-only --quick --variant v2"
 )
 
 if [[ $DRY_RUN == 1 ]]; then
@@ -167,12 +185,14 @@ run_step() {  # name limit command...
     checks|grid|smem-limit)
       note="${note:+$note; }$(tail -n +"$((from + 1))" "$LOG" | grep -E '^[0-9]+ checks, [0-9]+ failed' | tail -n1)" ;;
     ncu)
-      note="${note:+$note; }$(tail -n +"$((from + 1))" "$LOG" | grep -cE 'ForwardSplitKernel.*Context') kernel reports in device_check.log" ;;
+      note="${note:+$note; }$(tail -n +"$((from + 1))" "$LOG" | grep -cE 'Forward(Split|Reg)Kernel.*Context') kernel reports in device_check.log" ;;
+    ncu-codes-grad)
+      note="${note:+$note; }$(tail -n +"$((from + 1))" "$LOG" | grep -cE 'CodesGradSplitKernel.*Context') kernel reports in device_check.log" ;;
     memcheck|racecheck)
       note="${note:+$note; }$(tail -n +"$((from + 1))" "$LOG" | grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' | tail -n1)" ;;
   esac
-  # The profile is a measurement: its failure does not fail the check.
-  [[ $status == pass || $name == ncu ]] || FAILED=1
+  # The profiles are measurements: their failure does not fail the check.
+  [[ $status == pass || $name == ncu* ]] || FAILED=1
   ROWS+=("| $name | $status | $dt | ${note//|//} |")
   echo "## step $name: $status in $dt s ($note)" >>"$LOG"
   return $rc
@@ -188,8 +208,10 @@ if run_step build "$T_BUILD" "${BUILD_CMD[@]}"; then
   run_step bench "$T_BENCH" "$EXE" --bench-only --quick --variant all
   if command -v "$NCU" >/dev/null 2>&1; then
     run_step ncu "$T_NCU" "${NCU_CMD[@]}" "$EXE" --profile
+    run_step ncu-codes-grad "$T_NCUGRAD" "${NCU_GRAD_CMD[@]}" "$EXE" --bench-only --quick --variant v2
   else
     ROWS+=("| ncu | SKIPPED | 0 | ncu not found (set NCU or put Nsight Compute on PATH) |")
+    ROWS+=("| ncu-codes-grad | SKIPPED | 0 | ncu not found |")
   fi
 fi
 
