@@ -454,19 +454,19 @@ KernelVariant ResolveVariant(KernelPass pass, int64_t batch, int64_t num_classes
   // The forward's engine: FP32 below sm_80 whatever was asked (MakePlan).
   const MathMode engine = cc >= 80 ? math : MathMode::kFp32;
   if (engine != MathMode::kFp32 && code_length <= detail::kRegMaxK) {
-    // Register softmax: 1.4-3.6x faster than v2 at B >= 256; at B = 16
-    // 1.6x slower for n <= 1e5 and 1.3-1.5x faster at n = 1e6.
+    // Register softmax: 1.8-4.3x faster than v2 at B = 256; at B = 16
+    // 1.6-1.7x slower for n <= 1e5 and 1.3-1.7x faster at n = 1e6.
     if (batch < 64) {
       if (num_classes >= 300000) return KernelVariant::kRegSoftmax;
     } else {
-      // 3xTF32 at B = 4096: 64-row tiles cost 5-7 %; at B = 256 they gain
+      // 3xTF32 at B = 4096: 64-row tiles cost 4-7 %; at B = 256 they gain
       // up to 1.5x, so the switch sits near the larger measured batch.
       const bool drop64 = engine == MathMode::k3xTf32 && batch >= 2048;
       return drop64 ? KernelVariant::kRegSoftmax : KernelVariant::kRows64RegSoftmax;
     }
   }
   // The split kernel. One 16-row tile (B <= 16): folding ||M||^2 into the
-  // tile saves the prep pass, 4-18 % in FP32 and TF32 (mixed in 3xTF32).
+  // tile saves the prep pass: 3-19 % in FP32 and TF32, mixed in 3xTF32.
   if (batch <= 16) {
     return engine == MathMode::k3xTf32 ? KernelVariant::kV2 : KernelVariant::kFoldNorms;
   }
