@@ -817,8 +817,9 @@ void RunVariants(bool quick) {
 // kAuto, the params structs' default, against float64 where its rule picks
 // the branches RunVariants' shapes (B in {7, 17, 65}, k = 130, where auto
 // runs as one more variant, in 3xTF32) do not reach on sm_80+: FP32 at
-// B = 7 (folded norms), FP32 at B = 1024 (the v2 forward again), 3xTF32 at B = 2048 (the 16-row register softmax), TF32
-// at B = 2048 (still 64-row tiles). The full set adds B = 5 with n = 300,000
+// B = 7 (folded norms), FP32 at B = 1024 (the v2 forward again), 3xTF32 at
+// B = 2048 (the 16-row register softmax), TF32 at B = 2048 (still 64-row
+// tiles). The full set adds B = 5 with n = 300,000
 // (the register softmax at a small batch; minutes in the CPU emulator, so
 // not in --quick). Each check's name says what auto ran on this device.
 void RunAuto(bool quick) {
@@ -1196,12 +1197,16 @@ void RunGrid(bool small) {
     ns = {1, 33};
   }
   // --small (the sanitizers' run) covers every launch variant, with B = 65
-  // for a partial 64-row tile; --grid the one of --variant.
+  // for a partial 64-row tile; --grid the one of --variant. auto is left
+  // out of --small: it only picks among the others, and the device check's
+  // sanitizer steps have fixed time limits.
   std::vector<KernelVariant> variants = {g_variant};
   if (small) {
     Bs.push_back(65);
     variants.clear();
-    for (const VariantName& e : kVariants) variants.push_back(e.variant);
+    for (const VariantName& e : kVariants) {
+      if (e.variant != KernelVariant::kAuto) variants.push_back(e.variant);
+    }
   }
   const KernelVariant given = g_variant;
   uint64_t seed = 777;
@@ -1591,8 +1596,9 @@ const char kUsage[] =
     "  --small        a small grid (for compute-sanitizer)\n"
     "  --smem-limit   the Python guard's shared-memory need and code-length limit hold\n"
     "                 (--quick: a long code of 2^12 instead of 2^16)\n"
-    "  --profile      one forward per --variant (default all) at B=256,n=1e5,k=128 and\n"
-    "                 B=16,n=1e6,k=128, for Nsight Compute (no checks, no timing)\n"
+    "  --profile      one forward per --variant (default: all but auto) at\n"
+    "                 B=256,n=1e5,k=128 and B=16,n=1e6,k=128, for Nsight Compute\n"
+    "                 (no checks, no timing)\n"
     "  --fail-fast    stop at the first failed check (exit 1)\n";
 
 int main(int argc, char** argv) {
@@ -1667,8 +1673,11 @@ int main(int argc, char** argv) {
   }
   if (grid || small || smem || profile || auto_table) check = bench = false;
   if (profile && !variant_given) {
+    // Every concrete variant (auto would profile one of them again).
     g_bench_variants.clear();
-    for (const VariantName& e : kVariants) g_bench_variants.push_back(e.variant);
+    for (const VariantName& e : kVariants) {
+      if (e.variant != KernelVariant::kAuto) g_bench_variants.push_back(e.variant);
+    }
   }
 
   int count = 0;
