@@ -119,7 +119,8 @@ def _needed_builds(test_names: set[str]) -> list[list[str]]:
     builds: list[list[str]] = []
     if harness and test_names & {"test_harness_checks_pass_under_the_emulator",
                                  "test_harness_runs_launch_every_kernel_variant_and_the_large_"
-                                 "shared_memory_path"}:
+                                 "shared_memory_path",
+                                 "test_auto_variant_follows_the_h100_rule_on_each_architecture"}:
         for _, options, _ in HARNESS_RUNS:
             if ["--src-root", str(SRC_ROOT), *options[:2]] not in builds:
                 builds.append(["--src-root", str(SRC_ROOT), *options[:2]])
@@ -253,6 +254,59 @@ def test_harness_runs_launch_every_kernel_variant_and_the_large_shared_memory_pa
     not_run = sorted(instantiated - launched)
     assert not not_run, f"kernel variants never launched by the emulated harness: {not_run}"
     assert large_smem > 0, "no launch used more than 48 KiB of dynamic shared memory"
+
+
+def _auto_rule(pass_: str, B: int, n: int, k: int, math_mode: str, cc: int) -> str:
+    """kAuto's rule as kernels/cuda/README.md states it ("Launch variant choice")."""
+    if pass_ in ("label_rank", "nearest"):
+        return "v2"  # order decisions were not timed per variant
+    if pass_ == "codes_grad":
+        return "rows64" if B >= 64 else "v2"
+    engine = math_mode if cc >= 80 else "fp32"  # no TF32 mma below sm_80
+    if engine != "fp32" and k <= 128:  # the register softmax applies
+        if B >= 64:
+            return "regsoftmax" if engine == "3xtf32" and B >= 2048 else "rows64+regsoftmax"
+        if n >= 300_000:
+            return "regsoftmax"
+    if B <= 16:
+        return "v2" if engine == "3xtf32" else "foldnorms"
+    return "rows64" if 64 <= B < 1024 else "v2"
+
+
+_AUTO_LINE = re.compile(r"auto cc=(\d+) pass=(\w+) math=(\w+) B=(\d+) n=(\d+) k=(\d+) -> (\S+)")
+
+
+@needs_kernels
+@pytest.mark.parametrize("arch,cc", [("75", 75), ("80", 80), ("90", 90)],
+                         ids=["sm75-t4", "sm80-a100", "sm90-h100"])
+def test_auto_variant_follows_the_h100_rule_on_each_architecture(arch, cc):
+    # The harness prints ResolveVariant's answer (what every params struct's
+    # default, kAuto, runs) on the simulated card, around each threshold.
+    res = run_emu("--src-root", str(SRC_ROOT), "--arch", arch, "--", "--auto-table")
+    assert res.returncode == 0, _fail_message(res)
+    rows = [m.groups() for m in map(_AUTO_LINE.fullmatch, res.stdout.splitlines()) if m]
+    assert len(rows) == 4 * 3 * 11 * 4 * 4, res.stdout[-2000:]
+    got = {(p, mm, int(B), int(n), int(k)): v for c, p, mm, B, n, k, v in rows if int(c) == cc}
+    assert len(got) == len(rows), f"the harness did not report cc={cc}"
+    want = {(p, mm, B, n, k): _auto_rule(p, B, n, k, mm, cc) for p, mm, B, n, k in got}
+    wrong = {key: (v, want[key]) for key, v in got.items() if v != want[key]}
+    assert not wrong, f"(pass, math, B, n, k): (resolved, rule): {dict(list(wrong.items())[:10])}"
+    # The properties the rule is built on, spelled out.
+    fwd = {key[1:]: v for key, v in got.items() if key[0] == "forward"}
+    assert all("regsoftmax" not in v for (_, _, _, k), v in fwd.items() if k > 128)
+    assert all("rows64" not in v for (p, _, B, _, _), v in got.items() if B <= 16)
+    assert all(v == "v2" for (p, *_), v in got.items() if p in ("label_rank", "nearest"))
+    if cc < 80:
+        assert all("regsoftmax" not in v for v in fwd.values()), "no TF32 engine below sm_80"
+        assert fwd[("3xtf32", 16, 10000, 32)] == "foldnorms"  # runs as FP32 there
+    else:
+        assert fwd[("3xtf32", 256, 300000, 128)] == "rows64+regsoftmax"
+        assert fwd[("3xtf32", 4096, 1000000, 32)] == "regsoftmax"
+        assert fwd[("3xtf32", 16, 10000, 32)] == "v2"
+        assert fwd[("3xtf32", 16, 1000000, 32)] == "regsoftmax"
+        assert fwd[("tf32", 4096, 1000000, 32)] == "rows64+regsoftmax"
+    assert fwd[("fp32", 256, 10000, 32)] == "rows64" and fwd[("fp32", 4096, 10000, 32)] == "v2"
+    assert got[("codes_grad", "3xtf32", 256, 10000, 32)] == "rows64"
 
 
 @needs_kernels

@@ -14,6 +14,7 @@ device_check.sh tests are fast and need no nvcc.
 """
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -154,6 +155,31 @@ def test_harness_rejects_unknown_flags(harness):
     assert "usage:" in proc.stderr
     proc = subprocess.run([str(harness), "--grid", "--small"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 3 and "at most one of" in proc.stderr
+    proc = subprocess.run([str(harness), "--auto-table", "--small"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 3 and "--auto-table" in proc.stderr
+    # The variant names include auto, the params structs' default.
+    proc = subprocess.run([str(harness), "--variant", "nope"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 3 and "auto" in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not on the PATH")
+@pytest.mark.parametrize("args", [["--bench-only", "--quick", "--variant", "auto"],
+                                  ["--auto-table"]])
+def test_harness_takes_the_auto_variant_and_its_table(harness, args):
+    proc = subprocess.run([str(harness), *args], capture_output=True, text=True, timeout=900)
+    output = proc.stdout + proc.stderr
+    if not _gpu_present():
+        assert proc.returncode == 2 and "no CUDA device available" in proc.stdout, output
+        return
+    assert proc.returncode == 0, output
+    if "--auto-table" in args:
+        assert re.search(r"^auto cc=\d+ pass=forward math=3xtf32 B=256 n=300000 k=128 -> \S+$",
+                         proc.stdout, re.M), output
+    else:
+        assert "### math mode 3xtf32, variant auto" in proc.stdout and "codes grad" in proc.stdout
 
 
 # ---------------------------------------------------------------------------

@@ -57,7 +57,7 @@ constexpr int64_t kSmemTarget = 100 * 1024;
 constexpr int64_t kSmemTarget64 = 112 * 1024;
 constexpr int64_t kDefaultSmem = 48 * 1024;
 
-enum class Pass { kForward, kCodesGrad, kRank, kNearest };
+enum class Pass { kForward, kCodesGrad, kRank, kNearest };  // as KernelPass
 
 struct DeviceInfo {
   int num_sms = 1;
@@ -175,7 +175,7 @@ bool BadLabelType(IndexType t) {
 }
 
 bool BadVariant(KernelVariant v) {
-  return static_cast<int>(v) < 0 || static_cast<int>(v) > 5;
+  return static_cast<int>(v) < -1 || static_cast<int>(v) > 5;
 }
 
 cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVariant variant,
@@ -185,6 +185,9 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
   cudaError_t err = GetDeviceInfo(&info);
   if (err != cudaSuccess) return err;
   const int64_t B = pr.batch, n = pr.num_classes, k = pr.code_length;
+  if (variant == KernelVariant::kAuto) {
+    variant = ResolveVariant(static_cast<KernelPass>(pass), B, n, k, math, info.cc);
+  }
   const bool loss_pass = pass == Pass::kForward || pass == Pass::kCodesGrad;
   p->math = detail::kMathFp32;
   if (loss_pass && info.cc >= 80) {
@@ -431,6 +434,45 @@ cudaError_t LaunchCodesGradSplit(const Plan& p, const detail::CodesGradArgs& a,
 }
 
 }  // namespace
+
+// kAuto's rule, fitted to the H100 timings of every variant in every math
+// mode (docs/device_runs/2026-11-26-h100-variants/run2_harness_timing.json,
+// B in {16, 256, 4096}, k in {32, 128}, n in {1e4, 1e5, 1e6}; the table and
+// the gain per cell are in README.md, "Launch variant choice"). Thresholds
+// inside the gaps of that grid were NOT measured: B = 64 (a full 64-row
+// tile; the grid has 16 and 256), B = 1024 and 2048 (between 256 and 4096),
+// n = 300,000 (between 1e5 and 1e6). Other cards run the same rule
+// untimed.
+KernelVariant ResolveVariant(KernelPass pass, int64_t batch, int64_t num_classes,
+                             int64_t code_length, MathMode math, int cc) {
+  // Order decisions (rank, nearest) were not timed per variant: v2 as before.
+  if (pass == KernelPass::kLabelRank || pass == KernelPass::kNearest) return KernelVariant::kV2;
+  // 64-row tiles stage the codes 4 times less often: faster at B = 256 and
+  // 4096 in the codes gradient (every mode, up to 2.6x), equal at B = 16.
+  const bool rows64 = batch >= 64;
+  if (pass == KernelPass::kCodesGrad) return rows64 ? KernelVariant::kRows64 : KernelVariant::kV2;
+  // The forward's engine: FP32 below sm_80 whatever was asked (MakePlan).
+  const MathMode engine = cc >= 80 ? math : MathMode::kFp32;
+  if (engine != MathMode::kFp32 && code_length <= detail::kRegMaxK) {
+    // Register softmax: 1.8-4.3x faster than v2 at B = 256; at B = 16
+    // 1.6-1.7x slower for n <= 1e5 and 1.3-1.7x faster at n = 1e6.
+    if (batch < 64) {
+      if (num_classes >= 300000) return KernelVariant::kRegSoftmax;
+    } else {
+      // 3xTF32 at B = 4096: 64-row tiles cost 4-7 %; at B = 256 they gain
+      // up to 1.5x, so the switch sits near the larger measured batch.
+      const bool drop64 = engine == MathMode::k3xTf32 && batch >= 2048;
+      return drop64 ? KernelVariant::kRegSoftmax : KernelVariant::kRows64RegSoftmax;
+    }
+  }
+  // The split kernel. One 16-row tile (B <= 16): folding ||M||^2 into the
+  // tile saves the prep pass: 3-19 % in FP32 and TF32, mixed in 3xTF32.
+  if (batch <= 16) {
+    return engine == MathMode::k3xTf32 ? KernelVariant::kV2 : KernelVariant::kFoldNorms;
+  }
+  // 64-row tiles: up to 1.5x faster at B = 256, up to 2x slower at 4096.
+  return rows64 && batch < 1024 ? KernelVariant::kRows64 : KernelVariant::kV2;
+}
 
 cudaError_t EcocForwardWorkspaceSize(const ForwardParams& params, size_t* bytes) {
   if (bytes == nullptr) return cudaErrorInvalidValue;

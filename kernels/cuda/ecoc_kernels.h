@@ -58,7 +58,7 @@ enum class MathMode : int { kFp32 = 0, k3xTf32 = 1, kTf32 = 2 };
 // (harness --bench-only --variant all). Bit flags; every variant computes
 // the same function (checked against float64 by the harness), only the
 // launch shape and the order of work differ.
-//   kV2:        the default: 16-row batch tiles, ||M_i||^2 from a prep
+//   kV2:        16-row batch tiles, ||M_i||^2 from a prep
 //               kernel (PrepClassesKernel).
 //   kRows64:    64-row batch tiles (4 warps x 16 rows share each staged
 //               class tile) where the batch has more than 16 rows, so the
@@ -76,7 +76,13 @@ enum class MathMode : int { kFp32 = 0, k3xTf32 = 1, kTf32 = 2 };
 //               forward runs as kV2 (or kRows64). No effect on rank and
 //               nearest beyond the kRows64 bit. Does not combine with
 //               kFoldNorms (values 6 and 7 are invalid).
+//   kAuto:      the default of every params struct: the pass picks one of
+//               the variants above from its shape, math mode and the
+//               device's compute capability (ResolveVariant below), by a
+//               rule fitted to H100 timings of every variant (README.md,
+//               "Launch variant choice").
 enum class KernelVariant : int {
+  kAuto = -1,
   kV2 = 0,
   kRows64 = 1,
   kFoldNorms = 2,
@@ -84,6 +90,18 @@ enum class KernelVariant : int {
   kRegSoftmax = 4,
   kRows64RegSoftmax = 5,
 };
+
+// The passes, for ResolveVariant.
+enum class KernelPass : int { kForward = 0, kCodesGrad = 1, kLabelRank = 2, kNearest = 3 };
+
+// The concrete variant (never kAuto) that kAuto runs for one call of `pass`
+// on `batch` x `num_classes` x `code_length`, in the requested `math` mode,
+// on a device of compute capability `cc` (10 * major + minor, 90 for an
+// H100). A pure host function: the same answer on every call, no device
+// query (the passes pass the current device's cc). Shapes past the measured
+// ones get the nearest measured cell's choice.
+KernelVariant ResolveVariant(KernelPass pass, int64_t batch, int64_t num_classes,
+                             int64_t code_length, MathMode math, int cc);
 
 // Every workspace pointer is aligned to this many bytes.
 constexpr size_t kWorkspaceAlignment = 256;
@@ -111,7 +129,7 @@ struct ForwardParams {
   float scale = 1.0f;
   const float* scale_ptr = nullptr;
   MathMode math = MathMode::k3xTf32;
-  KernelVariant variant = KernelVariant::kV2;
+  KernelVariant variant = KernelVariant::kAuto;
   // Outputs (float32):
   float* loss = nullptr;             // [batch]  lse_b - logit_{b, y_b}
   float* lse = nullptr;              // [batch]  log-sum-exp of the logits
@@ -134,7 +152,7 @@ struct CodesGradParams {
   MathMode math = MathMode::k3xTf32;
   // kRows64 (and kRows64RegSoftmax): 64-row batch tiles where the batch has
   // more than 16 rows; the other bits have no effect here.
-  KernelVariant variant = KernelVariant::kV2;
+  KernelVariant variant = KernelVariant::kAuto;
   const float* lse = nullptr;        // [batch]
   const float* grad_loss = nullptr;  // [batch]
   float* grad_codes = nullptr;       // [num_classes, code_length]
@@ -149,7 +167,7 @@ struct LabelRankParams {
   ProblemArgs problem;
   const void* labels = nullptr;
   IndexType label_type = IndexType::kInt32;
-  KernelVariant variant = KernelVariant::kV2;  // kFoldNorms has no effect here
+  KernelVariant variant = KernelVariant::kAuto;  // kFoldNorms has no effect here
   int32_t* rank = nullptr;  // [batch]
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
@@ -159,7 +177,7 @@ struct LabelRankParams {
 // smallest i); -1 when a logit of the row is not finite.
 struct NearestParams {
   ProblemArgs problem;
-  KernelVariant variant = KernelVariant::kV2;  // kFoldNorms has no effect here
+  KernelVariant variant = KernelVariant::kAuto;  // kFoldNorms has no effect here
   int64_t* index = nullptr;  // [batch]
   void* workspace = nullptr;
   size_t workspace_bytes = 0;

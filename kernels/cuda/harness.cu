@@ -8,7 +8,8 @@
 //   build/ecoc_harness [--check-only | --bench-only | --grid | --small |
 //                       --smem-limit | --profile] [--quick] [--math fp32|3xtf32|tf32]
 //                      [--variant v2|rows64|foldnorms|rows64+foldnorms|regsoftmax|
-//                                 rows64+regsoftmax|all]
+//                                 rows64+regsoftmax|auto|all]
+//                      [--auto-table]
 // (add -Xcompiler -fopenmp to spread the host reference of --grid over cores)
 // (one command; "-x cu" is needed because nvcc would hand a .cc file to the
 // host compiler.)
@@ -36,6 +37,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ecoc_kernels.h"
@@ -137,6 +139,10 @@ constexpr VariantName kVariants[] = {
     {KernelVariant::kRows64FoldNorms, "rows64+foldnorms"},
     {KernelVariant::kRegSoftmax, "regsoftmax"},
     {KernelVariant::kRows64RegSoftmax, "rows64+regsoftmax"},
+    // The default of the params structs: each pass resolves it
+    // (keras_ecoc::cuda::ResolveVariant) from its shape, math mode and the
+    // device's compute capability.
+    {KernelVariant::kAuto, "auto"},
 };
 
 const char* VariantString(KernelVariant v) {
@@ -153,6 +159,25 @@ const char* MathName(MathMode m) {
     case MathMode::kTf32: return "tf32";
   }
   return "?";
+}
+
+// What kAuto runs for the forward and the codes gradient of one call on a
+// device of compute capability cc: "forward rows64+regsoftmax, codes grad
+// rows64".
+std::string AutoChoice(MathMode m, int64_t B, int64_t n, int64_t k, int cc) {
+  using keras_ecoc::cuda::KernelPass;
+  using keras_ecoc::cuda::ResolveVariant;
+  return std::string("forward ") +
+         VariantString(ResolveVariant(KernelPass::kForward, B, n, k, m, cc)) +
+         ", codes grad " + VariantString(ResolveVariant(KernelPass::kCodesGrad, B, n, k, m, cc));
+}
+
+int DeviceCc() {
+  int device = 0, major = 0, minor = 0;
+  CUDA_OK(cudaGetDevice(&device));
+  CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  CUDA_OK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return 10 * major + minor;
 }
 
 struct Workspace {
@@ -789,6 +814,37 @@ void RunVariants(bool quick) {
   g_variant = KernelVariant::kV2;
 }
 
+// kAuto, the params structs' default, against float64 where its rule picks
+// the branches RunVariants' shapes (B in {7, 17, 65}, k = 130, where auto
+// runs as one more variant, in 3xTF32) do not reach on sm_80+: FP32 at
+// B = 7 (folded norms), FP32 at B = 1024 (the v2 forward again), 3xTF32 at
+// B = 2048 (the 16-row register softmax), TF32 at B = 2048 (still 64-row
+// tiles). The full set adds B = 5 with n = 300,000
+// (the register softmax at a small batch; minutes in the CPU emulator, so
+// not in --quick). Each check's name says what auto ran on this device.
+void RunAuto(bool quick) {
+  struct AutoCase {
+    MathMode math;
+    int64_t B, n, k;
+  };
+  std::vector<AutoCase> cases = {{MathMode::kFp32, 7, 301, 32},
+                                 {MathMode::kFp32, 1024, 33, 16},
+                                 {MathMode::k3xTf32, 2048, 33, 16},
+                                 {MathMode::kTf32, 2048, 33, 16}};
+  if (!quick) cases.push_back({MathMode::k3xTf32, 5, 300000, 8});
+  const int cc = DeviceCc();
+  g_variant = KernelVariant::kAuto;
+  uint64_t seed = 5151;
+  for (const AutoCase& c : cases) {
+    g_math = c.math;
+    const std::string name = "auto (" + AutoChoice(c.math, c.B, c.n, c.k, cc) + ")";
+    RunCase({name, c.B, c.n, c.k, 8.0f, true, true, true}, FloatType::kFloat32, IndexType::kInt32,
+            seed++);
+  }
+  g_math = MathMode::k3xTf32;
+  g_variant = KernelVariant::kV2;
+}
+
 // The register-softmax forward (kRegSoftmax, 16- and 64-row tiles) in both
 // TF32 modes, where it runs, and in FP32, where the call falls back to the
 // v2 kernel, against float64 at odd shapes around its tiles (16 / 64 rows,
@@ -916,6 +972,7 @@ void RunChecks(int sms, bool quick) {
   RunScalePointer(sms);
   RunVariants(quick);
   RunRegSoftmax(quick);
+  RunAuto(quick);
 }
 
 
@@ -1140,12 +1197,16 @@ void RunGrid(bool small) {
     ns = {1, 33};
   }
   // --small (the sanitizers' run) covers every launch variant, with B = 65
-  // for a partial 64-row tile; --grid the one of --variant.
+  // for a partial 64-row tile; --grid the one of --variant. auto is left
+  // out of --small: it only picks among the others, and the device check's
+  // sanitizer steps have fixed time limits.
   std::vector<KernelVariant> variants = {g_variant};
   if (small) {
     Bs.push_back(65);
     variants.clear();
-    for (const VariantName& e : kVariants) variants.push_back(e.variant);
+    for (const VariantName& e : kVariants) {
+      if (e.variant != KernelVariant::kAuto) variants.push_back(e.variant);
+    }
   }
   const KernelVariant given = g_variant;
   uint64_t seed = 777;
@@ -1385,19 +1446,25 @@ void RunBench(bool quick, const cudaDeviceProp& prop) {
   }
   g_math = MathMode::k3xTf32;
   g_variant = KernelVariant::kV2;
+  const int cc = 10 * prop.major + prop.minor;
   for (int m = 0; m < ncols; ++m) {
+    // auto's table names what each cell ran.
+    const bool is_auto = col_variant(m) == KernelVariant::kAuto;
     std::printf("\n### math mode %s, variant %s\n\n", MathName(col_mode(m)),
                 VariantString(col_variant(m)));
     std::printf("| B | k | n | forward ms | forward + codes grad ms | TFLOP/s | %% of FP32 peak "
-                "| %% of TF32 peak |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+                "| %% of TF32 peak |%s\n|---:|---:|---:|---:|---:|---:|---:|---:|%s\n",
+                is_auto ? " auto ran |" : "", is_auto ? "---|" : "");
     for (const Row& r : rows) {
       const double tflops = 8.0 * r.B * r.n * r.k / (r.both[m] * 1e-3) * 1e-12;
       char fp32[32] = "n/a", tf32[32] = "n/a";
       if (peaks.fp32 > 0) std::snprintf(fp32, sizeof(fp32), "%.1f", 100 * tflops / peaks.fp32);
       if (peaks.tf32 > 0) std::snprintf(tf32, sizeof(tf32), "%.1f", 100 * tflops / peaks.tf32);
-      std::printf("| %lld | %lld | %lld | %.4f | %.4f | %.2f | %s | %s |\n",
+      std::printf("| %lld | %lld | %lld | %.4f | %.4f | %.2f | %s | %s |%s%s\n",
                   static_cast<long long>(r.B), static_cast<long long>(r.k),
-                  static_cast<long long>(r.n), r.fwd[m], r.both[m], tflops, fp32, tf32);
+                  static_cast<long long>(r.n), r.fwd[m], r.both[m], tflops, fp32, tf32,
+                  is_auto ? AutoChoice(col_mode(m), r.B, r.n, r.k, cc).c_str() : "",
+                  is_auto ? " |" : "");
     }
   }
   // $ECOC_HARNESS_JSON: the same rows for benchmarks/bench_gpu_loss.py
@@ -1409,12 +1476,17 @@ void RunBench(bool quick, const cudaDeviceProp& prop) {
       bool first = true;
       for (const Row& r : rows) {
         for (int m = 0; m < ncols; ++m) {
+          // "3xtf32+auto" rows carry what auto ran in the optional "note".
+          const std::string note =
+              col_variant(m) == KernelVariant::kAuto
+                  ? ", \"note\": \"auto ran " + AutoChoice(col_mode(m), r.B, r.n, r.k, cc) + "\""
+                  : std::string();
           std::fprintf(f, "%s\n {\"B\": %lld, \"k\": %lld, \"n\": %lld, \"mode\": \"%s\", "
-                       "\"fwd_ms\": %.6g, \"fwdbwd_ms\": %.6g, \"peak_bytes\": %zu}",
+                       "\"fwd_ms\": %.6g, \"fwdbwd_ms\": %.6g, \"peak_bytes\": %zu%s}",
                        first ? "" : ",", static_cast<long long>(r.B),
                        static_cast<long long>(r.k), static_cast<long long>(r.n),
                        ModeLabel(col_mode(m), col_variant(m)).c_str(), r.fwd[m], r.both[m],
-                       r.peak[m]);
+                       r.peak[m], note.c_str());
           first = false;
         }
       }
@@ -1473,12 +1545,40 @@ void RunProfile() {
   std::fflush(stdout);
 }
 
+// --auto-table: one line per pass, math mode and shape with what kAuto
+// resolves to on a device of compute capability cc, around every threshold
+// of the rule (tests/test_cuda_emulator.py compares it with its own copy).
+void PrintAutoTable(int cc) {
+  using keras_ecoc::cuda::KernelPass;
+  const std::pair<KernelPass, const char*> passes[] = {{KernelPass::kForward, "forward"},
+                                                       {KernelPass::kCodesGrad, "codes_grad"},
+                                                       {KernelPass::kLabelRank, "label_rank"},
+                                                       {KernelPass::kNearest, "nearest"}};
+  for (const auto& pass : passes) {
+    for (MathMode m : {MathMode::kFp32, MathMode::k3xTf32, MathMode::kTf32}) {
+      for (int64_t B : {1, 16, 17, 63, 64, 256, 1023, 1024, 2047, 2048, 4096}) {
+        for (int64_t n : {10000, 299999, 300000, 1000000}) {
+          for (int64_t k : {8, 32, 128, 129}) {
+            std::printf("auto cc=%d pass=%s math=%s B=%lld n=%lld k=%lld -> %s\n", cc,
+                        pass.second, MathName(m), static_cast<long long>(B),
+                        static_cast<long long>(n), static_cast<long long>(k),
+                        VariantString(keras_ecoc::cuda::ResolveVariant(pass.first, B, n, k, m,
+                                                                       cc)));
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 const char kUsage[] =
     "usage: %s [--check-only | --bench-only | --grid | --small | --smem-limit | --profile]\n"
     "          [--quick]\n"
-    "          [--math fp32|3xtf32|tf32] [--variant v2|rows64|foldnorms|rows64+foldnorms|all]\n"
+    "          [--math fp32|3xtf32|tf32]\n"
+    "          [--variant v2|rows64|foldnorms|rows64+foldnorms|regsoftmax|rows64+regsoftmax|\n"
+    "                     auto|all] [--auto-table]\n"
     "  (default)      the checks, then the benchmark table\n"
     "  --check-only   the checks over odd shapes and dtypes (--quick: the smallest shapes\n"
     "                 that reach every launch variant, for the CPU emulator)\n"
@@ -1487,18 +1587,23 @@ const char kUsage[] =
     "  --math MODE    fp32 | 3xtf32 | tf32: the loss passes' mode in --grid / --small\n"
     "                 (default 3xtf32; the checks run every mode, the timings all three)\n"
     "  --variant V    launch variant of the forward / rank / nearest passes in --grid,\n"
-    "                 --small and --bench-only (default v2; `all`: --bench-only times every\n"
-    "                 variant side by side; the checks always run every variant)\n"
+    "                 --small and --bench-only (default v2; `auto`: what the params\n"
+    "                 structs default to, resolved per pass and shape; `all`: --bench-only\n"
+    "                 times every variant side by side, auto's table naming what it ran;\n"
+    "                 the checks always run every variant)\n"
+    "  --auto-table   what auto resolves to on this device, per pass, math mode and shape\n"
+    "                 (no kernels run)\n"
     "  --small        a small grid (for compute-sanitizer)\n"
     "  --smem-limit   the Python guard's shared-memory need and code-length limit hold\n"
     "                 (--quick: a long code of 2^12 instead of 2^16)\n"
-    "  --profile      one forward per --variant (default all) at B=256,n=1e5,k=128 and\n"
-    "                 B=16,n=1e6,k=128, for Nsight Compute (no checks, no timing)\n"
+    "  --profile      one forward per --variant (default: all but auto) at\n"
+    "                 B=256,n=1e5,k=128 and B=16,n=1e6,k=128, for Nsight Compute\n"
+    "                 (no checks, no timing)\n"
     "  --fail-fast    stop at the first failed check (exit 1)\n";
 
 int main(int argc, char** argv) {
   bool check = true, bench = true, quick = false, grid = false, small = false, smem = false,
-       profile = false, variant_given = false;
+       profile = false, variant_given = false, auto_table = false;
   int modes = 0;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--check-only") == 0) {
@@ -1519,6 +1624,9 @@ int main(int argc, char** argv) {
     } else if (std::strcmp(argv[i], "--profile") == 0) {
       profile = true;
       ++modes;
+    } else if (std::strcmp(argv[i], "--auto-table") == 0) {
+      auto_table = true;
+      ++modes;
     } else if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
     } else if (std::strcmp(argv[i], "--fail-fast") == 0) {
@@ -1533,7 +1641,8 @@ int main(int argc, char** argv) {
       }
       if (g_bench_variants.empty()) {
         std::fprintf(stderr,
-                     "--variant must be v2, rows64, foldnorms, rows64+foldnorms or all; got %s\n",
+                     "--variant must be v2, rows64, foldnorms, rows64+foldnorms, regsoftmax, "
+                     "rows64+regsoftmax, auto or all; got %s\n",
                      v);
         return 3;
       }
@@ -1558,14 +1667,17 @@ int main(int argc, char** argv) {
   }
   if (modes > 1) {
     std::fprintf(stderr, "at most one of --check-only, --bench-only, --grid, --small, "
-                         "--smem-limit, --profile\n");
+                         "--smem-limit, --profile, --auto-table\n");
     std::fprintf(stderr, kUsage, argv[0]);
     return 3;
   }
-  if (grid || small || smem || profile) check = bench = false;
+  if (grid || small || smem || profile || auto_table) check = bench = false;
   if (profile && !variant_given) {
+    // Every concrete variant (auto would profile one of them again).
     g_bench_variants.clear();
-    for (const VariantName& e : kVariants) g_bench_variants.push_back(e.variant);
+    for (const VariantName& e : kVariants) {
+      if (e.variant != KernelVariant::kAuto) g_bench_variants.push_back(e.variant);
+    }
   }
 
   int count = 0;
@@ -1589,6 +1701,7 @@ int main(int argc, char** argv) {
   if (grid || small) RunGrid(small);
   if (smem) RunSmemLimit(static_cast<int>(prop.sharedMemPerBlockOptin), quick);
   if (profile) RunProfile();
+  if (auto_table) PrintAutoTable(10 * prop.major + prop.minor);
   PrintModeErrors();
   if (check || grid || small || smem) std::printf("\n%d checks, %d failed\n", g_checks, g_failures);
   if (bench) RunBench(quick, prop);
