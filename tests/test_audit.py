@@ -109,6 +109,61 @@ def test_audit_compares_spectral_with_both_imprinted_controls_run_in_the_same_gr
     assert result["family_size"] == (3 + 2) * 3
 
 
+def test_audit_borrows_every_reference_head_for_a_spectral_only_grid(tmp_path):
+    # The E1 control grid: a learnable-scale spectral head alone, paired with
+    # the one-hot, imprinted and pretrained-imprinted heads a fixed-scale
+    # grid trained on the same backbone and seeds (one-hot ignores the scale).
+    rng = np.random.default_rng(2)
+    seeds = range(6)
+    one_hot_test = rng.uniform(0.6, 0.7, 6)
+    tests = {"one_hot": one_hot_test,
+             "one_hot_imprinted": one_hot_test + rng.normal(0.01, 0.01, 6),
+             "one_hot_imprinted_pretrained": one_hot_test + rng.normal(0.0, 0.01, 6),
+             "spectral": one_hot_test + rng.normal(-0.01, 0.01, 6)}
+    finals = {}
+    records, e5, e1 = [], [], []
+    for s in seeds:
+        for enc, test in tests.items():
+            curve = np.clip(np.linspace(0.1, test[s], 5) + rng.normal(0, 0.01, 5), 0, 1)
+            finals.setdefault(enc, []).append(curve[-1])
+            learnable = enc == "spectral"
+            key = f"{enc}-{s}-{learnable}"
+            records.append(_record(key, enc, "spectral_norm" if enc == "spectral" else enc,
+                                   s, curve.tolist(), float(test[s]), learnable=learnable))
+            (e1 if learnable else e5).append(key)
+    # A fixed-scale spectral head in the other grid must not be borrowed.
+    _write(tmp_path, records, {"e1_controls": e1, "e5_controls": e5})
+    result = audit.audit(str(tmp_path))
+    e1_rows = [r for r in result["rows"] if r["experiment"] == "e1_controls"]
+    rows = {(r["label"], r["reference"], r["metric"]): r for r in e1_rows}
+    # Steps to target against the BORROWED one-hot's target: first step at
+    # or above 90% of its mean final validation accuracy, else the budget.
+    target = 0.9 * float(np.mean(finals["one_hot"]))
+
+    def steps(enc):
+        out = []
+        for s in seeds:
+            r = next(r for r in records if r["key"].startswith(f"{enc}-{s}-"))
+            hit = [t for t, a in zip(r["steps"], r["val_accuracy"]) if a >= target]
+            out.append(hit[0] if hit else r["total_steps"])
+        return np.asarray(out, dtype=np.float64)
+
+    assert rows[("spectral_norm", "one_hot", "steps_to_target")]["mean"] == pytest.approx(
+        float(np.mean(steps("spectral") - steps("one_hot"))))
+    for reference in ("one_hot", "one_hot_imprinted", "one_hot_imprinted_pretrained"):
+        row = rows[("spectral_norm", reference, "test_accuracy")]
+        expected = tests["spectral"] - tests[reference]
+        assert row["n"] == 6
+        assert row["mean"] == pytest.approx(float(np.mean(expected)))
+        assert row["p"] == pytest.approx(
+            sps.ttest_rel(tests["spectral"], tests[reference]).pvalue, rel=1e-9)
+    assert rows[("spectral_norm", "one_hot_imprinted_pretrained", "auc")][
+        "imprinted_from"].startswith("other experiment")
+    assert rows[("spectral_norm", "one_hot", "auc")]["borrowed"] == ["one_hot"]
+    # Same family shape as a grid that trained all four heads itself.
+    assert len(e1_rows) == (3 + 2) * 3
+
+
 def test_audit_cli_refuses_a_folder_without_runs(tmp_path, capsys):
     with pytest.raises(SystemExit) as error:
         audit.main([str(tmp_path)])

@@ -17,6 +17,13 @@ lacked:
   imprinted head itself (E5, E6), its runs come from another experiment with
   the same pairing settings (variant, classes, optimizer, batch, budget, data
   and pretraining): same seed = same fc7 initialisation and batch order.
+- a group that trained the spectral head alone (the E1 control grid, run on
+  the backbone of an earlier replicate) borrows every reference head, one-hot
+  and both imprinted controls, from the runs of the same folder with the same
+  pairing settings. The one-hot heads never read the ECOC scale, so a
+  fixed-scale one-hot run is the same computation as a learnable-scale one.
+  This needs one backbone per pretraining key in a folder: keep a re-
+  pretrained network's runs in their own folder.
 
 Steps to target always use the one-hot target of the group (90% of one-hot's
 mean final validation accuracy), so that they mean the same in both rows.
@@ -80,16 +87,17 @@ def _label(record, several_lengths):
     return record["label"]
 
 
-def _imprinted_runs(runs, spec, seeds):
-    """The imprinted one-hot runs pairing with `spec` on `seeds`, one per seed.
+def _imprinted_runs(runs, spec, seeds, encoding=IMPRINTED):
+    """The `encoding` runs pairing with `spec` on `seeds`, one per seed.
 
-    Among imprinted runs with the same pairing settings, takes the learning
-    rate that covers the most of `seeds` (its grid's chosen rate).
+    Among runs of that one-hot head with the same pairing settings, takes
+    the learning rate that covers the most of `seeds` (its grid's chosen
+    rate).
     """
     key = _pairing_key(spec)
     by_rate = {}
     for r in runs.values():
-        if (r["status"] == "ok" and r["spec"]["encoding"] == IMPRINTED
+        if (r["status"] == "ok" and r["spec"]["encoding"] == encoding
                 and r["spec"]["seed"] in seeds
                 and _pairing_key(r["spec"]) == key):
             by_rate.setdefault(r["spec"]["learning_rate"], {})[
@@ -104,6 +112,18 @@ def _rows_of_group(name, runs_of_group, all_runs, several):
     by_label = {}
     for r in runs_of_group:
         by_label.setdefault(_label(r, several), []).append(r)
+    borrowed_from = {}
+    if "one_hot" not in by_label and SPECTRAL in by_label:
+        # A spectral-only grid: its references are the one-hot heads
+        # already trained in this folder on the same backbone and seeds.
+        seeds = {r["spec"]["seed"] for r in by_label[SPECTRAL]}
+        for encoding in ("one_hot", IMPRINTED, IMPRINTED_PRETRAINED):
+            _, borrowed = _imprinted_runs(all_runs, runs_of_group[0]["spec"],
+                                          seeds, encoding)
+            if len(borrowed) >= 2:
+                by_label[encoding] = list(borrowed.values())
+                borrowed_from[encoding] = ("other experiment (same pairing "
+                                           "settings)")
     if "one_hot" not in by_label:
         return [], None
     comparison = stats.compare_to_reference(by_label, "one_hot")
@@ -118,11 +138,15 @@ def _rows_of_group(name, runs_of_group, all_runs, several):
         for metric, diff in row.get("difference", {}).items():
             rows.append(dict(where, label=label, reference="one_hot",
                              metric=metric, **_diff_fields(diff)))
+            if borrowed_from:
+                rows[-1]["borrowed"] = sorted(
+                    e for e in borrowed_from if e in (label, "one_hot"))
     if SPECTRAL in by_label:
         spectral = {r["spec"]["seed"]: r for r in by_label[SPECTRAL]}
         controls = []
         if IMPRINTED in by_label:
-            controls.append((IMPRINTED, name, by_label[IMPRINTED]))
+            controls.append((IMPRINTED, borrowed_from.get(IMPRINTED, name),
+                             by_label[IMPRINTED]))
         else:
             # Older experiments ran the imprinted head once (E1) and reused
             # it: borrow the runs with the same pairing settings.
@@ -132,9 +156,11 @@ def _rows_of_group(name, runs_of_group, all_runs, several):
                              list(borrowed.values())))
         if IMPRINTED_PRETRAINED in by_label:
             # The second control: fc8 imprinted from the pretrained fc7,
-            # the features the spectral code itself comes from. Never
-            # borrowed: it exists only where a grid ran it.
-            controls.append((IMPRINTED_PRETRAINED, name,
+            # the features the spectral code itself comes from. Borrowed
+            # only by a spectral-only group (above), never by a group that
+            # trained its own one-hot head.
+            controls.append((IMPRINTED_PRETRAINED,
+                             borrowed_from.get(IMPRINTED_PRETRAINED, name),
                              by_label[IMPRINTED_PRETRAINED]))
         for control, source, control_runs in controls:
             reference = {r["spec"]["seed"]: r for r in control_runs}
