@@ -98,7 +98,7 @@ __device__ __forceinline__ void MmaMode(float d[4], const uint32_t ab[4], const 
 // NW = 4 or 8 warps; with 8 the launch bound asks for 2 blocks per SM, i.e.
 // at most 128 registers per thread (65536 / 512).
 template <int kMath, int BT, int NW = kWarps>
-__global__ void __launch_bounds__(NW * kWarpSize, NW == 8 ? 2 : 1)
+__global__ void __launch_bounds__(NW * kWarpSize, NW == 8 ? 2 : 0)
     ForwardRegKernel(ForwardSplitArgs a) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   extern __shared__ __align__(16) float smem[];
@@ -272,16 +272,6 @@ __global__ void __launch_bounds__(NW * kWarpSize, NW == 8 ? 2 : 1)
 
   // Epilogue: the quad's partial sums, then the warp's normalised state
   // (kMerge: the block's, merged over its WC warps).
-  float l_q[2], sqn_q[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l_q[h] = run_sum[h];
-    sqn_q[h] = run_sqn[h];
-    l_q[h] += __shfl_xor_sync(kFullMask, l_q[h], 1);
-    l_q[h] += __shfl_xor_sync(kFullMask, l_q[h], 2);
-    sqn_q[h] += __shfl_xor_sync(kFullMask, sqn_q[h], 1);
-    sqn_q[h] += __shfl_xor_sync(kFullMask, sqn_q[h], 2);
-  }
   if constexpr (kMerge) {
     // Unnormalised states to shared memory: acc_s[(wc * BT + r) * kp + j],
     // then max, sum and sqn per (wc, r). The code buffers are free: the
@@ -293,10 +283,16 @@ __global__ void __launch_bounds__(NW * kWarpSize, NW == 8 ? 2 : 1)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = wr * 16 + g + 8 * h;
+      float l = run_sum[h];
+      float sqn = run_sqn[h];
+      l += __shfl_xor_sync(kFullMask, l, 1);
+      l += __shfl_xor_sync(kFullMask, l, 2);
+      sqn += __shfl_xor_sync(kFullMask, sqn, 1);
+      sqn += __shfl_xor_sync(kFullMask, sqn, 2);
       if (t == 0) {
         max_s[wc * BT + r] = run_max[h];
-        sum_s[wc * BT + r] = l_q[h];
-        sqs_s[wc * BT + r] = sqn_q[h];
+        sum_s[wc * BT + r] = l;
+        sqs_s[wc * BT + r] = sqn;
       }
       float* dst = acc_s + (wc * BT + r) * kp;
 #pragma unroll
@@ -341,8 +337,12 @@ __global__ void __launch_bounds__(NW * kWarpSize, NW == 8 ? 2 : 1)
     const int64_t slot_split = int64_t{split} * WC + wc;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float l = l_q[h];
-      const float sqn = sqn_q[h];
+      float l = run_sum[h];
+      float sqn = run_sqn[h];
+      l += __shfl_xor_sync(kFullMask, l, 1);
+      l += __shfl_xor_sync(kFullMask, l, 2);
+      sqn += __shfl_xor_sync(kFullMask, sqn, 1);
+      sqn += __shfl_xor_sync(kFullMask, sqn, 2);
       // A NaN sum fails "> 0": inv = 0 keeps the NaN of acc and sqn (x*0).
       const float inv = l > 0.0f ? 1.0f / l : 0.0f;
       if (row[h] < a.batch) {
