@@ -303,7 +303,7 @@ __global__ void __launch_bounds__(NW * kWarpSize, NW == 8 ? 2 : 0)
         }
       }
     }
-    __syncthreads();  // every warp's state visible to the merge
+    __syncthreads();  // [barrier-mutation-test] every warp's state visible to the merge
     // Row r, column j: the WC states in increasing wc order,
     //   M = max_w m_w,  c_w = exp(m_w - M),  L = sum_w c_w l_w,
     //   acc = sum_w c_w acc_w (/ L), sqn likewise; lse = M + log L.
