@@ -104,7 +104,7 @@ _LAUNCH_LOGS: dict[str, Path] = {}
 # Harness arguments of the barrier-deletion test: the quick check set must
 # itself catch a missing barrier. --fail-fast stops a mutant at its first
 # failed check instead of running the rest of the set (each full mutant run
-# cost as much CPU as the quick set itself, and there are three).
+# cost as much CPU as the quick set itself, and there are four).
 MUTATION_ARGS = ["--check-only", "--quick", "--fail-fast"]
 
 
@@ -205,6 +205,11 @@ def test_harness_checks_pass_under_the_emulator(run_id, options, harness_args, t
     summary = re.search(r"(\d+) checks, (\d+) failed", res.stdout)
     assert summary is not None, res.stdout[-2000:]
     assert int(summary.group(1)) > 0 and int(summary.group(2)) == 0
+    if "--check-only" in harness_args:
+        # The 8-warp register-softmax forward (kWarps8) ran checks of its own.
+        for variant in ("regsoftmax+warps8", "rows64+regsoftmax+warps8"):
+            assert re.search(rf"^PASS regsoftmax\+warps8 .*variant={re.escape(variant)} ",
+                             res.stdout, re.M), f"no {variant} check ran"
     assert log.is_file() and log.stat().st_size > 0
     _LAUNCH_LOGS[run_id] = (log, options)
 

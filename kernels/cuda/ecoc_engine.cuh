@@ -42,16 +42,17 @@ __host__ __device__ constexpr int TilePitch(int kc) { return kc + 4; }
 // matrix (row stride `stride`, `nrows` x `ncols` valid) into dst[r * pitch + j],
 // zero-filling what lies outside. `vec` = 16-byte copies (cp.async on sm_80
 // and later): needs ncols and stride multiples of 4 and a 16-byte aligned
-// base; otherwise element copies. All threads of the block take part; the
-// caller commits / waits and synchronizes.
+// base; otherwise element copies. All `nthreads` threads of the block take
+// part; the caller commits / waits and synchronizes.
 __device__ __forceinline__ void StageTile(float* dst, int pitch,
                                           const float* __restrict__ src,
                                           int64_t stride, int64_t row0,
                                           int64_t nrows, int rows, int64_t j0,
-                                          int kc, int64_t ncols, bool vec) {
+                                          int kc, int64_t ncols, bool vec,
+                                          int nthreads = kThreads) {
   if (vec) {
     const int per_row = kc / 4;
-    for (int v = threadIdx.x; v < rows * per_row; v += kThreads) {
+    for (int v = threadIdx.x; v < rows * per_row; v += nthreads) {
       const int r = v / per_row;
       const int jj = (v % per_row) * 4;
       const int64_t gr = row0 + r;
@@ -62,7 +63,7 @@ __device__ __forceinline__ void StageTile(float* dst, int pitch,
                        ok ? 16 : 0);
     }
   } else {
-    for (int e = threadIdx.x; e < rows * kc; e += kThreads) {
+    for (int e = threadIdx.x; e < rows * kc; e += nthreads) {
       const int r = e / kc;
       const int jj = e % kc;
       const int64_t gr = row0 + r;

@@ -34,6 +34,13 @@
 //  * Each warp keeps its own softmax state over its classes: with WC > 1 a
 //    block writes WC partial states per (row, split), slot split * WC + wc,
 //    and the combine merges splits * WC states in that fixed order.
+//  * NW = 8 (variant bit kWarps8): 256 threads share each staged code tile,
+//    twice the warps in flight per byte of shared memory (WR x WC = 1 x 8
+//    at BT = 16: 8 classes per warp and tile; 4 x 2 at BT = 64: 32). The
+//    block then merges its WC warps' online-softmax states per row in
+//    increasing wc (= class) order in shared memory (the code buffers,
+//    free after the last tile) and writes one partial state per (row,
+//    split), so the combine reads no more states than with 4 warps.
 // The launcher uses it only on sm_80+ in a TF32 math mode with kp <= 128;
 // other calls of the variant run ForwardSplitKernel (see MakePlan).
 #ifndef KERAS_ECOC_KERNELS_CUDA_ECOC_FORWARD_REG_CUH_
@@ -60,8 +67,16 @@ __host__ __device__ constexpr int64_t ForwardRegSmemFloats(int bt, int kp) {
   return int64_t{bt + 2 * kRegClassTile} * TilePitch(kp);
 }
 
-// Warps per row group (class groups) of the kRegSoftmax kernel.
-__host__ __device__ constexpr int RegWarpSplits(int bt) { return kWarps / (bt / 16); }
+// Warps per row group (class groups) of the kRegSoftmax kernel with nw
+// warps per block.
+__host__ __device__ constexpr int RegWarpSplits(int bt, int nw = kWarps) {
+  return nw / (bt / 16);
+}
+
+// The 8-warp kernel's merge keeps WC * BT = 128 rows of kp accumulators and
+// 3 x 128 statistics in the two code buffers (128 * (kp + 4) floats).
+static_assert(8 * 16 * kRegMaxK + 3 * 8 * 16 <= 2 * kRegClassTile * (kRegMaxK + 4),
+              "merge scratch exceeds the code buffers");
 
 __device__ __forceinline__ void SplitTf32(float x, uint32_t* big, uint32_t* small) {
   *big = ptx::cvt_rna_tf32(x);
@@ -80,17 +95,24 @@ __device__ __forceinline__ void MmaMode(float d[4], const uint32_t ab[4], const 
   ptx::mma_m16n8k8_tf32(d, ab, bb, d);
 }
 
-template <int kMath, int BT>
-__global__ void __launch_bounds__(kThreads) ForwardRegKernel(ForwardSplitArgs a) {
+// NW = 4 or 8 warps; with 8 the launch bound asks for 2 blocks per SM, i.e.
+// at most 128 registers per thread (65536 / 512).
+template <int kMath, int BT, int NW = kWarps>
+__global__ void __launch_bounds__(NW * kWarpSize, NW == 8 ? 2 : 0)
+    ForwardRegKernel(ForwardSplitArgs a) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   extern __shared__ __align__(16) float smem[];
   constexpr bool kSplit = kMath == kMath3xTf32;
   constexpr int CT = kRegClassTile;
-  constexpr int WC = RegWarpSplits(BT);
+  constexpr int NTH = NW * kWarpSize;
+  constexpr int WC = RegWarpSplits(BT, NW);
   constexpr int CW = CT / WC;  // classes per warp and tile
   constexpr int NT = CW / 8;   // n8 fragments of logits per warp
   constexpr int KN = kRegMaxK / 8;
   static_assert(BT == 16 || BT == 64, "row tile 16 or 64");
+  static_assert(NW == 4 || NW == 8, "4 or 8 warps");
+  // In-block merge of the warps' states (8 warps) or one state per warp.
+  constexpr bool kMerge = NW == 8 && WC > 1;
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   const int g = lane / 4;
@@ -131,9 +153,10 @@ __global__ void __launch_bounds__(kThreads) ForwardRegKernel(ForwardSplitArgs a)
     for (int e = 0; e < 4; ++e) acc[jn][e] = 0.0f;
   }
 
-  StageTile(u_s, pitch, a.u, a.kp, b0, a.batch, BT, 0, kp, a.kp, true);
+  StageTile(u_s, pitch, a.u, a.kp, b0, a.batch, BT, 0, kp, a.kp, true, NTH);
   if (ntiles > 0) {
-    StageTile(m_s, pitch, a.codes, k, t_begin * CT, a.num_classes, CT, 0, kp, k, a.codes_vec);
+    StageTile(m_s, pitch, a.codes, k, t_begin * CT, a.num_classes, CT, 0, kp, k, a.codes_vec,
+              NTH);
   }
   ptx::cp_async_commit();
   for (int64_t q = 0; q < ntiles; ++q) {
@@ -141,7 +164,7 @@ __global__ void __launch_bounds__(kThreads) ForwardRegKernel(ForwardSplitArgs a)
     if (q + 1 < ntiles) {
       // Prefetch the next code tile while this one runs.
       StageTile(m_s + ((q + 1) & 1) * CT * pitch, pitch, a.codes, k,
-                (t_begin + q + 1) * CT, a.num_classes, CT, 0, kp, k, a.codes_vec);
+                (t_begin + q + 1) * CT, a.num_classes, CT, 0, kp, k, a.codes_vec, NTH);
       ptx::cp_async_commit();
       ptx::cp_async_wait<1>();
     } else {
@@ -247,32 +270,95 @@ __global__ void __launch_bounds__(kThreads) ForwardRegKernel(ForwardSplitArgs a)
     __syncthreads();  // buffer q & 1 is free for the prefetch of tile q + 2
   }
 
-  // Epilogue: the quad's partial sums, then the warp's normalised state.
-  const int64_t total_splits = int64_t{a.splits} * WC;
-  const int64_t slot_split = int64_t{split} * WC + wc;
+  // Epilogue: the quad's partial sums, then the warp's normalised state
+  // (kMerge: the block's, merged over its WC warps).
+  if constexpr (kMerge) {
+    // Unnormalised states to shared memory: acc_s[(wc * BT + r) * kp + j],
+    // then max, sum and sqn per (wc, r). The code buffers are free: the
+    // loop's last barrier follows every read of them.
+    float* acc_s = m_s;
+    float* max_s = m_s + WC * BT * kp;
+    float* sum_s = max_s + WC * BT;
+    float* sqs_s = sum_s + WC * BT;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float l = run_sum[h];
-    float sqn = run_sqn[h];
-    l += __shfl_xor_sync(kFullMask, l, 1);
-    l += __shfl_xor_sync(kFullMask, l, 2);
-    sqn += __shfl_xor_sync(kFullMask, sqn, 1);
-    sqn += __shfl_xor_sync(kFullMask, sqn, 2);
-    // A NaN sum fails "> 0": inv = 0 keeps the NaN of acc and sqn (x*0).
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    if (row[h] < a.batch) {
-      const int64_t slot = row[h] * total_splits + slot_split;
+    for (int h = 0; h < 2; ++h) {
+      const int r = wr * 16 + g + 8 * h;
+      float l = run_sum[h];
+      float sqn = run_sqn[h];
+      l += __shfl_xor_sync(kFullMask, l, 1);
+      l += __shfl_xor_sync(kFullMask, l, 2);
+      sqn += __shfl_xor_sync(kFullMask, sqn, 1);
+      sqn += __shfl_xor_sync(kFullMask, sqn, 2);
       if (t == 0) {
-        a.part_lse[slot] = run_max[h] + logf(l);
-        a.part_sqn[slot] = sqn * inv;
+        max_s[wc * BT + r] = run_max[h];
+        sum_s[wc * BT + r] = l;
+        sqs_s[wc * BT + r] = sqn;
       }
-      float* out = a.part_acc + slot * k;
+      float* dst = acc_s + (wc * BT + r) * kp;
 #pragma unroll
       for (int jn = 0; jn < KN; ++jn) {
         if (jn < kn) {
-          const int64_t j = jn * 8 + 2 * t;
-          if (j < k) out[j] = acc[jn][2 * h] * inv;
-          if (j + 1 < k) out[j + 1] = acc[jn][2 * h + 1] * inv;
+          dst[jn * 8 + 2 * t] = acc[jn][2 * h];
+          dst[jn * 8 + 2 * t + 1] = acc[jn][2 * h + 1];
+        }
+      }
+    }
+    __syncthreads();  // [barrier-mutation-test] every warp's state visible to the merge
+    // Row r, column j: the WC states in increasing wc order,
+    //   M = max_w m_w,  c_w = exp(m_w - M),  L = sum_w c_w l_w,
+    //   acc = sum_w c_w acc_w (/ L), sqn likewise; lse = M + log L.
+    for (int e = threadIdx.x; e < BT * kp; e += NTH) {
+      const int r = e / kp;
+      const int j = e % kp;
+      const int64_t rg = b0 + r;
+      if (rg >= a.batch) continue;
+      float m = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < WC; ++w) m = NanMax(m, max_s[w * BT + r]);
+      float l = 0.0f, sqn = 0.0f, v = 0.0f;
+#pragma unroll
+      for (int w = 0; w < WC; ++w) {
+        const float c = ExpDiff(max_s[w * BT + r], m);
+        l = fmaf(c, sum_s[w * BT + r], l);
+        sqn = fmaf(c, sqs_s[w * BT + r], sqn);
+        v = fmaf(c, acc_s[(w * BT + r) * kp + j], v);
+      }
+      // As below: a NaN sum keeps the NaN through inv = 0.
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      const int64_t slot = rg * a.splits + split;
+      if (j == 0) {
+        a.part_lse[slot] = m + logf(l);
+        a.part_sqn[slot] = sqn * inv;
+      }
+      if (j < k) a.part_acc[slot * k + j] = v * inv;
+    }
+  } else {
+    const int64_t total_splits = int64_t{a.splits} * WC;
+    const int64_t slot_split = int64_t{split} * WC + wc;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float l = run_sum[h];
+      float sqn = run_sqn[h];
+      l += __shfl_xor_sync(kFullMask, l, 1);
+      l += __shfl_xor_sync(kFullMask, l, 2);
+      sqn += __shfl_xor_sync(kFullMask, sqn, 1);
+      sqn += __shfl_xor_sync(kFullMask, sqn, 2);
+      // A NaN sum fails "> 0": inv = 0 keeps the NaN of acc and sqn (x*0).
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      if (row[h] < a.batch) {
+        const int64_t slot = row[h] * total_splits + slot_split;
+        if (t == 0) {
+          a.part_lse[slot] = run_max[h] + logf(l);
+          a.part_sqn[slot] = sqn * inv;
+        }
+        float* out = a.part_acc + slot * k;
+#pragma unroll
+        for (int jn = 0; jn < KN; ++jn) {
+          if (jn < kn) {
+            const int64_t j = jn * 8 + 2 * t;
+            if (j < k) out[j] = acc[jn][2 * h] * inv;
+            if (j + 1 < k) out[j + 1] = acc[jn][2 * h + 1] * inv;
+          }
         }
       }
     }

@@ -97,6 +97,7 @@ struct Plan {
   int row_tile = kRowTile;       // rows per batch tile (16 or 64)
   bool fold = false;             // forward: ||M||^2 from the staged tiles
   bool reg = false;              // forward: ForwardRegKernel (kRegSoftmax)
+  int reg_warps = 4;             // its warps per block (8: kWarps8)
   int warp_splits = 1;           // partial states per (row, split) (reg: WC)
   int64_t kp = 8;                // row stride of u: k rounded up to 8 (>= 8)
   int kc = 8;                    // columns per stage
@@ -175,7 +176,9 @@ bool BadLabelType(IndexType t) {
 }
 
 bool BadVariant(KernelVariant v) {
-  return static_cast<int>(v) < -1 || static_cast<int>(v) > 5;
+  const int i = static_cast<int>(v);
+  // kAuto (-1); 0-5; kWarps8 only with kRegSoftmax (12, 13).
+  return i < -1 || i > 13 || (i > 5 && i < 12);
 }
 
 cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVariant variant,
@@ -208,7 +211,9 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
       detail::ForwardRegSmemFloats(p->row_tile, static_cast<int>(kp_reg)) * 4 <=
           info.smem_optin) {
     p->reg = true;
-    p->warp_splits = detail::RegWarpSplits(p->row_tile);
+    // kWarps8: the block merges its warps' states, one state per split.
+    p->reg_warps = (v & static_cast<int>(KernelVariant::kWarps8)) != 0 ? 8 : 4;
+    p->warp_splits = p->reg_warps == 8 ? 1 : detail::RegWarpSplits(p->row_tile);
     p->kp = kp_reg;
     p->kc = static_cast<int>(kp_reg);
     p->nchunks = 1;
@@ -298,15 +303,15 @@ unsigned GridFor(int64_t items, int64_t per_block, int64_t cap) {
 }
 
 template <typename Kernel, typename Args>
-cudaError_t LaunchSplit(Kernel kernel, const Plan& p, const Args& args,
-                        cudaStream_t stream) {
+cudaError_t LaunchSplit(Kernel kernel, const Plan& p, const Args& args, cudaStream_t stream,
+                        int threads = kThreads) {
   if (p.smem_bytes > kDefaultSmem) {
     const cudaError_t err = cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(p.smem_bytes));
     if (err != cudaSuccess) return err;
   }
   const dim3 grid(static_cast<unsigned>(p.grid_x), static_cast<unsigned>(p.splits));
-  kernel<<<grid, kThreads, static_cast<size_t>(p.smem_bytes), stream>>>(args);
+  kernel<<<grid, threads, static_cast<size_t>(p.smem_bytes), stream>>>(args);
   return cudaGetLastError();
 }
 
@@ -411,6 +416,12 @@ cudaError_t LaunchForwardSplit(const Plan& p, const detail::ForwardSplitArgs& a,
                                cudaStream_t stream) {
   using detail::ForwardSplitKernel;
   if constexpr (kMath != detail::kMathFp32) {
+    if (p.reg && p.reg_warps == 8) {
+      using detail::ForwardRegKernel;
+      return p.row_tile == kRowTile64
+                 ? LaunchSplit(ForwardRegKernel<kMath, kRowTile64, 8>, p, a, stream, 256)
+                 : LaunchSplit(ForwardRegKernel<kMath, kRowTile, 8>, p, a, stream, 256);
+    }
     if (p.reg) {
       return p.row_tile == kRowTile64
                  ? LaunchSplit(detail::ForwardRegKernel<kMath, kRowTile64>, p, a, stream)

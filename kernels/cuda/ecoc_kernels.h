@@ -76,6 +76,12 @@ enum class MathMode : int { kFp32 = 0, k3xTf32 = 1, kTf32 = 2 };
 //               forward runs as kV2 (or kRows64). No effect on rank and
 //               nearest beyond the kRows64 bit. Does not combine with
 //               kFoldNorms (values 6 and 7 are invalid).
+//   kWarps8:    with kRegSoftmax only (12, 13; 8 to 11 are invalid): the
+//               register-softmax forward with 8 warps (256 threads) per
+//               block on the same staged tiles (16-row tiles: 8 classes of
+//               each 64-class tile per warp; 64-row tiles: 4 x 16 rows x 2 x
+//               32 classes), the warps' states merged in the block. Where
+//               kRegSoftmax does not apply, the same fallback as without it.
 //   kAuto:      the default of every params struct: the pass picks one of
 //               the variants above from its shape, math mode and the
 //               device's compute capability (ResolveVariant below), by a
@@ -89,6 +95,9 @@ enum class KernelVariant : int {
   kRows64FoldNorms = 3,
   kRegSoftmax = 4,
   kRows64RegSoftmax = 5,
+  kWarps8 = 8,
+  kRegSoftmaxWarps8 = 12,
+  kRows64RegSoftmaxWarps8 = 13,
 };
 
 // The passes, for ResolveVariant.

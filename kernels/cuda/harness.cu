@@ -139,6 +139,8 @@ constexpr VariantName kVariants[] = {
     {KernelVariant::kRows64FoldNorms, "rows64+foldnorms"},
     {KernelVariant::kRegSoftmax, "regsoftmax"},
     {KernelVariant::kRows64RegSoftmax, "rows64+regsoftmax"},
+    {KernelVariant::kRegSoftmaxWarps8, "regsoftmax+warps8"},
+    {KernelVariant::kRows64RegSoftmaxWarps8, "rows64+regsoftmax+warps8"},
     // The default of the params structs: each pass resolves it
     // (keras_ecoc::cuda::ResolveVariant) from its shape, math mode and the
     // device's compute capability.
@@ -748,6 +750,11 @@ void RunVariants(bool quick) {
       RunCase({"variant", B, 301, 32, 8.0f, B > 1, B > 2, B > 0}, FloatType::kFloat32,
               IndexType::kInt32, seed++);
     }
+    // kWarps8 changes nothing where kRegSoftmax does not apply (k > 128,
+    // FP32): --quick leaves those two fallback cases to the variants without it.
+    if (quick && (static_cast<int>(v.variant) & static_cast<int>(KernelVariant::kWarps8))) {
+      continue;
+    }
     RunCase({"variant k=130", 70, 77, 130, 5.0f, true, true, true}, FloatType::kBFloat16,
             IndexType::kInt64, seed++);
     g_math = MathMode::kFp32;
@@ -898,6 +905,49 @@ void RunRegSoftmax(bool quick) {
   g_variant = KernelVariant::kV2;
 }
 
+// The 8-warp register-softmax forward (kWarps8, 16- and 64-row tiles) in
+// every math mode against float64: B = 1, 7, 16, 33, 129, 256 (one or
+// several 16-row tiles; 64-row tiles from B = 33 on, partial ones at 33 and
+// 129) x k = 1, 31, 32, 128 x n = 1, 33, 1000 (one warp's 8 classes, a
+// partial 64-class tile, many class tiles and splits), NaN rows and ties on
+// every other shape, bfloat16 z and int64 labels on some. --quick (the CPU
+// emulator's): three shapes in 3xTF32 and one in TF32 per variant (the
+// quick RunVariants adds B = 7, 17, 65 at k = 32).
+void RunRegSoftmaxWarps8(bool quick) {
+  struct Shape {
+    int64_t B, k, n;
+  };
+  std::vector<Shape> all;
+  for (int64_t B : {1, 7, 16, 33, 129, 256}) {
+    for (int64_t k : {1, 31, 32, 128}) {
+      for (int64_t n : {1, 33, 1000}) all.push_back({B, k, n});
+    }
+  }
+  const std::vector<Shape> few = {{33, 128, 70}, {129, 31, 33}, {1, 1, 1}};
+  uint64_t seed = 888000;
+  for (KernelVariant v :
+       {KernelVariant::kRegSoftmaxWarps8, KernelVariant::kRows64RegSoftmaxWarps8}) {
+    g_variant = v;
+    for (MathMode math : {MathMode::k3xTf32, MathMode::kTf32, MathMode::kFp32}) {
+      g_math = math;
+      if (quick && math == MathMode::kFp32) continue;
+      const std::vector<Shape>& shapes = quick ? few : all;
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        if (quick && math == MathMode::kTf32 && i > 0) continue;
+        const Shape& sh = shapes[i];
+        const bool rules = sh.B > 2;
+        const bool alt = math == MathMode::k3xTf32 && i % 4 == 1;
+        RunCase({"regsoftmax+warps8", sh.B, sh.n, sh.k, 8.0f, rules && i % 2 == 0, rules,
+                 rules && sh.k >= 16},
+                alt ? FloatType::kBFloat16 : FloatType::kFloat32,
+                alt ? IndexType::kInt64 : IndexType::kInt32, seed++);
+      }
+    }
+  }
+  g_math = MathMode::k3xTf32;
+  g_variant = KernelVariant::kV2;
+}
+
 void RunChecks(int sms, bool quick) {
   // Shapes chosen to hit every launch variant of the split kernels on this
   // device: B and n not multiples of the tiles (16 rows, 32 classes); k = 0
@@ -972,6 +1022,7 @@ void RunChecks(int sms, bool quick) {
   RunScalePointer(sms);
   RunVariants(quick);
   RunRegSoftmax(quick);
+  RunRegSoftmaxWarps8(quick);
   RunAuto(quick);
 }
 
