@@ -179,15 +179,18 @@ done
 # Each step of device_check.sh gets NAME:NEED:CAP seconds. NEED is what the
 # H100 run of 2026-11-26 measured plus a margin (build 31 s, checks 2, grid
 # 75-81, smem-limit 1, memcheck 1, racecheck 16, the timings 47 s for six
-# launch variants, ~65 s for eight, ncu 16 s for 12 forward profiles); CAP is
+# launch variants, so ~70 s for the nine of today (auto and the two kWarps8
+# ones added), racecheck and ncu scaled the same way for the kWarps8
+# variants that --small and --profile now include; ncu 16 s for 12 forward
+# profiles); CAP is
 # device_check.sh's default. Room for the steps above the sum of the needs
 # goes to each step in proportion to its CAP - NEED; below it (only when the
 # earlier phases ran far over their measured times) every step is scaled
 # down, so that device_check.sh always finishes (it writes device_check.md at
 # its end) and gpuloss keeps DEVICE_RUN_GPULOSS_MIN. On 2026-11-26 the
 # earlier phases took 34 s: the kernels phase then gets ~320 s and uses ~225.
-STEP_PLAN=(BUILD:35:50 CHECK:5:15 GRID:88:110 SMEM:3:10 MEMCHECK:5:15 RACECHECK:18:30 BENCH:72:90
-           NCU:20:30 NCUGRAD:12:25)
+STEP_PLAN=(BUILD:35:50 CHECK:5:15 GRID:88:110 SMEM:3:10 MEMCHECK:5:15 RACECHECK:24:35 BENCH:80:100
+           NCU:26:35 NCUGRAD:12:25)
 NEED_SUM=0 CAP_SUM=0
 for plan in "${STEP_PLAN[@]}"; do
   IFS=: read -r _ need cap <<<"$plan"
@@ -201,7 +204,9 @@ for plan in "${STEP_PLAN[@]}"; do
   if ((STEP_ROOM >= CAP_SUM)); then t=$cap
   elif ((STEP_ROOM >= NEED_SUM)); then
     t=$(( need + (cap - need) * (STEP_ROOM - NEED_SUM) / (CAP_SUM - NEED_SUM) ))
-  else t=$(( need * STEP_ROOM / NEED_SUM )); ((t < 5)) && t=5
+  else  # 5 s each at least, the rest in proportion to need - 5: the sum stays within STEP_ROOM
+    t=$(( 5 + (need > 5 ? need - 5 : 0) * (STEP_ROOM - 5 * ${#STEP_PLAN[@]}) / (NEED_SUM - 5 * ${#STEP_PLAN[@]}) ))
+    ((t < 5)) && t=5
   fi
   export "$var=${!var:-$t}"
 done
@@ -261,7 +266,7 @@ fi
 if ((DRY_RUN)); then
   echo "worst case (every phase runs to its limit): $((BUDGET - $(left))) s of the ${BUDGET} s budget;" \
        "on the H100 of 2026-11-26 the phases before kernels took 34 s (limits: $((20 + 30 + 2 * IMPORT_LIMIT)) s)," \
-       "which gives the kernels phase ~320 s (it needs ~225) and gpuloss ~200 s"
+       "which gives the kernels phase ~320 s (it needs ~280 with nine variants) and gpuloss ~145 s"
   exit 0
 fi
 NFILES=$(find "$OUT" -type f | wc -l)

@@ -40,7 +40,7 @@
 #   --dry-run   print the steps and commands, run nothing (exit 0)
 # Step time limits (seconds) from the environment: DEVICE_CHECK_T_BUILD (50),
 #   _T_CHECK (15), _T_GRID (110), _T_SMEM (10), _T_MEMCHECK (15),
-#   _T_RACECHECK (30), _T_BENCH (90), _T_NCU (30), _T_NCUGRAD (25).
+#   _T_RACECHECK (35), _T_BENCH (100), _T_NCU (35), _T_NCUGRAD (25).
 # Exit codes: 0 every step passed, or no GPU (says "no GPU" and runs
 # nothing); 1 a step failed; 3 bad command line.
 set -u -o pipefail
@@ -89,7 +89,7 @@ fi
 # raised) from the environment, e.g. DEVICE_CHECK_T_GRID=60, to fit a shorter
 # device lease (benchmarks/device_run.sh does); a step that runs out of time
 # is reported as failed.
-T_BUILD=50 T_CHECK=15 T_GRID=110 T_SMEM=10 T_MEMCHECK=15 T_RACECHECK=30 T_BENCH=90 T_NCU=30
+T_BUILD=50 T_CHECK=15 T_GRID=110 T_SMEM=10 T_MEMCHECK=15 T_RACECHECK=35 T_BENCH=100 T_NCU=35
 T_NCUGRAD=25
 for step_var in T_BUILD T_CHECK T_GRID T_SMEM T_MEMCHECK T_RACECHECK T_BENCH T_NCU T_NCUGRAD; do
   env_var="DEVICE_CHECK_$step_var"
