@@ -193,11 +193,13 @@ def test_device_check_script_parses_and_dry_runs_every_step(tmp_path):
     assert proc.returncode == 0, proc.stderr
     steps = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("step ")]
     assert steps == ["build", "checks", "grid", "smem-limit", "memcheck", "racecheck", "bench",
-                     "ncu"]
-    # Every launch variant timed side by side; the ncu profile of the forward.
+                     "ncu", "ncu-codes-grad"]
+    # Every launch variant timed side by side; the ncu profiles of the forward
+    # and of one codes-gradient launch.
     assert "--bench-only --quick --variant all" in proc.stdout
     # Both forward split kernels: v2's and the register-softmax one.
     assert "--kernel-name regex:Forward(Split|Reg)Kernel" in proc.stdout and "--profile" in proc.stdout
+    assert "--kernel-name regex:CodesGradSplitKernel" in proc.stdout and "--launch-count 1" in proc.stdout
     limits = [int(line.split("(<= ")[1].split(" s)")[0]) for line in proc.stdout.splitlines()
               if line.startswith("step ")]
     assert sum(limits) <= 480, limits  # one run of at most 8 minutes
@@ -260,11 +262,15 @@ exit $rc
 
 
 # Nsight Compute: skips its options (each with one value), runs the program,
-# prints one kernel header line as ncu does.
+# prints one header line, as ncu does, for the kernel its --kernel-name asked for.
 _FAKE_NCU = """#!/bin/sh
-while [ $# -gt 0 ] && [ "${1#--}" != "$1" ]; do shift 2; done
+kernel=ForwardSplitKernel
+while [ $# -gt 0 ] && [ "${1#--}" != "$1" ]; do
+  case "$2" in *CodesGrad*) kernel=CodesGradSplitKernel ;; esac
+  shift 2
+done
 "$@"; rc=$?
-echo "  void keras_ecoc::cuda::detail::ForwardSplitKernel<1, 16, false>(...) (16, 264, 1)x(128, 1, 1), Context 1, Stream 7, Device 0, CC 9.0"
+echo "  void keras_ecoc::cuda::detail::$kernel<1, 16, false>(...) (16, 264, 1)x(128, 1, 1), Context 1, Stream 7, Device 0, CC 9.0"
 exit $rc
 """
 
@@ -293,8 +299,10 @@ def test_device_check_plumbing_with_a_fake_gpu_writes_one_table(tmp_path):
     report = (out / "device_check.md").read_text()
     rows = [line for line in report.splitlines() if line.startswith("| ") and " | pass | " in line]
     assert [r.split(" | ")[0][2:] for r in rows] == [
-        "build", "checks", "grid", "smem-limit", "memcheck", "racecheck", "bench", "ncu"], report
-    assert "| ncu | pass |" in report and "1 kernel reports in device_check.log" in report
+        "build", "checks", "grid", "smem-limit", "memcheck", "racecheck", "bench", "ncu",
+        "ncu-codes-grad"], report
+    assert "| ncu | pass | 0 | 1 kernel reports in device_check.log |" in report
+    assert "| ncu-codes-grad | pass | 0 | 1 kernel reports in device_check.log |" in report
     assert "2 checks, 0 failed" in report and "RACECHECK SUMMARY: 0 hazards" in report
     assert "| 16 | 32 | 100 | 0.0100 | 0.0200 |" in report
     assert "harness built for sm_90" in report
