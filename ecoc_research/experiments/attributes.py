@@ -11,7 +11,9 @@ attributes. With 50 classes and 312 attributes the best of 312 |r| is large
 even for random bits, so the data-based codes are compared with a NULL
 distribution: the same statistic for >= 1,000 random codes (Gaussian and
 dense random, the same k, the same row normalisation as in training), and
-reported as an empirical p-value (share of random draws at least as high).
+reported as an empirical p-value (share of random draws at least as high),
+with Holm's adjustment over every p-value of the run. Every draw of every
+null is stored, so each p can be recomputed from the JSON.
 
 The data-based codes take their class similarity from the fc7 features of
 the backbone pretrained on CIFAR-10 (the runner's "external" variant,
@@ -205,10 +207,13 @@ def run_attributes(similarity, attributes, output_dir=None,
 
     Returns:
         dict with "codes" (per data-based encoding and k: statistic, its
-        percentile and empirical p-value under each null, top attributes
-        per bit), "null" (per null encoding and k: mean, std, 5/50/95/99th
+        percentile and empirical p-value under each null, with its Holm
+        adjustment over every p of the run and its Monte-Carlo standard
+        error, every permuted-rows draw, top attributes per bit), "null"
+        (per null encoding and k: every draw, mean, std, 5/50/95/99th
         percentiles of the statistic), "settings", "markdown", "files",
-        "wall_time".
+        "wall_time". While it runs, `<output_dir>/<name>.partial.json`
+        holds the codes and nulls finished so far (see `_Progress`).
     """
     from ecoc_research import training
 
