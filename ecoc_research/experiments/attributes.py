@@ -34,6 +34,8 @@ NULL_ENCODINGS = ("gaussian", "dense_random")
 CODE_LENGTHS = (4, 8, 12, 16, 25, 49)
 NULL_DRAWS = 1000
 NULL_DENSE_TRIALS = 100
+# Seeds tried per dense random draw before its null counts as "no code".
+DENSE_REDRAWS = 10
 
 # Columns of one np.corrcoef call: (chunk + A) ** 2 floats, ~60 MB at 2,500.
 _CHUNK_COLUMNS = 2500
@@ -115,7 +117,11 @@ def null_distribution(encoding, num_classes, code_length, attributes,
     `dense_trials` is admissible, as for k = 8, n = 50): the selection only
     favours a
     larger minimum Hamming distance between rows, and 1,000 candidates per
-    draw would cost ~0.2 s x 1,000 draws per k here.
+    draw would cost ~0.2 s x 1,000 draws per k here. A draw whose seed has
+    no admissible candidate at all is redrawn with seed + draws, seed + 2
+    draws, ... (`DENSE_REDRAWS` seeds in all), as a training run would take
+    another seed; when every one fails the error is raised (the caller
+    records that null as "no code").
 
     Returns:
         float64 (draws,).
@@ -132,7 +138,7 @@ def null_distribution(encoding, num_classes, code_length, attributes,
             "Argument `draws` must be a positive integer. "
             f"Received: draws={draws!r}")
     if encoding == "dense_random":
-        def draw(seed):
+        def candidate(seed):
             try:
                 codes = codes_lib.dense_random(num_classes, code_length,
                                                seed=seed, trials=dense_trials)
@@ -142,6 +148,17 @@ def null_distribution(encoding, num_classes, code_length, attributes,
                 codes = codes_lib.dense_random(num_classes, code_length,
                                                seed=seed)
             return codes_lib.normalize_rows(codes)
+
+        def draw(seed):
+            # At k = 8, n = 50 about 1 seed in 1,000 has no admissible
+            # candidate among 1,000; a training run would take another seed,
+            # so the draw does too (seed + j * draws: no other draw's seed).
+            for attempt in range(DENSE_REDRAWS):
+                try:
+                    return candidate(seed + attempt * draws)
+                except ValueError as error:
+                    last = error
+            raise last
     else:
         def draw(seed):
             return training.make_codes(encoding, num_classes, code_length,
