@@ -107,7 +107,7 @@ def batched_mean_best_abs_r(code_stack, attributes):
 
 def null_distribution(encoding, num_classes, code_length, attributes,
                       draws=NULL_DRAWS, first_seed=0,
-                      dense_trials=NULL_DENSE_TRIALS):
+                      dense_trials=NULL_DENSE_TRIALS, redrawn=None):
     """`mean_best_abs_r` of `draws` random codes of one encoding.
 
     Gaussian codes are `ecoc_research.training.make_codes("gaussian", n, k,
@@ -122,6 +122,10 @@ def null_distribution(encoding, num_classes, code_length, attributes,
     draws, ... (`DENSE_REDRAWS` seeds in all), as a training run would take
     another seed; when every one fails the error is raised (the caller
     records that null as "no code").
+
+    Args:
+        redrawn: optional list; the seeds that had no admissible code and
+            were replaced are appended to it.
 
     Returns:
         float64 (draws,).
@@ -158,6 +162,8 @@ def null_distribution(encoding, num_classes, code_length, attributes,
                     return candidate(seed + attempt * draws)
                 except ValueError as error:
                     last = error
+                    if redrawn is not None:
+                        redrawn.append(seed + attempt * draws)
             raise last
     else:
         def draw(seed):
@@ -304,9 +310,11 @@ def run_attributes(similarity, attributes, output_dir=None,
     for encoding in null_encodings:
         for k in code_lengths:
             t = time.perf_counter()
+            redrawn = []
             try:
                 values = null_distribution(encoding, n, k, attributes, draws,
-                                           dense_trials=dense_trials)
+                                           dense_trials=dense_trials,
+                                           redrawn=redrawn)
             except ValueError as error:
                 # E.g. dense random codes with 2 ** k < n: no admissible code.
                 null_rows.append({"encoding": encoding, "code_length": k,
@@ -322,6 +330,8 @@ def run_attributes(similarity, attributes, output_dir=None,
                                 for q in (5, 50, 95, 99)},
                 "max": float(values.max()),
                 "values": values.tolist(),
+                # Seeds without an admissible dense random code, replaced.
+                "redrawn_seeds": redrawn,
                 "wall_time": time.perf_counter() - t})
             common.log(f"  null {encoding} k={k}: {draws} draws, mean "
                        f"{values.mean():.3f} ± {values.std():.3f} "
