@@ -324,16 +324,125 @@ def test_run_attributes_reports_null_and_p_values(tmp_path):
             (1 + np.sum(draws >= r["mean_best_abs_r"])) / 21)
     assert {os.path.basename(f) for f in out["files"]} == {
         "attributes.png", "attributes.md", "attributes.json"}
+    # The progress file is gone once the summary is written.
+    assert not (tmp_path / "attributes.partial.json").exists()
     with open(tmp_path / "attributes.json") as f:
         stored = json.load(f)
     assert stored["settings"]["draws"] == 20
     assert all(len(r["values"]) == 20 for r in stored["null"]
                if r.get("status") != "no_code")
+    _assert_stored_nulls_give_p_values(stored)
     with pytest.raises(FileExistsError, match="overwrite"):
         attr.run_attributes(similarity, attributes, str(tmp_path),
                             code_lengths=(5,), draws=3)
     attr.run_attributes(similarity, attributes, str(tmp_path),
                         code_lengths=(5,), draws=3, overwrite=True)
+
+
+def _assert_stored_nulls_give_p_values(stored):
+    """Every p of an attributes JSON, and its Holm value, from its draws."""
+    nulls = {(r["encoding"], r["code_length"]): np.asarray(r["values"])
+             for r in stored["null"] if r.get("status") != "no_code"}
+    cells = []
+    for r in stored["codes"]:
+        for null in ("permuted", *stored["settings"]["null_encodings"]):
+            values = (np.asarray(r["permuted_null"]["values"])
+                      if null == "permuted"
+                      else nulls.get((null, r["code_length"])))
+            if values is None:
+                assert r[f"p_vs_{null}"] is None
+            else:
+                assert len(values) == stored["settings"]["draws"]
+                # Independent of the module's helper: a count of draws.
+                expected = ((1 + int(np.count_nonzero(
+                    values >= r["mean_best_abs_r"]))) / (1 + len(values)))
+                assert r[f"p_vs_{null}"] == pytest.approx(expected, abs=0)
+                assert r[f"p_mc_se_vs_{null}"] == pytest.approx(
+                    np.sqrt(expected * (1 - expected) / len(values)))
+            cells.append((r, null))
+    holm = stats_lib.holm([r[f"p_vs_{null}"] for r, null in cells])
+    assert [r[f"p_holm_vs_{null}"] for r, null in cells] == pytest.approx(
+        holm)
+
+
+def test_dense_null_redraws_a_seed_without_admissible_code(monkeypatch):
+    from keras_ecoc import codes as codes_lib
+
+    attributes = np.random.default_rng(6).uniform(0, 1, (8, 5))
+    real = codes_lib.dense_random
+    tried = []
+
+    def no_code_for_seed_2(num_classes, code_length, seed=None, **kwargs):
+        tried.append(seed)
+        if seed == 2:
+            raise ValueError("no admissible candidate")
+        return real(num_classes, code_length, seed=seed, **kwargs)
+
+    monkeypatch.setattr(codes_lib, "dense_random", no_code_for_seed_2)
+    redrawn = []
+    values = attr.null_distribution("dense_random", 8, 4, attributes,
+                                    draws=4, redrawn=redrawn)
+    assert redrawn == [2]
+    # Draw 2 takes seed 2 + 4 draws = 6, which no other draw uses.
+    assert tried.count(6) == 1 and tried.count(2) == 2
+    expected = [attr.mean_best_abs_r(codes_lib.normalize_rows(
+        real(8, 4, seed=seed, trials=attr.NULL_DENSE_TRIALS)), attributes)
+        for seed in (0, 1, 6, 3)]
+    np.testing.assert_allclose(values, expected, rtol=1e-12)
+    # A k with no admissible code for any seed stays an error.
+    with pytest.raises(ValueError, match="2 \\*\\* code_length"):
+        attr.null_distribution("dense_random", 50, 4, np.zeros((50, 3)) +
+                               np.arange(50)[:, None], draws=2)
+
+
+def test_stored_cub_attribute_nulls_give_the_reported_p_values():
+    # docs/results/cub_attributes_null.json, behind cub_attributes.md: the
+    # page's p-values must follow from the draws stored beside them.
+    path = os.path.join(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))), "docs", "results",
+        "cub_attributes_null.json")
+    with open(path) as f:
+        stored = json.load(f)
+    assert stored["settings"]["draws"] >= 5000
+    assert len(stored["codes"]) == 18
+    _assert_stored_nulls_give_p_values(stored)
+
+
+def test_run_attributes_saves_finished_nulls_as_it_goes(tmp_path,
+                                                        monkeypatch):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((8, 3))
+    similarity = np.exp(-np.sum((x[:, None] - x[None]) ** 2, -1))
+    attributes = np.concatenate([x, rng.uniform(0, 1, (8, 4))], 1)
+    calls = []
+    real = attr.null_distribution
+
+    def stop_on_second_null(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(attr, "null_distribution", stop_on_second_null)
+    with pytest.raises(KeyboardInterrupt):
+        attr.run_attributes(similarity, attributes, str(tmp_path),
+                            code_lengths=(3, 5), draws=15,
+                            encodings=("spectral",))
+    assert not (tmp_path / "attributes.json").exists()
+    with open(tmp_path / "attributes.partial.json") as f:
+        partial = json.load(f)
+    assert partial["complete"] is False
+    # The codes with their permutation draws come first, then each null.
+    assert [(r["encoding"], r["code_length"]) for r in partial["codes"]] == [
+        ("spectral", 3), ("spectral", 5)]
+    for code in partial["codes"]:
+        draws = np.asarray(code["permuted_null"]["values"])
+        assert len(draws) == 15
+        assert code["p_vs_permuted"] == (
+            1 + np.count_nonzero(draws >= code["mean_best_abs_r"])) / 16
+    [null] = partial["null"]
+    assert (null["encoding"], null["code_length"]) == ("gaussian", 3)
+    assert len(null["values"]) == 15
 
 
 # --- end to end --------------------------------------------------------------

@@ -11,7 +11,9 @@ attributes. With 50 classes and 312 attributes the best of 312 |r| is large
 even for random bits, so the data-based codes are compared with a NULL
 distribution: the same statistic for >= 1,000 random codes (Gaussian and
 dense random, the same k, the same row normalisation as in training), and
-reported as an empirical p-value (share of random draws at least as high).
+reported as an empirical p-value (share of random draws at least as high),
+with Holm's adjustment over every p-value of the run. Every draw of every
+null is stored, so each p can be recomputed from the JSON.
 
 The data-based codes take their class similarity from the fc7 features of
 the backbone pretrained on CIFAR-10 (the runner's "external" variant,
@@ -32,6 +34,8 @@ NULL_ENCODINGS = ("gaussian", "dense_random")
 CODE_LENGTHS = (4, 8, 12, 16, 25, 49)
 NULL_DRAWS = 1000
 NULL_DENSE_TRIALS = 100
+# Seeds tried per dense random draw before its null counts as "no code".
+DENSE_REDRAWS = 10
 
 # Columns of one np.corrcoef call: (chunk + A) ** 2 floats, ~60 MB at 2,500.
 _CHUNK_COLUMNS = 2500
@@ -103,7 +107,7 @@ def batched_mean_best_abs_r(code_stack, attributes):
 
 def null_distribution(encoding, num_classes, code_length, attributes,
                       draws=NULL_DRAWS, first_seed=0,
-                      dense_trials=NULL_DENSE_TRIALS):
+                      dense_trials=NULL_DENSE_TRIALS, redrawn=None):
     """`mean_best_abs_r` of `draws` random codes of one encoding.
 
     Gaussian codes are `ecoc_research.training.make_codes("gaussian", n, k,
@@ -113,7 +117,15 @@ def null_distribution(encoding, num_classes, code_length, attributes,
     `dense_trials` is admissible, as for k = 8, n = 50): the selection only
     favours a
     larger minimum Hamming distance between rows, and 1,000 candidates per
-    draw would cost ~0.2 s x 1,000 draws per k here.
+    draw would cost ~0.2 s x 1,000 draws per k here. A draw whose seed has
+    no admissible candidate at all is redrawn with seed + draws, seed + 2
+    draws, ... (`DENSE_REDRAWS` seeds in all), as a training run would take
+    another seed; when every one fails the error is raised (the caller
+    records that null as "no code").
+
+    Args:
+        redrawn: optional list; the seeds that had no admissible code and
+            were replaced are appended to it.
 
     Returns:
         float64 (draws,).
@@ -130,7 +142,7 @@ def null_distribution(encoding, num_classes, code_length, attributes,
             "Argument `draws` must be a positive integer. "
             f"Received: draws={draws!r}")
     if encoding == "dense_random":
-        def draw(seed):
+        def candidate(seed):
             try:
                 codes = codes_lib.dense_random(num_classes, code_length,
                                                seed=seed, trials=dense_trials)
@@ -140,6 +152,20 @@ def null_distribution(encoding, num_classes, code_length, attributes,
                 codes = codes_lib.dense_random(num_classes, code_length,
                                                seed=seed)
             return codes_lib.normalize_rows(codes)
+
+        def draw(seed):
+            # At k = 8, n = 50 about 1 seed in 300 has no admissible
+            # candidate among 1,000 (16 of the 5,000 seeds of the stored CUB
+            # run); a training run would take another seed,
+            # so the draw does too (seed + j * draws: no other draw's seed).
+            for attempt in range(DENSE_REDRAWS):
+                try:
+                    return candidate(seed + attempt * draws)
+                except ValueError as error:
+                    last = error
+                    if redrawn is not None:
+                        redrawn.append(seed + attempt * draws)
+            raise last
     else:
         def draw(seed):
             return training.make_codes(encoding, num_classes, code_length,
@@ -205,10 +231,13 @@ def run_attributes(similarity, attributes, output_dir=None,
 
     Returns:
         dict with "codes" (per data-based encoding and k: statistic, its
-        percentile and empirical p-value under each null, top attributes
-        per bit), "null" (per null encoding and k: mean, std, 5/50/95/99th
+        percentile and empirical p-value under each null, with its Holm
+        adjustment over every p of the run and its Monte-Carlo standard
+        error, every permuted-rows draw, top attributes per bit), "null"
+        (per null encoding and k: every draw, mean, std, 5/50/95/99th
         percentiles of the statistic), "settings", "markdown", "files",
-        "wall_time".
+        "wall_time". While it runs, `<output_dir>/<name>.partial.json`
+        holds the codes and nulls finished so far (see `_Progress`).
     """
     from ecoc_research import training
 
@@ -229,33 +258,23 @@ def run_attributes(similarity, attributes, output_dir=None,
             f"Received unknown encodings {unknown}")
     code_lengths = [int(k) for k in code_lengths
                     if common.valid_length("spectral", n, int(k))]
-    nulls, null_rows = {}, []
-    for encoding in null_encodings:
-        for k in code_lengths:
-            t = time.perf_counter()
-            try:
-                values = null_distribution(encoding, n, k, attributes, draws,
-                                           dense_trials=dense_trials)
-            except ValueError as error:
-                # E.g. dense random codes with 2 ** k < n: no admissible code.
-                null_rows.append({"encoding": encoding, "code_length": k,
-                                  "draws": 0, "status": "no_code",
-                                  "error": str(error)})
-                common.log(f"  null {encoding} k={k}: no code ({error})")
-                continue
-            nulls[(encoding, k)] = values
-            null_rows.append({
-                "encoding": encoding, "code_length": k, "draws": int(draws),
-                "mean": float(values.mean()), "std": float(values.std()),
-                "percentiles": {str(q): float(np.percentile(values, q))
-                                for q in (5, 50, 95, 99)},
-                "max": float(values.max()),
-                "values": values.tolist(),
-                "wall_time": time.perf_counter() - t})
-            common.log(f"  null {encoding} k={k}: {draws} draws, mean "
-                       f"{values.mean():.3f} ± {values.std():.3f} "
-                       f"({time.perf_counter() - t:.1f} s)")
-    records = []
+    settings = {"code_lengths": code_lengths,
+                "encodings": list(encodings),
+                "null_encodings": list(null_encodings),
+                "draws": int(draws), "num_classes": int(n),
+                "dense_trials": int(dense_trials),
+                "num_attributes": int(attributes.shape[1]),
+                "statistic": "mean over bits of the max |Pearson r| "
+                "over attributes (numpy.corrcoef across classes)",
+                "row_normalization": "rows rescaled to norm sqrt(k) "
+                "(ecoc_research.training.make_codes), as trained",
+                "p_value": "(1 + #draws >= value) / (1 + draws)",
+                "holm": "over every (code, null) p-value of the run",
+                "source": source}
+    progress = _Progress(output_dir, name, settings)
+    # The data-based codes and their permutation nulls first: they are the
+    # strictest test, and the progress file keeps them if the run stops.
+    records, null_rows = [], []
     for encoding in encodings:
         for k in code_lengths:
             with warnings.catch_warnings():
@@ -283,37 +302,123 @@ def run_attributes(similarity, attributes, output_dir=None,
             record["p_vs_permuted"] = empirical_p_value(value, permuted)
             record["percentile_vs_permuted"] = float(
                 100.0 * np.mean(permuted < value))
-            for null_encoding in null_encodings:
-                null = nulls.get((null_encoding, k))
-                if null is None:
-                    record[f"p_vs_{null_encoding}"] = None
-                    record[f"percentile_vs_{null_encoding}"] = None
-                    continue
-                record[f"p_vs_{null_encoding}"] = empirical_p_value(value,
-                                                                    null)
-                record[f"percentile_vs_{null_encoding}"] = float(
-                    100.0 * np.mean(null < value))
             records.append(record)
+            progress.save(null_rows, records)
+            common.log(f"  {encoding} k={k}: {value:.3f}, permuted rows "
+                       f"{permuted.mean():.3f} ± {permuted.std():.3f}, p "
+                       f"{record['p_vs_permuted']:.4g}")
+    nulls = {}
+    for encoding in null_encodings:
+        for k in code_lengths:
+            t = time.perf_counter()
+            redrawn = []
+            try:
+                values = null_distribution(encoding, n, k, attributes, draws,
+                                           dense_trials=dense_trials,
+                                           redrawn=redrawn)
+            except ValueError as error:
+                # E.g. dense random codes with 2 ** k < n: no admissible code.
+                null_rows.append({"encoding": encoding, "code_length": k,
+                                  "draws": 0, "status": "no_code",
+                                  "error": str(error)})
+                common.log(f"  null {encoding} k={k}: no code ({error})")
+                continue
+            nulls[(encoding, k)] = values
+            null_rows.append({
+                "encoding": encoding, "code_length": k, "draws": int(draws),
+                "mean": float(values.mean()), "std": float(values.std()),
+                "percentiles": {str(q): float(np.percentile(values, q))
+                                for q in (5, 50, 95, 99)},
+                "max": float(values.max()),
+                "values": values.tolist(),
+                # Seeds without an admissible dense random code, replaced.
+                "redrawn_seeds": redrawn,
+                "wall_time": time.perf_counter() - t})
+            common.log(f"  null {encoding} k={k}: {draws} draws, mean "
+                       f"{values.mean():.3f} ± {values.std():.3f} "
+                       f"({time.perf_counter() - t:.1f} s)")
+            progress.save(null_rows, records)
+    for record in records:
+        k, value = record["code_length"], record["mean_best_abs_r"]
+        for null_encoding in null_encodings:
+            null = nulls.get((null_encoding, k))
+            if null is None:
+                record[f"p_vs_{null_encoding}"] = None
+                record[f"percentile_vs_{null_encoding}"] = None
+                continue
+            record[f"p_vs_{null_encoding}"] = empirical_p_value(value,
+                                                                null)
+            record[f"percentile_vs_{null_encoding}"] = float(
+                100.0 * np.mean(null < value))
+    _add_holm(records, null_encodings)
     results = {
         "experiment": "attributes",
-        "settings": {"code_lengths": code_lengths,
-                     "encodings": list(encodings),
-                     "null_encodings": list(null_encodings),
-                     "draws": int(draws), "num_classes": int(n),
-                     "dense_trials": int(dense_trials),
-                     "num_attributes": int(attributes.shape[1]),
-                     "statistic": "mean over bits of the max |Pearson r| "
-                     "over attributes (numpy.corrcoef across classes)",
-                     "row_normalization": "rows rescaled to norm sqrt(k) "
-                     "(ecoc_research.training.make_codes), as trained",
-                     "source": source},
+        "settings": settings,
         "environment": common.environment(), "command": common.COMMAND,
         "codes": records, "null": null_rows,
     }
     results["wall_time"] = time.perf_counter() - start
     results["markdown"] = attributes_markdown(results)
     results["files"] = _write(results, nulls, output_dir, name)
+    progress.remove()
     return results
+
+
+def _add_holm(records, null_encodings):
+    """Holm-adjusted p and the Monte-Carlo error of every p in `records`.
+
+    One family: every (code, null) p-value of the run, the permutation null
+    and each random-code null (None entries, no admissible null code, do not
+    count). Adds `p_holm_vs_<null>` and `p_mc_se_vs_<null>` =
+    sqrt(p (1 - p) / draws), the binomial standard error of an empirical p
+    estimated from that many draws.
+    """
+    from ecoc_research.experiments import stats
+
+    keys = [f"vs_{e}" for e in ("permuted", *null_encodings)]
+    cells = [(r, key) for r in records for key in keys]
+    adjusted = stats.holm([r[f"p_{key}"] for r, key in cells])
+    for (r, key), p_holm in zip(cells, adjusted):
+        r[f"p_holm_{key}"] = p_holm
+        p = r[f"p_{key}"]
+        draws = len(r["permuted_null"]["values"])
+        r[f"p_mc_se_{key}"] = (None if p is None
+                               else float(np.sqrt(p * (1 - p) / draws)))
+
+
+class _Progress:
+    """`<name>.partial.json`: the finished nulls and codes, as the run goes.
+
+    Rewritten (write, then rename) after every null family and every
+    data-based code, with every draw's value, so that an interrupted run
+    keeps what it computed; removed once `<name>.json` is written.
+    """
+
+    def __init__(self, output_dir, name, settings):
+        import os
+
+        self.path = (None if output_dir is None else
+                     os.path.join(output_dir, f"{name}.partial.json"))
+        self.settings = settings
+
+    def save(self, null_rows, records):
+        import os
+
+        from ecoc_research.experiments import report
+
+        if self.path is None:
+            return
+        report.write_json(self.path + ".tmp", {
+            "experiment": "attributes", "complete": False,
+            "settings": self.settings, "command": common.COMMAND,
+            "null": null_rows, "codes": records})
+        os.replace(self.path + ".tmp", self.path)
+
+    def remove(self):
+        import os
+
+        if self.path is not None and os.path.exists(self.path):
+            os.remove(self.path)
 
 
 def _check_outputs(output_dir, name, overwrite):
@@ -342,24 +447,27 @@ def attributes_markdown(results, show_bits=6):
                 row += ["no admissible code", ""]
                 continue
             row += [f"{nr['mean']:.3f} ± {nr['std']:.3f} (95th "
-                    f"{nr['percentiles']['95']:.3f})",
-                    f"{r[f'percentile_vs_{e}']:.1f} / {r[f'p_vs_{e}']:.4f}"]
+                    f"{nr['percentiles']['95']:.3f})", _p_cell(r, e)]
         pn = r["permuted_null"]
         row += [f"{pn['mean']:.3f} ± {pn['std']:.3f} (95th "
-                f"{pn['percentile_95']:.3f})",
-                f"{r['percentile_vs_permuted']:.1f} / "
-                f"{r['p_vs_permuted']:.4f}"]
+                f"{pn['percentile_95']:.3f})", _p_cell(r, "permuted")]
         rows.append(row)
     headers = ["encoding", "k", "mean best abs(r)"]
     for e in s["null_encodings"]:
-        headers += [f"{e} null mean ± std", f"percentile / p vs {e}"]
-    headers += ["permuted-rows null mean ± std", "percentile / p vs permuted"]
+        headers += [f"{e} null mean ± std", f"percentile / p / p Holm vs {e}"]
+    headers += ["permuted-rows null mean ± std",
+                "percentile / p / p Holm vs permuted"]
+    family = sum(r.get(f"p_holm_vs_{e}") is not None
+                 for r in results["codes"]
+                 for e in ("permuted", *s["null_encodings"]))
     text = (f"Mean over bits of the best |r| over the {s['num_attributes']} "
             f"attributes, across the {s['num_classes']} classes; null: "
             f"{s['draws']} random codes per encoding and k, and {s['draws']} "
             "row (class) permutations of each data-based code. p = (1 + "
             "#draws "
-            ">= value) / (1 + draws).\n\n")
+            f">= value) / (1 + draws), so 1 / {s['draws'] + 1:,} is the "
+            "smallest possible; Holm's adjustment over the "
+            f"{family} p-values of the table.\n\n")
     text += _table(headers, rows)
     k = min(s["code_lengths"])
     for r in results["codes"]:
@@ -372,6 +480,14 @@ def attributes_markdown(results, show_bits=6):
                 for j, bit in enumerate(r["top_attributes"][:show_bits])]
         text += _table(["bit", "attributes (r)"], bits)
     return text
+
+
+def _p_cell(record, null):
+    """"percentile / p / p Holm" of one code against one null."""
+    cell = (f"{record[f'percentile_vs_{null}']:.1f} / "
+            f"{record[f'p_vs_{null}']:.4f}")
+    p_holm = record.get(f"p_holm_vs_{null}")
+    return cell if p_holm is None else f"{cell} / {p_holm:.4f}"
 
 
 def _table(headers, rows):
