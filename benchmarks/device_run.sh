@@ -179,17 +179,18 @@ done
 # Each step of device_check.sh gets NAME:NEED:CAP seconds. NEED is what the
 # H100 run of 2026-11-26 measured plus a margin (build 31 s, checks 2, grid
 # 75-81, smem-limit 1, memcheck 1, racecheck 16, the timings 47 s for six
-# launch variants, so ~70 s for the nine of today (auto and the two kWarps8
-# ones added), racecheck and ncu scaled the same way for the kWarps8
-# variants that --small and --profile now include; ncu 16 s for 12 forward
-# profiles); CAP is
+# launch variants, so ~86 s for the eleven of today (auto, the two kWarps8
+# and the two kGradMma ones added: 47 / 6 s each), racecheck scaled the same
+# way for the variants that --small now includes; ncu scaled for the kWarps8
+# ones --profile includes (it skips kGradMma: a codes-gradient bit, the same
+# forward as v2); ncu 16 s for 12 forward profiles); CAP is
 # device_check.sh's default. Room for the steps above the sum of the needs
 # goes to each step in proportion to its CAP - NEED; below it (only when the
 # earlier phases ran far over their measured times) every step is scaled
 # down, so that device_check.sh always finishes (it writes device_check.md at
 # its end) and gpuloss keeps DEVICE_RUN_GPULOSS_MIN. On 2026-11-26 the
 # earlier phases took 34 s: the kernels phase then gets ~320 s and uses ~225.
-STEP_PLAN=(BUILD:35:50 CHECK:5:15 GRID:88:110 SMEM:3:10 MEMCHECK:5:15 RACECHECK:24:35 BENCH:80:100
+STEP_PLAN=(BUILD:35:50 CHECK:5:15 GRID:88:110 SMEM:3:10 MEMCHECK:5:15 RACECHECK:30:40 BENCH:95:115
            NCU:26:35 NCUGRAD:12:25)
 NEED_SUM=0 CAP_SUM=0
 for plan in "${STEP_PLAN[@]}"; do
@@ -266,7 +267,7 @@ fi
 if ((DRY_RUN)); then
   echo "worst case (every phase runs to its limit): $((BUDGET - $(left))) s of the ${BUDGET} s budget;" \
        "on the H100 of 2026-11-26 the phases before kernels took 34 s (limits: $((20 + 30 + 2 * IMPORT_LIMIT)) s)," \
-       "which gives the kernels phase ~320 s (it needs ~280 with nine variants) and gpuloss ~145 s"
+       "which gives the kernels phase ~320 s (it needs ~300 with eleven variants) and gpuloss ~145 s"
   exit 0
 fi
 NFILES=$(find "$OUT" -type f | wc -l)

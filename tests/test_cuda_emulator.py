@@ -210,6 +210,13 @@ def test_harness_checks_pass_under_the_emulator(run_id, options, harness_args, t
         for variant in ("regsoftmax+warps8", "rows64+regsoftmax+warps8"):
             assert re.search(rf"^PASS regsoftmax\+warps8 .*variant={re.escape(variant)} ",
                              res.stdout, re.M), f"no {variant} check ran"
+        # So did the codes gradient's mma second product (kGradMma), in both
+        # TF32 modes and on both row tiles, against float64.
+        for variant in ("gradmma", "rows64+gradmma"):
+            for mode in ("3xtf32", "tf32"):
+                assert re.search(rf"^PASS gradmma \[math={mode} variant={re.escape(variant)} "
+                                 r".*grad_codes: max abs err [1-9]", res.stdout, re.M), \
+                    f"no {variant} {mode} grad_codes check with finite values ran"
     assert log.is_file() and log.stat().st_size > 0
     _LAUNCH_LOGS[run_id] = (log, options)
 

@@ -16,7 +16,8 @@
 #   5. runs compute-sanitizer memcheck and racecheck on small shapes;
 #   6. times forward and forward + codes gradient in each math mode and
 #      each launch variant side by side (v2, rows64, foldnorms,
-#      rows64+foldnorms, regsoftmax, rows64+regsoftmax; harness --bench-only --quick --variant all: B in
+#      rows64+foldnorms, regsoftmax, rows64+regsoftmax, the two +warps8,
+#      gradmma, rows64+gradmma, auto; harness --bench-only --quick --variant all: B in
 #      {16,256,4096}, k in {32,128}, n in {1e4,1e5,1e6}; the full grid B in
 #      {1,7,16,256,4096} x k in {1,31,32,128,1000} x n in {1,33,1e4,1e5,1e6}
 #      is `harness --bench-only`, minutes);
@@ -82,14 +83,15 @@ if [[ -z "$SANITIZER" ]]; then
     if [[ -n "$candidate" && -x "$candidate" ]]; then SANITIZER="$candidate"; break; fi
   done
 fi
-# Seconds per step; together 375 s. Measured on an H100 on 2026-11-26
+# Seconds per step; together 415 s. Measured on an H100 on 2026-11-26
 # (docs/device_runs/2026-11-26-h100-variants): build 31 s, checks 2 s, grid
 # 75-81 s, smem-limit 1 s, memcheck 1 s, racecheck 16 s, bench ~47 s for six
-# launch variants (eight now: ~65 s), ncu 16 s. Each can be lowered (or
+# launch variants (eleven now, with auto, two kWarps8 and two kGradMma: ~86 s;
+# racecheck's --small runs them all too: ~29 s), ncu 16 s. Each can be lowered (or
 # raised) from the environment, e.g. DEVICE_CHECK_T_GRID=60, to fit a shorter
 # device lease (benchmarks/device_run.sh does); a step that runs out of time
 # is reported as failed.
-T_BUILD=50 T_CHECK=15 T_GRID=110 T_SMEM=10 T_MEMCHECK=15 T_RACECHECK=35 T_BENCH=100 T_NCU=35
+T_BUILD=50 T_CHECK=15 T_GRID=110 T_SMEM=10 T_MEMCHECK=15 T_RACECHECK=40 T_BENCH=115 T_NCU=35
 T_NCUGRAD=25
 for step_var in T_BUILD T_CHECK T_GRID T_SMEM T_MEMCHECK T_RACECHECK T_BENCH T_NCU T_NCUGRAD; do
   env_var="DEVICE_CHECK_$step_var"

@@ -24,6 +24,7 @@
 #include <cstdint>
 
 #include "ecoc_codes_grad.cuh"
+#include "ecoc_codes_grad_mma.cuh"
 #include "ecoc_combine.cuh"
 #include "ecoc_common.cuh"
 #include "ecoc_decode.cuh"
@@ -98,6 +99,7 @@ struct Plan {
   bool fold = false;             // forward: ||M||^2 from the staged tiles
   bool reg = false;              // forward: ForwardRegKernel (kRegSoftmax)
   int reg_warps = 4;             // its warps per block (8: kWarps8)
+  bool grad_mma = false;         // codes gradient: CodesGradMmaKernel (kGradMma)
   int warp_splits = 1;           // partial states per (row, split) (reg: WC)
   int64_t kp = 8;                // row stride of u: k rounded up to 8 (>= 8)
   int kc = 8;                    // columns per stage
@@ -177,8 +179,9 @@ bool BadLabelType(IndexType t) {
 
 bool BadVariant(KernelVariant v) {
   const int i = static_cast<int>(v);
-  // kAuto (-1); 0-5; kWarps8 only with kRegSoftmax (12, 13).
-  return i < -1 || i > 13 || (i > 5 && i < 12);
+  // kAuto (-1); 0-5; kWarps8 only with kRegSoftmax (12, 13); kGradMma
+  // alone or with kRows64 (16, 17).
+  return i < -1 || i > 17 || (i > 5 && i < 12) || (i > 13 && i < 16);
 }
 
 cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVariant variant,
@@ -222,7 +225,22 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
   }
   const int64_t budget = std::min<int64_t>(
       info.smem_optin, p->row_tile == kRowTile64 ? kSmemTarget64 : kSmemTarget);
-  if (!p->reg && !ChooseChunks(pass, k, budget, p)) {
+  // kGradMma: the codes gradient's second product on the mma engine where
+  // it applies (a TF32 engine, kp <= kRegMaxK so that G fits the registers,
+  // one column stage within the budget); otherwise the same call runs the
+  // v2 split kernel. G is not in shared memory: the smaller formula.
+  const bool grad_mma_wanted = pass == Pass::kCodesGrad &&
+                               (v & static_cast<int>(KernelVariant::kGradMma)) != 0;
+  if (grad_mma_wanted && p->math != detail::kMathFp32 && kp_reg <= detail::kRegMaxK &&
+      detail::CodesGradMmaSmemFloats(p->row_tile, static_cast<int>(kp_reg)) * 4 <= budget) {
+    p->grad_mma = true;
+    p->kp = kp_reg;
+    p->kc = static_cast<int>(kp_reg);
+    p->nchunks = 1;
+    p->acc_in_smem = false;
+    p->smem_bytes = detail::CodesGradMmaSmemFloats(p->row_tile, p->kc) * 4;
+  }
+  if (!p->reg && !p->grad_mma && !ChooseChunks(pass, k, budget, p)) {
     // A long code that leaves no room for 8 columns of the 64-row tile
     // still runs on the 16-row tile.
     if (p->row_tile == kRowTile) return cudaErrorInvalidValue;
@@ -231,7 +249,7 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
       return cudaErrorInvalidValue;
     }
   }
-  if (!p->reg) {
+  if (!p->reg && !p->grad_mma) {
     p->smem_bytes = SplitSmemFloats(pass, p->row_tile, p->fold, p->kc, k, p->acc_in_smem) * 4;
   }
 
@@ -439,6 +457,13 @@ cudaError_t LaunchForwardSplit(const Plan& p, const detail::ForwardSplitArgs& a,
 template <int kMath>
 cudaError_t LaunchCodesGradSplit(const Plan& p, const detail::CodesGradArgs& a,
                                  cudaStream_t stream) {
+  if constexpr (kMath != detail::kMathFp32) {
+    if (p.grad_mma) {
+      return p.row_tile == kRowTile64
+                 ? LaunchSplit(detail::CodesGradMmaKernel<kMath, kRowTile64>, p, a, stream)
+                 : LaunchSplit(detail::CodesGradMmaKernel<kMath, kRowTile>, p, a, stream);
+    }
+  }
   return p.row_tile == kRowTile64
              ? LaunchSplit(detail::CodesGradSplitKernel<kMath, kRowTile64>, p, a, stream)
              : LaunchSplit(detail::CodesGradSplitKernel<kMath, kRowTile>, p, a, stream);

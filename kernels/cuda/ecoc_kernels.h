@@ -82,6 +82,15 @@ enum class MathMode : int { kFp32 = 0, k3xTf32 = 1, kTf32 = 2 };
 //               each 64-class tile per warp; 64-row tiles: 4 x 16 rows x 2 x
 //               32 classes), the warps' states merged in the block. Where
 //               kRegSoftmax does not apply, the same fallback as without it.
+//   kGradMma:   the codes gradient only (16; with kRows64 17; other
+//               combinations are invalid): its second product G += W^T U
+//               on mma.m16n8k8 (3xTF32 split in 3xTF32 mode, one TF32
+//               product in TF32 mode) with G in registers, G -= colsum(W) M
+//               per batch tile in FP32. Applies in the TF32 math modes on
+//               sm_80+ with k <= 128 (one column stage); elsewhere the
+//               gradient runs as kV2 (or kRows64). The forward, rank and
+//               nearest passes run kGradMma as kV2 (17 as kRows64).
+//               Not chosen by kAuto (not yet timed on a GPU).
 //   kAuto:      the default of every params struct: the pass picks one of
 //               the variants above from its shape, math mode and the
 //               device's compute capability (ResolveVariant below), by a
@@ -98,6 +107,8 @@ enum class KernelVariant : int {
   kWarps8 = 8,
   kRegSoftmaxWarps8 = 12,
   kRows64RegSoftmaxWarps8 = 13,
+  kGradMma = 16,
+  kRows64GradMma = 17,
 };
 
 // The passes, for ResolveVariant.
@@ -160,7 +171,8 @@ struct CodesGradParams {
   const float* scale_ptr = nullptr;  // as in ForwardParams
   MathMode math = MathMode::k3xTf32;
   // kRows64 (and kRows64RegSoftmax): 64-row batch tiles where the batch has
-  // more than 16 rows; the other bits have no effect here.
+  // more than 16 rows; kGradMma: the second product on the mma engine
+  // (see KernelVariant); the other bits have no effect here.
   KernelVariant variant = KernelVariant::kAuto;
   const float* lse = nullptr;        // [batch]
   const float* grad_loss = nullptr;  // [batch]

@@ -8,7 +8,9 @@
 //   build/ecoc_harness [--check-only | --bench-only | --grid | --small |
 //                       --smem-limit | --profile] [--quick] [--math fp32|3xtf32|tf32]
 //                      [--variant v2|rows64|foldnorms|rows64+foldnorms|regsoftmax|
-//                                 rows64+regsoftmax|auto|all]
+//                                 rows64+regsoftmax|regsoftmax+warps8|
+//                                 rows64+regsoftmax+warps8|gradmma|rows64+gradmma|
+//                                 auto|all]
 //                      [--auto-table]
 // (add -Xcompiler -fopenmp to spread the host reference of --grid over cores)
 // (one command; "-x cu" is needed because nvcc would hand a .cc file to the
@@ -141,6 +143,8 @@ constexpr VariantName kVariants[] = {
     {KernelVariant::kRows64RegSoftmax, "rows64+regsoftmax"},
     {KernelVariant::kRegSoftmaxWarps8, "regsoftmax+warps8"},
     {KernelVariant::kRows64RegSoftmaxWarps8, "rows64+regsoftmax+warps8"},
+    {KernelVariant::kGradMma, "gradmma"},
+    {KernelVariant::kRows64GradMma, "rows64+gradmma"},
     // The default of the params structs: each pass resolves it
     // (keras_ecoc::cuda::ResolveVariant) from its shape, math mode and the
     // device's compute capability.
@@ -508,6 +512,10 @@ struct Case {
   bool nan_row = false;   // row 1 of z gets a NaN
   bool zero_row = false;  // row 2 of z is all zeros (norm below epsilon)
   bool tie = false;       // codes row 7 duplicates row 3, z row 0 = 2 * M_3
+  // Unit-norm codes and every z row within ~1e-3 of its label's codeword
+  // (late training: u_b ~ M_{y_b}, p_{b, y_b} ~ 1 at a large scale), where
+  // the codes gradient's terms w (u - M) cancel.
+  bool near = false;
 };
 
 void RunCase(const Case& c, FloatType z_type, IndexType label_type, uint64_t seed) {
@@ -519,6 +527,20 @@ void RunCase(const Case& c, FloatType z_type, IndexType label_type, uint64_t see
   for (auto& v : z_values) v = static_cast<float>(rng.Normal());
   for (auto& y : labels) y = rng.Below(n);
   for (auto& g : grad_loss) g = static_cast<float>(2.0 * rng.Uniform() - 1.0);
+  if (c.near && k > 0) {
+    for (int64_t i = 0; i < n; ++i) {
+      double sq = 0.0;
+      for (int64_t j = 0; j < k; ++j) sq += double(codes[i * k + j]) * codes[i * k + j];
+      const double inv = sq > 0.0 ? 1.0 / std::sqrt(sq) : 0.0;
+      for (int64_t j = 0; j < k; ++j) codes[i * k + j] = static_cast<float>(codes[i * k + j] * inv);
+    }
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t j = 0; j < k; ++j) {
+        z_values[b * k + j] = static_cast<float>(codes[labels[b] * k + j] +
+                                                 1e-3 / std::sqrt(double(k)) * rng.Normal());
+      }
+    }
+  }
   if (c.tie && n > 7 && B > 0) {
     for (int64_t j = 0; j < k; ++j) codes[7 * k + j] = codes[3 * k + j];
     for (int64_t j = 0; j < k; ++j) z_values[j] = 2.0f * codes[3 * k + j];
@@ -580,7 +602,19 @@ void RunCase(const Case& c, FloatType z_type, IndexType label_type, uint64_t see
   CompareFloat(p + " lse", d_lse.Download(), ref.lse, tol);
   CompareFloat(p + " expected_code", d_ecode.Download(), ref.expected_code, tol);
   CompareFloat(p + " expected_sqnorm", d_esq.Download(), ref.expected_sqnorm, tol);
-  CompareFloat(p + " grad_codes", d_grad.Download(), ref.grad_codes, tol);
+  const std::vector<float> grad = d_grad.Download();
+  CompareFloat(p + " grad_codes", grad, ref.grad_codes, tol);
+  if (c.near) {
+    // The gradient is small here (p ~ 1): the checks' error, relative to
+    // max(1, max |ref|), says little; this one is relative to max |ref|.
+    double max_abs = 0.0, max_ref = 0.0;
+    for (size_t i = 0; i < grad.size(); ++i) {
+      max_abs = std::max(max_abs, std::fabs(double(grad[i]) - ref.grad_codes[i]));
+      max_ref = std::max(max_ref, std::fabs(ref.grad_codes[i]));
+    }
+    std::printf("NEAR %s grad_codes: max |ref| %.3e, max abs err %.3e, err / max |ref| %.3e\n",
+                p.c_str(), max_ref, max_abs, max_ref > 0.0 ? max_abs / max_ref : 0.0);
+  }
 
   // rank / index: exact where the float64 ordering is unambiguous; classes
   // whose distance is within float32 rounding of the reference boundary may
@@ -948,6 +982,71 @@ void RunRegSoftmaxWarps8(bool quick) {
   g_variant = KernelVariant::kV2;
 }
 
+// The codes gradient's mma second product (kGradMma, 16- and 64-row tiles)
+// in every math mode against float64 (FP32 runs the fallback): B = 1, 7, 16,
+// 33, 129, 256 (one or several batch tiles per split, partial ones) x k = 1,
+// 31, 32, 128 (1 to 4 column tiles per warp, a partial 8-column tile) x
+// n = 1, 33, 1000 (a partial class tile; many class tiles, or many batch
+// splits and the combine at small n), NaN rows and ties on every other
+// shape. Then the near-codeword case (Case::near: rows on their codewords,
+// s = 30, where W^T U - colsum M cancels) with and without the bit, so that
+// the per-mode error table compares the expanded form with the difference
+// form of CodesGradSplitKernel. --quick (the CPU emulator's): three shapes
+// in 3xTF32, one in TF32, and the near case.
+void RunGradMma(bool quick) {
+  struct Shape {
+    int64_t B, k, n;
+  };
+  std::vector<Shape> all;
+  for (int64_t B : {1, 7, 16, 33, 129, 256}) {
+    for (int64_t k : {1, 31, 32, 128}) {
+      for (int64_t n : {1, 33, 1000}) all.push_back({B, k, n});
+    }
+  }
+  const std::vector<Shape> few = {{129, 128, 40}, {33, 31, 33}, {1, 1, 1}};
+  uint64_t seed = 161600;
+  for (KernelVariant v : {KernelVariant::kGradMma, KernelVariant::kRows64GradMma}) {
+    g_variant = v;
+    for (MathMode math : {MathMode::k3xTf32, MathMode::kTf32, MathMode::kFp32}) {
+      g_math = math;
+      if (quick && math == MathMode::kFp32) continue;
+      const std::vector<Shape>& shapes = quick ? few : all;
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        if (quick && math == MathMode::kTf32 && i > 0) continue;
+        const Shape& sh = shapes[i];
+        const bool rules = sh.B > 2;
+        const bool alt = math == MathMode::k3xTf32 && i % 4 == 1;
+        // NaN rows on the odd shapes only: a NaN row makes every entry of
+        // grad_codes NaN, and the first shape is the one --quick times.
+        RunCase({"gradmma", sh.B, sh.n, sh.k, 8.0f, rules && i % 2 == 1, rules,
+                 rules && sh.k >= 16},
+                alt ? FloatType::kBFloat16 : FloatType::kFloat32,
+                alt ? IndexType::kInt64 : IndexType::kInt32, seed++);
+      }
+    }
+  }
+  // Near codewords: the same inputs (same seed) under each variant and mode,
+  // at s = 8 (p_y ~ 0.99: the own-class terms w (u - M_y) still count) and
+  // s = 30 (p_y ~ 1 - 1e-12: everything is small). The NEAR lines give the
+  // error relative to the gradient's own size. --quick: s = 8 only (s = 30
+  // measured the same error for both forms; README).
+  for (float s : {8.0f, 30.0f}) {
+    if (quick && s != 8.0f) continue;
+    Case near{"gradmma near", quick ? 129 : 1024, 40, 128, s};
+    near.near = true;
+    for (KernelVariant v : {KernelVariant::kV2, KernelVariant::kRows64, KernelVariant::kGradMma,
+                            KernelVariant::kRows64GradMma}) {
+      g_variant = v;
+      for (MathMode math : {MathMode::k3xTf32, MathMode::kTf32}) {
+        g_math = math;
+        RunCase(near, FloatType::kFloat32, IndexType::kInt32, 161699);
+      }
+    }
+  }
+  g_math = MathMode::k3xTf32;
+  g_variant = KernelVariant::kV2;
+}
+
 void RunChecks(int sms, bool quick) {
   // Shapes chosen to hit every launch variant of the split kernels on this
   // device: B and n not multiples of the tiles (16 rows, 32 classes); k = 0
@@ -1023,6 +1122,7 @@ void RunChecks(int sms, bool quick) {
   RunVariants(quick);
   RunRegSoftmax(quick);
   RunRegSoftmaxWarps8(quick);
+  RunGradMma(quick);
   RunAuto(quick);
 }
 
@@ -1582,6 +1682,12 @@ void RunProfile() {
     d_z.Upload(z);
     d_labels.Upload(labels);
     for (KernelVariant v : g_bench_variants) {
+      // kGradMma changes the codes gradient only: its forward is v2's (or
+      // rows64's), profiled already.
+      if (v != KernelVariant::kAuto &&
+          (static_cast<int>(v) & static_cast<int>(KernelVariant::kGradMma)) != 0) {
+        continue;
+      }
       g_variant = v;
       CUDA_OK(Forward(d_z.ptr, FloatType::kFloat32, d_codes.ptr, d_labels.ptr,
                       IndexType::kInt32, 10.0f, kEpsilon, c.B, c.n, c.k, d_loss.ptr,
@@ -1629,7 +1735,8 @@ const char kUsage[] =
     "          [--quick]\n"
     "          [--math fp32|3xtf32|tf32]\n"
     "          [--variant v2|rows64|foldnorms|rows64+foldnorms|regsoftmax|rows64+regsoftmax|\n"
-    "                     auto|all] [--auto-table]\n"
+    "                     regsoftmax+warps8|rows64+regsoftmax+warps8|gradmma|\n"
+    "                     rows64+gradmma|auto|all] [--auto-table]\n"
     "  (default)      the checks, then the benchmark table\n"
     "  --check-only   the checks over odd shapes and dtypes (--quick: the smallest shapes\n"
     "                 that reach every launch variant, for the CPU emulator)\n"
@@ -1637,7 +1744,8 @@ const char kUsage[] =
     "  --grid         B in {1,7,16,256} x k in {1,31,128,1000} x n in {1,33,1e4,1e6}\n"
     "  --math MODE    fp32 | 3xtf32 | tf32: the loss passes' mode in --grid / --small\n"
     "                 (default 3xtf32; the checks run every mode, the timings all three)\n"
-    "  --variant V    launch variant of the forward / rank / nearest passes in --grid,\n"
+    "  --variant V    launch variant of the four passes in --grid (gradmma: the codes\n"
+    "                 gradient's; the others run it as v2 / rows64),\n"
     "                 --small and --bench-only (default v2; `auto`: what the params\n"
     "                 structs default to, resolved per pass and shape; `all`: --bench-only\n"
     "                 times every variant side by side, auto's table naming what it ran;\n"
@@ -1693,7 +1801,8 @@ int main(int argc, char** argv) {
       if (g_bench_variants.empty()) {
         std::fprintf(stderr,
                      "--variant must be v2, rows64, foldnorms, rows64+foldnorms, regsoftmax, "
-                     "rows64+regsoftmax, auto or all; got %s\n",
+                     "rows64+regsoftmax, regsoftmax+warps8, rows64+regsoftmax+warps8, "
+                     "gradmma, rows64+gradmma, auto or all; got %s\n",
                      v);
         return 3;
       }

@@ -1,0 +1,238 @@
+// Codes-gradient split kernel of the kGradMma variants: the second product
+// on the mma engine, G held in registers.
+//
+// Same grid, batch splits, logit recomputation, w and output layout as
+// CodesGradSplitKernel (ecoc_codes_grad.cuh); what differs is the sum
+//   G_c = sum_r w_rc (u_r - M_c)
+// of a class tile (32 classes) over the BT-row batch tiles of the split.
+// It runs in the expanded form
+//   G (32 x kp) += W^T (32 x BT) . U (BT x kp)   on mma.m16n8k8,
+//   G_c -= (sum_r w_rc) M_c                       in FP32, per batch tile,
+// so the cancellation of the two terms (rows sitting on their codewords)
+// is bounded by one tile's sum, not the split's.
+//  * Warp layout: the kp / 8 n8 column tiles of G are dealt round-robin to
+//    the 4 warps (warp w owns tiles w, w + 4, ...; at most kRegMaxK / 32 = 4
+//    each), every warp covers both m16 tiles of 16 classes: 2 x 4 x 4 = 32
+//    accumulator floats per thread at kp = 128, in registers across the
+//    batch tiles of the split.
+//  * Fragments: A = W^T (class g / g + 8 of the m-tile, batch row t / t + 4
+//    of the k8 step) read from W_s[row][class]; B = U (row t / t + 4,
+//    column g of the n8 tile) read from the staged u tile. 3xTF32 splits
+//    both operands (small products first, as MmaEngine); plain TF32 runs one
+//    product.
+//  * Column sums: each thread sums w over its RW rows of class `lane` while
+//    it writes them; the 4 warps' partials go through shared memory and are
+//    added in warp order (fixed order, no atomics).
+//  * Only the one-stage plan (nchunks == 1, kp <= kRegMaxK) runs here; the
+//    launcher falls back to CodesGradSplitKernel elsewhere (MakePlan).
+#ifndef KERAS_ECOC_KERNELS_CUDA_ECOC_CODES_GRAD_MMA_CUH_
+#define KERAS_ECOC_KERNELS_CUDA_ECOC_CODES_GRAD_MMA_CUH_
+
+#include <cstdint>
+
+#include "ecoc_codes_grad.cuh"
+#include "ecoc_common.cuh"
+#include "ecoc_engine.cuh"
+#include "ecoc_forward_reg.cuh"
+
+namespace keras_ecoc {
+namespace cuda {
+namespace detail {
+
+// n8 column tiles of G per warp at most (kp <= kRegMaxK).
+constexpr int kGradMmaTilesPerWarp = kRegMaxK / 8 / kWarps;
+
+// Shared-memory floats of CodesGradMmaKernel: the double-buffered u and
+// code tiles at the engine's pitch kp + 4, the w tile, and the warps'
+// partial column sums (no G: it lives in registers).
+__host__ __device__ constexpr int64_t CodesGradMmaSmemFloats(int bt, int kp) {
+  return 2 * int64_t{bt + kClassTile} * TilePitch(kp) + int64_t{bt} * kSPitch +
+         kWarps * kClassTile;
+}
+
+template <int kMath, int BT>
+__global__ void __launch_bounds__(kThreads) CodesGradMmaKernel(CodesGradArgs a) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  extern __shared__ __align__(16) float smem[];
+  using Engine = typename EngineFor<kMath, BT>::type;
+  constexpr bool kSplit = kMath == kMath3xTf32;
+  constexpr int CT = kClassTile;
+  constexpr int RW = BT / kWarps;
+  constexpr int NJ = kGradMmaTilesPerWarp;
+  static_assert(CT == 32, "two m16 tiles of classes");
+  static_assert(BT % 8 == 0, "k8 steps over the batch rows");
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const int kp = a.kc;  // one stage holds the whole padded row
+  const int pitch = TilePitch(kp);
+  const int kn = kp / 8;
+  const int stage_floats = (BT + CT) * pitch;
+  float* W_s = smem + 2 * stage_floats;
+  float* cs_s = W_s + BT * kSPitch;  // [kWarps][CT] partial column sums
+
+  const int64_t k = a.code_length;
+  const float scale = ReadScale(a.scale_ptr, a.scale);
+  const int64_t c0 = int64_t{blockIdx.x} * CT;
+  const int split = blockIdx.y;
+  const int nvalid = static_cast<int>(a.num_classes - c0 < CT ? a.num_classes - c0 : CT);
+  const int64_t t_begin = split * a.batch_tiles / a.splits;
+  const int64_t t_end = (split + 1) * a.batch_tiles / a.splits;
+  const int64_t ntiles = t_end - t_begin;
+
+  // acc[mt][jw]: classes mt*16 + g (+ 8), columns (warp + 4*jw)*8 + 2t (+ 1).
+  float acc[2][NJ][4];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+    for (int jw = 0; jw < NJ; ++jw) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][jw][e] = 0.0f;
+    }
+  }
+
+  Engine engine;
+  engine.Init();
+  if (ntiles > 0) {
+    StageTile(smem, pitch, a.u, a.kp, t_begin * BT, a.batch, BT, 0, kp, a.kp, true);
+    StageTile(smem + BT * pitch, pitch, a.codes, k, c0, a.num_classes, CT, 0, kp, k,
+              a.codes_vec);
+    ptx::cp_async_commit();
+  }
+  for (int64_t q = 0; q < ntiles; ++q) {
+    float* cur = smem + (q & 1) * stage_floats;
+    if (q + 1 < ntiles) {
+      float* nxt = smem + ((q + 1) & 1) * stage_floats;
+      StageTile(nxt, pitch, a.u, a.kp, (t_begin + q + 1) * BT, a.batch, BT, 0, kp, a.kp, true);
+      StageTile(nxt + BT * pitch, pitch, a.codes, k, c0, a.num_classes, CT, 0, kp, k,
+                a.codes_vec);
+      ptx::cp_async_commit();
+      ptx::cp_async_wait<1>();
+    } else {
+      ptx::cp_async_wait<0>();
+    }
+    __syncthreads();
+
+    engine.Init();
+    engine.Step(cur, cur + BT * pitch, pitch, kp);
+    const int64_t b0 = (t_begin + q) * BT;
+    const int rows_valid = static_cast<int>(a.batch - b0 < BT ? a.batch - b0 : BT);
+    engine.Store(W_s);
+    __syncthreads();
+    {
+      const int64_t c = c0 + lane;
+      const bool cvalid = c < a.num_classes;
+      const float ct = cvalid ? a.ct[c] : 0.0f;
+      float cs = 0.0f;
+#pragma unroll
+      for (int i = 0; i < RW; ++i) {
+        const int r = warp * RW + i;
+        const int64_t b = b0 + r;
+        float w = 0.0f;
+        if (cvalid && r < rows_valid) {
+          const float x = Logit(W_s[r * kSPitch + lane], scale, ct, a.rowc[b]);
+          const float p = expf(x - a.lse[b]);
+          const int64_t y = LoadLabel(a.labels, a.labels_int64, b);
+          w = a.grad_loss[b] * (p - (y == c ? 1.0f : 0.0f));
+        }
+        W_s[r * kSPitch + lane] = w;
+        cs += w;
+      }
+      cs_s[warp * CT + lane] = cs;
+    }
+    // Every w and partial column sum of the tile is written before any
+    // warp reads the whole tile.
+    __syncthreads();  // [barrier-mutation-test]
+
+    // Column sums of the thread's four classes (mt*16 + g + 8h), warps in
+    // increasing order.
+    float csum[2][2];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int cl = mt * 16 + g + 8 * h;
+        float s = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) s += cs_s[w * CT + cl];
+        csum[mt][h] = s;
+      }
+    }
+
+    // G += W^T U over the tile's BT rows (rows past the batch: w = 0 and a
+    // zero-filled u row).
+    const float* ub = cur + t * pitch + g;
+#pragma unroll
+    for (int ks = 0; ks < BT; ks += 8) {
+      uint32_t ab[2][4], as[2][4];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        const float* wa = W_s + (ks + t) * kSPitch + mt * 16 + g;
+        const float av[4] = {wa[0], wa[8], wa[4 * kSPitch], wa[4 * kSPitch + 8]};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) SplitTf32(av[e], &ab[mt][e], &as[mt][e]);
+      }
+#pragma unroll
+      for (int jw = 0; jw < NJ; ++jw) {
+        const int jn = warp + kWarps * jw;
+        if (jn < kn) {
+          uint32_t bb[2], bs[2];
+          SplitTf32(ub[ks * pitch + jn * 8], &bb[0], &bs[0]);
+          SplitTf32(ub[(ks + 4) * pitch + jn * 8], &bb[1], &bs[1]);
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) MmaMode<kSplit>(acc[mt][jw], ab[mt], as[mt], bb, bs);
+        }
+      }
+    }
+    // G_c -= (sum_r w_rc) M_c for the tile (the code tile is zero past k
+    // and past the class count).
+    const float* mtile = cur + BT * pitch;
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+      for (int jw = 0; jw < NJ; ++jw) {
+        const int jn = warp + kWarps * jw;
+        if (jn < kn) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int h = e / 2;
+            const int cl = mt * 16 + g + 8 * h;
+            const int j = jn * 8 + 2 * t + (e & 1);
+            acc[mt][jw][e] = fmaf(-csum[mt][h], mtile[cl * pitch + j], acc[mt][jw][e]);
+          }
+        }
+      }
+    }
+    __syncthreads();  // buffer q & 1, W_s and cs_s are free for the next tile
+  }
+
+  // splits == 1: s * G into grad_codes; else the unscaled G into the
+  // workspace slot of the split (the same layout as CodesGradSplitKernel).
+  const bool final = a.splits == 1;
+  float* slot = a.out + (int64_t{split} * a.num_classes + c0) * k;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+    for (int jw = 0; jw < NJ; ++jw) {
+      const int jn = warp + kWarps * jw;
+      if (jn < kn) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int cl = mt * 16 + g + 8 * (e / 2);
+          const int64_t j = jn * 8 + 2 * t + (e & 1);
+          if (cl < nvalid && j < k) {
+            slot[cl * k + j] = final ? scale * acc[mt][jw][e] : acc[mt][jw][e];
+          }
+        }
+      }
+    }
+  }
+#endif
+}
+
+}  // namespace detail
+}  // namespace cuda
+}  // namespace keras_ecoc
+
+#endif  // KERAS_ECOC_KERNELS_CUDA_ECOC_CODES_GRAD_MMA_CUH_
