@@ -258,3 +258,31 @@ def test_stored_omniglot_audit_reproduces_the_summaries_and_the_docs_claims():
     assert stored["family_size"] == result["family_size"]
     np.testing.assert_allclose([r["p_holm"] for r in stored["rows"]],
                                [r["p_holm"] for r in result["rows"]], rtol=1e-9)
+
+
+@pytest.mark.parametrize("folder, family, claims", [
+    # (experiment, batch, label, metric, points on the page) against the
+    # borrowed spectral_norm runs: docs/results/e1_controls.md and
+    # e4_e6_controls.md, the random and thresholded heads.
+    ("e1_random", 60, [("e1_random_b16_10seeds", 16, "gaussian_norm", "test_accuracy", -14.5),
+                       ("e1_random_b16_10seeds", 16, "dense_random", "auc", -27.1),
+                       ("e1_random_b16_10seeds", 16, "spectral_zero", "test_accuracy", -4.4),
+                       ("e1_random_b128", 128, "spectral_median", "test_accuracy", -5.2)]),
+    ("e4_random", 24, [("e4_random_same_b16", 16, "gaussian_norm", "test_accuracy", -10.7),
+                       ("e4_random_same_b128", 128, "dense_random", "auc", -13.4)]),
+])
+def test_stored_random_head_audits_reproduce_their_files_and_the_docs_claims(folder, family, claims):
+    path = os.path.join(ROOT, "docs", "results", "omniglot_controls", folder)
+    result = audit.audit(path)
+    assert result["mismatches"] == []
+    assert result["family_size"] == family
+    rows = {(r["experiment"], r["batch_size"], r["label"], r["reference"], r["metric"]): r
+            for r in result["rows"]}
+    for experiment, batch, label, metric, points in claims:
+        row = rows[(experiment, batch, label, "spectral_norm", metric)]
+        assert 100 * row["mean"] == pytest.approx(points, abs=0.06)
+        assert row["p_holm"] < 0.05
+    with open(os.path.join(path, "audit.json")) as f:
+        stored = json.load(f)
+    np.testing.assert_allclose([r["p_holm"] for r in stored["rows"]],
+                               [r["p_holm"] for r in result["rows"]], rtol=1e-9)
