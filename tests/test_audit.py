@@ -165,11 +165,11 @@ def test_audit_borrows_every_reference_head_for_a_spectral_only_grid(tmp_path):
 
 
 def test_audit_compares_a_random_heads_grid_with_the_borrowed_one_hot_and_spectral_heads(tmp_path):
-    # The E1 replicate's random/thresholded grid: Gaussian and thresholded
-    # heads alone, paired by seed with the one-hot and learnable-scale
-    # spectral_norm runs of the same folder. A fixed-scale spectral_norm and
-    # a learnable-scale spectral_raw head on the same seeds must not be the
-    # spectral reference.
+    # The E1 replicate's random/thresholded grid: Gaussian, thresholded and
+    # raw-row spectral heads alone, paired by seed with the one-hot and
+    # learnable-scale spectral_norm runs of the same folder. Neither a
+    # fixed-scale spectral_norm nor the spectral_raw head (same encoding,
+    # same seeds) may be the spectral reference.
     rng = np.random.default_rng(3)
     seeds = range(6)
     one_hot_test = rng.uniform(0.6, 0.7, 6)
@@ -183,7 +183,7 @@ def test_audit_compares_a_random_heads_grid_with_the_borrowed_one_hot_and_spectr
         "one_hot": ("one_hot", False, None, "e1_controls"),
         "spectral_norm": ("spectral", True, True, "e1_controls"),
         "spectral_norm_fixed": ("spectral", False, True, "e5_controls"),
-        "spectral_raw": ("spectral", True, False, None),
+        "spectral_raw": ("spectral", True, False, "e1_random"),
         "gaussian_norm": ("gaussian", True, True, "e1_random"),
         "spectral_zero": ("spectral_zero", True, None, "e1_random")}
     finals, records, experiments, curves = {}, [], {}, {}
@@ -210,7 +210,7 @@ def test_audit_compares_a_random_heads_grid_with_the_borrowed_one_hot_and_spectr
         hits = [[10 * i for i, a in enumerate(c) if a >= target] for c in curves[name]]
         return np.asarray([h[0] if h else 40 for h in hits], dtype=np.float64)
 
-    for label in ("gaussian_norm", "spectral_zero"):
+    for label in ("gaussian_norm", "spectral_zero", "spectral_raw"):
         for reference in ("one_hot", "spectral_norm"):
             row = rows[(label, reference, "test_accuracy")]
             assert row["n"] == 6
@@ -223,9 +223,9 @@ def test_audit_compares_a_random_heads_grid_with_the_borrowed_one_hot_and_spectr
                 float(np.mean(expected_steps)))
         assert rows[(label, "spectral_norm", "auc")]["borrowed"] == ["spectral_norm"]
         assert rows[(label, "one_hot", "auc")]["borrowed"] == ["one_hot"]
-    # 2 heads against one-hot and against spectral, 3 metrics each; the
+    # 3 heads against one-hot and against spectral, 3 metrics each; the
     # spectral_norm runs are references only, not a row of this grid.
-    assert len(rows) == 2 * 2 * 3
+    assert len(rows) == 3 * 2 * 3
     assert not any(k[0] in ("one_hot", "spectral_norm") for k in rows)
 
 

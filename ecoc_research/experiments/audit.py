@@ -17,8 +17,8 @@ lacked:
   imprinted head itself (E5, E6), its runs come from another experiment with
   the same pairing settings (variant, classes, optimizer, batch, budget, data
   and pretraining): same seed = same fc7 initialisation and batch order.
-- a group that trained random or thresholded heads alone (the E1
-  replicate's second grid) borrows the one-hot and the normalised spectral
+- a group that trained random, thresholded or raw-row heads alone (the
+  E1 replicate's second grid) borrows the one-hot and the normalised spectral
   runs of the same folder with the same pairing settings and adds, besides
   each head against one-hot, each head against the spectral head.
 - a group that trained the spectral head alone (the E1 control grid, run on
@@ -58,11 +58,12 @@ SPECTRAL = "spectral_norm"
 ROUNDING_TOLERANCE = 1e-4
 IMPRINTED = "one_hot_imprinted"
 IMPRINTED_PRETRAINED = "one_hot_imprinted_pretrained"
-# Heads whose code is random or a thresholded spectral code: a grid of these
-# alone is compared with the folder's one-hot and spectral_norm runs.
-RANDOM_OR_THRESHOLDED = frozenset({
+# Heads whose code is random, a thresholded spectral code or the spectral code
+# with raw (unequal-norm) rows: a grid of these alone is compared with the
+# folder's one-hot and spectral_norm runs.
+OTHER_CODES = frozenset({
     "gaussian_norm", "gaussian_raw", "dense_random", "spectral_zero",
-    "spectral_median"})
+    "spectral_median", "spectral_raw"})
 
 
 def load_runs(folder):
@@ -142,9 +143,9 @@ def _rows_of_group(name, runs_of_group, all_runs, several):
                                            "settings)")
     against_spectral = None
     if ("one_hot" not in by_label and SPECTRAL not in by_label
-            and set(by_label) <= RANDOM_OR_THRESHOLDED):
-        # A grid of random or thresholded heads alone (the E1 replicate's
-        # second grid): its references are the one-hot and the normalised
+            and set(by_label) <= OTHER_CODES):
+        # A grid of random, thresholded or raw-row heads alone (the E1
+        # replicate's second grid): its references are the one-hot and the normalised
         # spectral heads already trained in this folder on the same
         # backbone, seeds and scale setting. The spectral rows answer "does
         # the data-based code beat the random (thresholded) one?" directly.
