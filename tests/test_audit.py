@@ -164,6 +164,71 @@ def test_audit_borrows_every_reference_head_for_a_spectral_only_grid(tmp_path):
     assert len(e1_rows) == (3 + 2) * 3
 
 
+def test_audit_compares_a_random_heads_grid_with_the_borrowed_one_hot_and_spectral_heads(tmp_path):
+    # The E1 replicate's random/thresholded grid: Gaussian, thresholded and
+    # raw-row spectral heads alone, paired by seed with the one-hot and
+    # learnable-scale spectral_norm runs of the same folder. Neither a
+    # fixed-scale spectral_norm nor the spectral_raw head (same encoding,
+    # same seeds) may be the spectral reference.
+    rng = np.random.default_rng(3)
+    seeds = range(6)
+    one_hot_test = rng.uniform(0.6, 0.7, 6)
+    tests = {"one_hot": one_hot_test,
+             "spectral_norm": one_hot_test + rng.normal(-0.02, 0.01, 6),
+             "spectral_norm_fixed": one_hot_test + rng.normal(0.05, 0.01, 6),
+             "spectral_raw": one_hot_test + rng.normal(-0.3, 0.01, 6),
+             "gaussian_norm": one_hot_test + rng.normal(-0.2, 0.02, 6),
+             "spectral_zero": one_hot_test + rng.normal(-0.08, 0.02, 6)}
+    heads = {  # label: (encoding, learnable scale, normalize_rows, experiment)
+        "one_hot": ("one_hot", False, None, "e1_controls"),
+        "spectral_norm": ("spectral", True, True, "e1_controls"),
+        "spectral_norm_fixed": ("spectral", False, True, "e5_controls"),
+        "spectral_raw": ("spectral", True, False, "e1_random"),
+        "gaussian_norm": ("gaussian", True, True, "e1_random"),
+        "spectral_zero": ("spectral_zero", True, None, "e1_random")}
+    finals, records, experiments, curves = {}, [], {}, {}
+    for s in seeds:
+        for name, (enc, learnable, rows_on, experiment) in heads.items():
+            curve = np.clip(np.linspace(0.1, tests[name][s], 5)
+                            + rng.normal(0, 0.01, 5), 0, 1)
+            finals.setdefault(name, []).append(curve[-1])
+            curves.setdefault(name, []).append(curve)
+            key = f"{name}-{s}"
+            record = _record(key, enc, name.replace("_fixed", ""), s, curve.tolist(),
+                             float(tests[name][s]), learnable=learnable)
+            record["spec"]["normalize_rows"] = rows_on
+            records.append(record)
+            if experiment is not None:
+                experiments.setdefault(experiment, []).append(key)
+    _write(tmp_path, records, experiments)
+    result = audit.audit(str(tmp_path))
+    rows = {(r["label"], r["reference"], r["metric"]): r for r in result["rows"]
+            if r["experiment"] == "e1_random"}
+    target = 0.9 * float(np.mean(finals["one_hot"]))
+
+    def steps(name):
+        hits = [[10 * i for i, a in enumerate(c) if a >= target] for c in curves[name]]
+        return np.asarray([h[0] if h else 40 for h in hits], dtype=np.float64)
+
+    for label in ("gaussian_norm", "spectral_zero", "spectral_raw"):
+        for reference in ("one_hot", "spectral_norm"):
+            row = rows[(label, reference, "test_accuracy")]
+            assert row["n"] == 6
+            assert row["mean"] == pytest.approx(
+                float(np.mean(tests[label] - tests[reference])))
+            assert row["p"] == pytest.approx(
+                sps.ttest_rel(tests[label], tests[reference]).pvalue, rel=1e-9)
+            expected_steps = steps(label) - steps(reference)
+            assert rows[(label, reference, "steps_to_target")]["mean"] == pytest.approx(
+                float(np.mean(expected_steps)))
+        assert rows[(label, "spectral_norm", "auc")]["borrowed"] == ["spectral_norm"]
+        assert rows[(label, "one_hot", "auc")]["borrowed"] == ["one_hot"]
+    # 3 heads against one-hot and against spectral, 3 metrics each; the
+    # spectral_norm runs are references only, not a row of this grid.
+    assert len(rows) == 3 * 2 * 3
+    assert not any(k[0] in ("one_hot", "spectral_norm") for k in rows)
+
+
 def test_audit_cli_refuses_a_folder_without_runs(tmp_path, capsys):
     with pytest.raises(SystemExit) as error:
         audit.main([str(tmp_path)])
@@ -191,5 +256,34 @@ def test_stored_omniglot_audit_reproduces_the_summaries_and_the_docs_claims():
     with open(os.path.join(STORED, "audit.json")) as f:
         stored = json.load(f)
     assert stored["family_size"] == result["family_size"]
+    np.testing.assert_allclose([r["p_holm"] for r in stored["rows"]],
+                               [r["p_holm"] for r in result["rows"]], rtol=1e-9)
+
+
+@pytest.mark.parametrize("folder, family, claims", [
+    # (experiment, batch, label, metric, points on the page) against the
+    # borrowed spectral_norm runs: docs/results/e1_controls.md and
+    # e4_e6_controls.md, the random and thresholded heads.
+    ("e1_random", 72, [("e1_random_b16_10seeds", 16, "gaussian_norm", "test_accuracy", -14.5),
+                       ("e1_random_b16_10seeds", 16, "dense_random", "auc", -27.1),
+                       ("e1_random_b16_10seeds", 16, "spectral_zero", "test_accuracy", -4.4),
+                       ("e1_random_b128", 128, "spectral_median", "test_accuracy", -5.2),
+                       ("e1_spectral_raw_b16_10seeds", 16, "spectral_raw", "test_accuracy", -46.8)]),
+    ("e4_random", 24, [("e4_random_same_b16", 16, "gaussian_norm", "test_accuracy", -10.7),
+                       ("e4_random_same_b128", 128, "dense_random", "auc", -13.4)]),
+])
+def test_stored_random_head_audits_reproduce_their_files_and_the_docs_claims(folder, family, claims):
+    path = os.path.join(ROOT, "docs", "results", "omniglot_controls", folder)
+    result = audit.audit(path)
+    assert result["mismatches"] == []
+    assert result["family_size"] == family
+    rows = {(r["experiment"], r["batch_size"], r["label"], r["reference"], r["metric"]): r
+            for r in result["rows"]}
+    for experiment, batch, label, metric, points in claims:
+        row = rows[(experiment, batch, label, "spectral_norm", metric)]
+        assert 100 * row["mean"] == pytest.approx(points, abs=0.06)
+        assert row["p_holm"] < 0.05
+    with open(os.path.join(path, "audit.json")) as f:
+        stored = json.load(f)
     np.testing.assert_allclose([r["p_holm"] for r in stored["rows"]],
                                [r["p_holm"] for r in result["rows"]], rtol=1e-9)

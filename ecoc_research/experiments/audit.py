@@ -17,6 +17,10 @@ lacked:
   imprinted head itself (E5, E6), its runs come from another experiment with
   the same pairing settings (variant, classes, optimizer, batch, budget, data
   and pretraining): same seed = same fc7 initialisation and batch order.
+- a group that trained random, thresholded or raw-row heads alone (the
+  E1 replicate's second grid) borrows the one-hot and the normalised spectral
+  runs of the same folder with the same pairing settings and adds, besides
+  each head against one-hot, each head against the spectral head.
 - a group that trained the spectral head alone (the E1 control grid, run on
   the backbone of an earlier replicate) borrows every reference head, one-hot
   and both imprinted controls, from the runs of the same folder with the same
@@ -54,6 +58,12 @@ SPECTRAL = "spectral_norm"
 ROUNDING_TOLERANCE = 1e-4
 IMPRINTED = "one_hot_imprinted"
 IMPRINTED_PRETRAINED = "one_hot_imprinted_pretrained"
+# Heads whose code is random, a thresholded spectral code or the spectral code
+# with raw (unequal-norm) rows: a grid of these alone is compared with the
+# folder's one-hot and spectral_norm runs.
+OTHER_CODES = frozenset({
+    "gaussian_norm", "gaussian_raw", "dense_random", "spectral_zero",
+    "spectral_median", "spectral_raw"})
 
 
 def load_runs(folder):
@@ -87,17 +97,24 @@ def _label(record, several_lengths):
     return record["label"]
 
 
-def _imprinted_runs(runs, spec, seeds, encoding=IMPRINTED):
+def _imprinted_runs(runs, spec, seeds, encoding=IMPRINTED, label=None,
+                    same_scale=False):
     """The `encoding` runs pairing with `spec` on `seeds`, one per seed.
 
-    Among runs of that one-hot head with the same pairing settings, takes
-    the learning rate that covers the most of `seeds` (its grid's chosen
-    rate).
+    Among runs of that head with the same pairing settings (and, if given,
+    the same `label`: 'spectral_norm', not 'spectral_raw'; with
+    `same_scale`, the same ECOC scale setting as `spec`: an ECOC reference
+    reads it), takes the learning rate that covers the most of `seeds` (its
+    grid's chosen rate).
     """
     key = _pairing_key(spec)
     by_rate = {}
     for r in runs.values():
         if (r["status"] == "ok" and r["spec"]["encoding"] == encoding
+                and (label is None or r["label"] == label)
+                and (not same_scale or (
+                    r["spec"]["learnable_scale"] == spec["learnable_scale"]
+                    and r["spec"]["scale"] == spec["scale"]))
                 and r["spec"]["seed"] in seeds
                 and _pairing_key(r["spec"]) == key):
             by_rate.setdefault(r["spec"]["learning_rate"], {})[
@@ -124,6 +141,25 @@ def _rows_of_group(name, runs_of_group, all_runs, several):
                 by_label[encoding] = list(borrowed.values())
                 borrowed_from[encoding] = ("other experiment (same pairing "
                                            "settings)")
+    against_spectral = None
+    if ("one_hot" not in by_label and SPECTRAL not in by_label
+            and set(by_label) <= OTHER_CODES):
+        # A grid of random, thresholded or raw-row heads alone (the E1
+        # replicate's second grid): its references are the one-hot and the normalised
+        # spectral heads already trained in this folder on the same
+        # backbone, seeds and scale setting. The spectral rows answer "does
+        # the data-based code beat the random (thresholded) one?" directly.
+        seeds = {r["spec"]["seed"] for rs in by_label.values() for r in rs}
+        spec = runs_of_group[0]["spec"]
+        _, one_hot = _imprinted_runs(all_runs, spec, seeds, "one_hot")
+        _, spectral = _imprinted_runs(all_runs, spec, seeds, "spectral",
+                                      label=SPECTRAL, same_scale=True)
+        if len(one_hot) >= 2:
+            by_label["one_hot"] = list(one_hot.values())
+            borrowed_from["one_hot"] = ("other experiment (same pairing "
+                                        "settings)")
+        if len(spectral) >= 2:
+            against_spectral = spectral
     if "one_hot" not in by_label:
         return [], None
     comparison = stats.compare_to_reference(by_label, "one_hot")
@@ -141,6 +177,20 @@ def _rows_of_group(name, runs_of_group, all_runs, several):
             if borrowed_from:
                 rows[-1]["borrowed"] = sorted(
                     e for e in borrowed_from if e in (label, "one_hot"))
+    if against_spectral is not None:
+        for label in sorted(set(by_label) - {"one_hot"}):
+            runs_of_label = {r["spec"]["seed"]: r for r in by_label[label]}
+            if len(set(runs_of_label) & set(against_spectral)) < 2:
+                continue
+            for metric in METRICS:
+                a = {s: stats.run_metrics(r, target)[metric]
+                     for s, r in runs_of_label.items()}
+                b = {s: stats.run_metrics(r, target)[metric]
+                     for s, r in against_spectral.items()}
+                diff = stats.paired_difference(a, b)
+                rows.append(dict(where, label=label, reference=SPECTRAL,
+                                 metric=metric, borrowed=[SPECTRAL],
+                                 **_diff_fields(diff)))
     if SPECTRAL in by_label:
         spectral = {r["spec"]["seed"]: r for r in by_label[SPECTRAL]}
         controls = []
