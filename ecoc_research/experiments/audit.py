@@ -182,12 +182,8 @@ def _rows_of_group(name, runs_of_group, all_runs, several):
             runs_of_label = {r["spec"]["seed"]: r for r in by_label[label]}
             if len(set(runs_of_label) & set(against_spectral)) < 2:
                 continue
-            for metric in METRICS:
-                a = {s: stats.run_metrics(r, target)[metric]
-                     for s, r in runs_of_label.items()}
-                b = {s: stats.run_metrics(r, target)[metric]
-                     for s, r in against_spectral.items()}
-                diff = stats.paired_difference(a, b)
+            for metric, diff in _paired_metric_differences(
+                    runs_of_label, against_spectral, target):
                 rows.append(dict(where, label=label, reference=SPECTRAL,
                                  metric=metric, borrowed=[SPECTRAL],
                                  **_diff_fields(diff)))
@@ -216,16 +212,26 @@ def _rows_of_group(name, runs_of_group, all_runs, several):
             reference = {r["spec"]["seed"]: r for r in control_runs}
             if len(set(spectral) & set(reference)) < 2:
                 continue
-            for metric in METRICS:
-                a = {s: stats.run_metrics(r, target)[metric]
-                     for s, r in spectral.items()}
-                b = {s: stats.run_metrics(r, target)[metric]
-                     for s, r in reference.items()}
-                diff = stats.paired_difference(a, b)
+            for metric, diff in _paired_metric_differences(
+                    spectral, reference, target):
                 rows.append(dict(where, label=SPECTRAL, reference=control,
                                  metric=metric, imprinted_from=source,
                                  **_diff_fields(diff)))
     return rows, comparison
+
+
+def _paired_metric_differences(runs, reference_runs, target):
+    """(metric, paired difference) of `runs` minus `reference_runs`.
+
+    Both are {seed: run record}; the metrics of each run (steps to `target`
+    among them) are computed once, not once per metric.
+    """
+    a = {s: stats.run_metrics(r, target) for s, r in runs.items()}
+    b = {s: stats.run_metrics(r, target) for s, r in reference_runs.items()}
+    for metric in METRICS:
+        yield metric, stats.paired_difference(
+            {s: m[metric] for s, m in a.items()},
+            {s: m[metric] for s, m in b.items()})
 
 
 def _diff_fields(diff):
