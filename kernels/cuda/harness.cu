@@ -939,40 +939,38 @@ void RunRegSoftmax(bool quick) {
   g_variant = KernelVariant::kV2;
 }
 
-// The 8-warp register-softmax forward (kWarps8, 16- and 64-row tiles) in
-// every math mode against float64: B = 1, 7, 16, 33, 129, 256 (one or
-// several 16-row tiles; 64-row tiles from B = 33 on, partial ones at 33 and
-// 129) x k = 1, 31, 32, 128 x n = 1, 33, 1000 (one warp's 8 classes, a
-// partial 64-class tile, many class tiles and splits), NaN rows and ties on
-// every other shape, bfloat16 z and int64 labels on some. --quick (the CPU
-// emulator's): three shapes in 3xTF32 and one in TF32 per variant (the
-// quick RunVariants adds B = 7, 17, 65 at k = 32).
-void RunRegSoftmaxWarps8(bool quick) {
-  struct Shape {
-    int64_t B, k, n;
-  };
-  std::vector<Shape> all;
+struct SweepShape {
+  int64_t B, k, n;
+};
+
+// The checks of one pair of launch variants in every math mode against
+// float64: B = 1, 7, 16, 33, 129, 256 x k = 1, 31, 32, 128 x n = 1, 33, 1000,
+// ties and NaN rules on B > 2 (NaN rows on the shapes of index parity
+// `nan_parity`), bfloat16 z and int64 labels on every fourth 3xTF32 shape.
+// --quick (the CPU emulator's): the shapes `few` in 3xTF32 and the first of
+// them in TF32, no FP32. Case names are `name`; seeds count up from `seed`.
+void RunVariantSweep(const char* name, const KernelVariant (&variants)[2],
+                     const std::vector<SweepShape>& few, int nan_parity, uint64_t seed,
+                     bool quick) {
+  std::vector<SweepShape> all;
   for (int64_t B : {1, 7, 16, 33, 129, 256}) {
     for (int64_t k : {1, 31, 32, 128}) {
       for (int64_t n : {1, 33, 1000}) all.push_back({B, k, n});
     }
   }
-  const std::vector<Shape> few = {{33, 128, 70}, {129, 31, 33}, {1, 1, 1}};
-  uint64_t seed = 888000;
-  for (KernelVariant v :
-       {KernelVariant::kRegSoftmaxWarps8, KernelVariant::kRows64RegSoftmaxWarps8}) {
+  for (KernelVariant v : variants) {
     g_variant = v;
     for (MathMode math : {MathMode::k3xTf32, MathMode::kTf32, MathMode::kFp32}) {
       g_math = math;
       if (quick && math == MathMode::kFp32) continue;
-      const std::vector<Shape>& shapes = quick ? few : all;
+      const std::vector<SweepShape>& shapes = quick ? few : all;
       for (size_t i = 0; i < shapes.size(); ++i) {
         if (quick && math == MathMode::kTf32 && i > 0) continue;
-        const Shape& sh = shapes[i];
+        const SweepShape& sh = shapes[i];
         const bool rules = sh.B > 2;
         const bool alt = math == MathMode::k3xTf32 && i % 4 == 1;
-        RunCase({"regsoftmax+warps8", sh.B, sh.n, sh.k, 8.0f, rules && i % 2 == 0, rules,
-                 rules && sh.k >= 16},
+        RunCase({name, sh.B, sh.n, sh.k, 8.0f, rules && static_cast<int>(i % 2) == nan_parity,
+                 rules, rules && sh.k >= 16},
                 alt ? FloatType::kBFloat16 : FloatType::kFloat32,
                 alt ? IndexType::kInt64 : IndexType::kInt32, seed++);
       }
@@ -982,49 +980,30 @@ void RunRegSoftmaxWarps8(bool quick) {
   g_variant = KernelVariant::kV2;
 }
 
-// The codes gradient's mma second product (kGradMma, 16- and 64-row tiles)
-// in every math mode against float64 (FP32 runs the fallback): B = 1, 7, 16,
-// 33, 129, 256 (one or several batch tiles per split, partial ones) x k = 1,
-// 31, 32, 128 (1 to 4 column tiles per warp, a partial 8-column tile) x
-// n = 1, 33, 1000 (a partial class tile; many class tiles, or many batch
-// splits and the combine at small n), NaN rows and ties on every other
-// shape. Then the near-codeword case (Case::near: rows on their codewords,
+// The 8-warp register-softmax forward (kWarps8, 16- and 64-row tiles): the
+// sweep above (one or several 16-row tiles; 64-row tiles from B = 33 on,
+// partial ones at 33 and 129; one warp's 8 classes, a partial 64-class
+// tile, many class tiles and splits), NaN rows on the even shapes. The quick
+// RunVariants adds B = 7, 17, 65 at k = 32.
+void RunRegSoftmaxWarps8(bool quick) {
+  RunVariantSweep("regsoftmax+warps8",
+                  {KernelVariant::kRegSoftmaxWarps8, KernelVariant::kRows64RegSoftmaxWarps8},
+                  {{33, 128, 70}, {129, 31, 33}, {1, 1, 1}}, 0, 888000, quick);
+}
+
+// The codes gradient's mma second product (kGradMma, 16- and 64-row tiles;
+// FP32 runs the fallback): the sweep above (one or several batch tiles per
+// split, partial ones; 1 to 4 column tiles per warp, a partial 8-column
+// tile; a partial class tile; many class tiles, or many batch splits and the
+// combine at small n). NaN rows on the odd shapes only: a NaN row makes
+// every entry of grad_codes NaN, and the first shape is the one --quick
+// times. Then the near-codeword case (Case::near: rows on their codewords,
 // s = 30, where W^T U - colsum M cancels) with and without the bit, so that
 // the per-mode error table compares the expanded form with the difference
-// form of CodesGradSplitKernel. --quick (the CPU emulator's): three shapes
-// in 3xTF32, one in TF32, and the near case.
+// form of CodesGradSplitKernel (--quick: s = 8 only).
 void RunGradMma(bool quick) {
-  struct Shape {
-    int64_t B, k, n;
-  };
-  std::vector<Shape> all;
-  for (int64_t B : {1, 7, 16, 33, 129, 256}) {
-    for (int64_t k : {1, 31, 32, 128}) {
-      for (int64_t n : {1, 33, 1000}) all.push_back({B, k, n});
-    }
-  }
-  const std::vector<Shape> few = {{129, 128, 40}, {33, 31, 33}, {1, 1, 1}};
-  uint64_t seed = 161600;
-  for (KernelVariant v : {KernelVariant::kGradMma, KernelVariant::kRows64GradMma}) {
-    g_variant = v;
-    for (MathMode math : {MathMode::k3xTf32, MathMode::kTf32, MathMode::kFp32}) {
-      g_math = math;
-      if (quick && math == MathMode::kFp32) continue;
-      const std::vector<Shape>& shapes = quick ? few : all;
-      for (size_t i = 0; i < shapes.size(); ++i) {
-        if (quick && math == MathMode::kTf32 && i > 0) continue;
-        const Shape& sh = shapes[i];
-        const bool rules = sh.B > 2;
-        const bool alt = math == MathMode::k3xTf32 && i % 4 == 1;
-        // NaN rows on the odd shapes only: a NaN row makes every entry of
-        // grad_codes NaN, and the first shape is the one --quick times.
-        RunCase({"gradmma", sh.B, sh.n, sh.k, 8.0f, rules && i % 2 == 1, rules,
-                 rules && sh.k >= 16},
-                alt ? FloatType::kBFloat16 : FloatType::kFloat32,
-                alt ? IndexType::kInt64 : IndexType::kInt32, seed++);
-      }
-    }
-  }
+  RunVariantSweep("gradmma", {KernelVariant::kGradMma, KernelVariant::kRows64GradMma},
+                  {{129, 128, 40}, {33, 31, 33}, {1, 1, 1}}, 1, 161600, quick);
   // Near codewords: the same inputs (same seed) under each variant and mode,
   // at s = 8 (p_y ~ 0.99: the own-class terms w (u - M_y) still count) and
   // s = 30 (p_y ~ 1 - 1e-12: everything is small). The NEAR lines give the
