@@ -180,7 +180,11 @@ done
 # H100 run of 2026-11-26 measured plus a margin (build 31 s, checks 2, grid
 # 75-81, smem-limit 1, memcheck 1, racecheck 16, the timings 47 s for six
 # launch variants, so ~86 s for the eleven of today (auto, the two kWarps8
-# and the two kGradMma ones added: 47 / 6 s each), racecheck scaled the same
+# and the two kGradMma ones added: 47 / 6 s each), less ~6.6 s now that the
+# bench no longer re-times the forward of gradmma, rows64+gradmma and auto
+# (they take the forward ms of the v2 / rows64 / resolved column: 4 x the
+# median forward ms over the 17 cells and 3 modes of that run = 6.0 s of
+# kernel time, x 47 / 42.8 for the host's share): ~80 s; racecheck scaled the same
 # way for the variants that --small now includes; ncu scaled for the kWarps8
 # ones --profile includes (it skips kGradMma: a codes-gradient bit, the same
 # forward as v2); ncu 16 s for 12 forward profiles); CAP is
@@ -190,7 +194,7 @@ done
 # down, so that device_check.sh always finishes (it writes device_check.md at
 # its end) and gpuloss keeps DEVICE_RUN_GPULOSS_MIN. On 2026-11-26 the
 # earlier phases took 34 s: the kernels phase then gets ~320 s and uses ~225.
-STEP_PLAN=(BUILD:35:50 CHECK:5:15 GRID:88:110 SMEM:3:10 MEMCHECK:5:15 RACECHECK:30:40 BENCH:95:115
+STEP_PLAN=(BUILD:35:50 CHECK:5:15 GRID:88:110 SMEM:3:10 MEMCHECK:5:15 RACECHECK:30:40 BENCH:89:109
            NCU:26:35 NCUGRAD:12:25)
 NEED_SUM=0 CAP_SUM=0
 for plan in "${STEP_PLAN[@]}"; do

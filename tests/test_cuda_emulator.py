@@ -12,6 +12,8 @@ instead of this checkout's (for instance a branch extracted with git archive).
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import math
 import os
 import re
@@ -120,7 +122,8 @@ def _needed_builds(test_names: set[str]) -> list[list[str]]:
     if harness and test_names & {"test_harness_checks_pass_under_the_emulator",
                                  "test_harness_runs_launch_every_kernel_variant_and_the_large_"
                                  "shared_memory_path",
-                                 "test_auto_variant_follows_the_h100_rule_on_each_architecture"}:
+                                 "test_auto_variant_follows_the_h100_rule_on_each_architecture",
+                                 "test_bench_times_each_forward_launch_once_and_names_the_column"}:
         for _, options, _ in HARNESS_RUNS:
             if ["--src-root", str(SRC_ROOT), *options[:2]] not in builds:
                 builds.append(["--src-root", str(SRC_ROOT), *options[:2]])
@@ -254,7 +257,10 @@ def test_harness_runs_launch_every_kernel_variant_and_the_large_shared_memory_pa
         by_options.setdefault(compile_opts, []).append(log)
     for compile_opts, logs in by_options.items():
         symbols = _binary_symbols(list(compile_opts))
-        instantiated |= {name for name in symbols.values() if pattern.search(name)}
+        # A lambda in a kernel (and a helper instantiated on it) carries the
+        # kernel's name in its own: not a kernel.
+        instantiated |= {name for name in symbols.values()
+                         if pattern.search(name) and "{lambda" not in name}
         for log in logs:
             for line in log.read_text().splitlines():
                 fields = dict(f.split("=", 1) for f in line.split("\t")[1:] if "=" in f)
@@ -319,6 +325,45 @@ def test_auto_variant_follows_the_h100_rule_on_each_architecture(arch, cc):
         assert fwd[("tf32", 4096, 1000000, 32)] == "rows64+regsoftmax"
     assert fwd[("fp32", 256, 10000, 32)] == "rows64" and fwd[("fp32", 4096, 10000, 32)] == "v2"
     assert got[("codes_grad", "3xtf32", 256, 10000, 32)] == "rows64"
+
+
+@needs_kernels
+def test_bench_times_each_forward_launch_once_and_names_the_column(tmp_path, monkeypatch):
+    # `--bench-only --variant all` on two small cells: gradmma runs v2's
+    # forward launch, rows64+gradmma rows64's and auto the variant of
+    # ResolveVariant, in the same math mode, so those columns repeat that
+    # column's forward ms (timed once there) and say so in "fwd_from" and in
+    # the table's note; the JSON still loads in bench_gpu_loss.py.
+    out = tmp_path / "bench.json"
+    monkeypatch.setenv("ECOC_HARNESS_JSON", str(out))
+    res = run_emu("--src-root", str(SRC_ROOT), "--arch", "90", "--sms", "2", "--",
+                  "--bench-only", "--tiny", "--variant", "all")
+    assert res.returncode == 0, _fail_message(res)
+    raw = json.loads(out.read_text())
+    spec = importlib.util.spec_from_file_location("bench_gpu_loss",
+                                                  REPO / "benchmarks" / "bench_gpu_loss.py")
+    gpu_loss = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_loss)
+    assert len(gpu_loss.load_harness_json(str(out))) == len(raw) == 2 * 11 * 3
+    rows = {(r["mode"], r["B"]): r for r in raw}
+    auto_forward = set()
+    for r in raw:
+        math_mode, _, variant = r["mode"].partition("+")
+        source = {"gradmma": "v2", "rows64+gradmma": "rows64"}.get(variant)
+        if variant == "auto":
+            source = _auto_rule("forward", r["B"], r["n"], r["k"], math_mode, 90)
+            auto_forward.add(source)
+        expected = None if source is None else (
+            math_mode if source == "v2" else f"{math_mode}+{source}")
+        assert r.get("fwd_from") == expected, r
+        if expected is not None:
+            assert r["fwd_ms"] == rows[(expected, r["B"])]["fwd_ms"], r
+        assert r["fwd_ms"] > 0 and r["fwdbwd_ms"] > 0
+    assert {"foldnorms", "rows64", "v2", "rows64+regsoftmax"} <= auto_forward
+    text = res.stdout
+    assert text.count("forward ms: the v2 column's (the same launch, timed once there)") == 3
+    assert text.count("forward ms: the rows64 column's") == 3
+    assert text.count("forward ms: per row, the column of the forward variant auto ran") == 3
 
 
 @needs_kernels

@@ -147,7 +147,7 @@ def test_device_run_dry_run_gives_the_grid_more_time_with_a_longer_budget_and_ho
     _, phases, steps = _dry_run(DEVICE_RUN_BUDGET="900", DEVICE_CHECK_T_MEMCHECK="33")
     assert steps["grid"] == 110 and steps["build"] == 50 and steps["memcheck"] == 33
     assert short["grid"] < steps["grid"]
-    assert dict((n, lim) for n, lim, _ in phases)["kernels"] == 425  # device_check.sh's defaults (415) + 10
+    assert dict((n, lim) for n, lim, _ in phases)["kernels"] == 419  # device_check.sh's defaults (409) + 10
 
 
 def test_device_run_gives_the_kernel_steps_what_the_h100_measured_when_earlier_phases_are_typical():

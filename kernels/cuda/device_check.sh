@@ -41,7 +41,7 @@
 #   --dry-run   print the steps and commands, run nothing (exit 0)
 # Step time limits (seconds) from the environment: DEVICE_CHECK_T_BUILD (50),
 #   _T_CHECK (15), _T_GRID (110), _T_SMEM (10), _T_MEMCHECK (15),
-#   _T_RACECHECK (35), _T_BENCH (100), _T_NCU (35), _T_NCUGRAD (25).
+#   _T_RACECHECK (40), _T_BENCH (109), _T_NCU (35), _T_NCUGRAD (25).
 # Exit codes: 0 every step passed, or no GPU (says "no GPU" and runs
 # nothing); 1 a step failed; 3 bad command line.
 set -u -o pipefail
@@ -83,15 +83,17 @@ if [[ -z "$SANITIZER" ]]; then
     if [[ -n "$candidate" && -x "$candidate" ]]; then SANITIZER="$candidate"; break; fi
   done
 fi
-# Seconds per step; together 415 s. Measured on an H100 on 2026-11-26
+# Seconds per step; together 409 s. Measured on an H100 on 2026-11-26
 # (docs/device_runs/2026-11-26-h100-variants): build 31 s, checks 2 s, grid
 # 75-81 s, smem-limit 1 s, memcheck 1 s, racecheck 16 s, bench ~47 s for six
-# launch variants (eleven now, with auto, two kWarps8 and two kGradMma: ~86 s;
+# launch variants (eleven now, with auto, two kWarps8 and two kGradMma: ~86 s,
+# ~80 s since gradmma, rows64+gradmma and auto reuse the forward ms of the
+# column whose forward launch they run;
 # racecheck's --small runs them all too: ~29 s), ncu 16 s. Each can be lowered (or
 # raised) from the environment, e.g. DEVICE_CHECK_T_GRID=60, to fit a shorter
 # device lease (benchmarks/device_run.sh does); a step that runs out of time
 # is reported as failed.
-T_BUILD=50 T_CHECK=15 T_GRID=110 T_SMEM=10 T_MEMCHECK=15 T_RACECHECK=40 T_BENCH=115 T_NCU=35
+T_BUILD=50 T_CHECK=15 T_GRID=110 T_SMEM=10 T_MEMCHECK=15 T_RACECHECK=40 T_BENCH=109 T_NCU=35
 T_NCUGRAD=25
 for step_var in T_BUILD T_CHECK T_GRID T_SMEM T_MEMCHECK T_RACECHECK T_BENCH T_NCU T_NCUGRAD; do
   env_var="DEVICE_CHECK_$step_var"

@@ -51,6 +51,72 @@ __host__ __device__ constexpr int64_t CodesGradSmemFloats(int bt, int kc, int64_
          + (g_in_smem ? kClassTile * k : 0);           // G
 }
 
+// Helpers of CodesGradSplitKernel and CodesGradMmaKernel
+// (ecoc_codes_grad_mma.cuh): both kernels stage and weigh a tile the same
+// way. CodesGradSplitKernel calls WriteTileWeights only: its sm_90 SASS is
+// byte-identical to what it was before the helpers (checked with cuobjdump),
+// and the H100 timings are of that code.
+
+// The block's share of the grid: class tile c0 .. c0 + nvalid (of
+// kClassTile, blockIdx.x) and batch tiles [t_begin, t_end) of its batch
+// split (blockIdx.y).
+struct GradBlockRange {
+  int64_t c0;
+  int split;
+  int nvalid;
+  int64_t t_begin, t_end;
+};
+
+__device__ __forceinline__ GradBlockRange BlockRange(const CodesGradArgs& a) {
+  const int64_t c0 = int64_t{blockIdx.x} * kClassTile;
+  const int split = blockIdx.y;
+  return {c0, split,
+          static_cast<int>(a.num_classes - c0 < kClassTile ? a.num_classes - c0 : kClassTile),
+          split * a.batch_tiles / a.splits, (split + 1) * a.batch_tiles / a.splits};
+}
+
+// Stages columns j0 .. j0 + kc of the BT-row u tile at batch row b0 and of
+// the code tile at class c0 into `stage` (u rows first, then the codes) and
+// commits them as one cp.async group.
+template <int BT>
+__device__ __forceinline__ void StageGradTiles(float* stage, int pitch, const CodesGradArgs& a,
+                                               int64_t b0, int64_t c0, int64_t j0, int kc) {
+  StageTile(stage, pitch, a.u, a.kp, b0, a.batch, BT, j0, kc, a.kp, true);
+  StageTile(stage + BT * pitch, pitch, a.codes, a.code_length, c0, a.num_classes, kClassTile,
+            j0, kc, a.code_length, a.codes_vec);
+  ptx::cp_async_commit();
+}
+
+// Overwrites the tile's dot products in W_s [BT][kSPitch] (the RW rows of
+// this warp, class c0 + lane) with the weights
+//   w_rc = g_b (p_bc - [y_b == c]),  p_bc = exp(logit_bc - lse_b),
+// 0 for rows past the batch and classes past n; returns the sum of the
+// weights it wrote (the column sum of the warp's rows).
+template <int RW>
+__device__ __forceinline__ float WriteTileWeights(const CodesGradArgs& a, float* W_s,
+                                                  float scale, int64_t c0, int64_t b0,
+                                                  int rows_valid, int warp, int lane) {
+  const int64_t c = c0 + lane;
+  const bool cvalid = c < a.num_classes;
+  const float ct = cvalid ? a.ct[c] : 0.0f;
+  float cs = 0.0f;
+#pragma unroll
+  for (int i = 0; i < RW; ++i) {
+    const int r = warp * RW + i;
+    const int64_t b = b0 + r;
+    float w = 0.0f;
+    if (cvalid && r < rows_valid) {
+      const float x = Logit(W_s[r * kSPitch + lane], scale, ct, a.rowc[b]);
+      const float p = expf(x - a.lse[b]);
+      const int64_t y = LoadLabel(a.labels, a.labels_int64, b);
+      w = a.grad_loss[b] * (p - (y == c ? 1.0f : 0.0f));
+    }
+    W_s[r * kSPitch + lane] = w;
+    cs += w;
+  }
+  return cs;
+}
+
 template <int kMath, int BT>
 __global__ void __launch_bounds__(kThreads) CodesGradSplitKernel(CodesGradArgs a) {
   extern __shared__ __align__(16) float smem[];
@@ -66,11 +132,7 @@ __global__ void __launch_bounds__(kThreads) CodesGradSplitKernel(CodesGradArgs a
 
   const int64_t k = a.code_length;
   const float scale = ReadScale(a.scale_ptr, a.scale);
-  const int64_t c0 = int64_t{blockIdx.x} * CT;
-  const int split = blockIdx.y;
-  const int nvalid = static_cast<int>(a.num_classes - c0 < CT ? a.num_classes - c0 : CT);
-  const int64_t t_begin = split * a.batch_tiles / a.splits;
-  const int64_t t_end = (split + 1) * a.batch_tiles / a.splits;
+  const auto [c0, split, nvalid, t_begin, t_end] = BlockRange(a);
   const int64_t num_stages = (t_end - t_begin) * a.nchunks;
 
   float* slot = a.out + (int64_t{split} * a.num_classes + c0) * k;
@@ -79,6 +141,9 @@ __global__ void __launch_bounds__(kThreads) CodesGradSplitKernel(CodesGradArgs a
 
   Engine engine;
   engine.Init();
+  // The two stagings below are StageGradTiles written out: calling it here
+  // changed this kernel's sm_90 SASS (four forms of the helper tried), and
+  // its timings are the H100's.
   if (num_stages > 0) {
     StageTile(smem, pitch, a.u, a.kp, t_begin * BT, a.batch, BT, 0, a.kc, a.kp, true);
     StageTile(smem + BT * pitch, pitch, a.codes, k, c0, a.num_classes, CT, 0, a.kc, k,
@@ -110,22 +175,7 @@ __global__ void __launch_bounds__(kThreads) CodesGradSplitKernel(CodesGradArgs a
       const int rows_valid = static_cast<int>(a.batch - b0 < BT ? a.batch - b0 : BT);
       engine.Store(W_s);
       __syncthreads();
-      const int64_t c = c0 + lane;
-      const bool cvalid = c < a.num_classes;
-      const float ct = cvalid ? a.ct[c] : 0.0f;
-#pragma unroll
-      for (int i = 0; i < RW; ++i) {
-        const int r = warp * RW + i;
-        const int64_t b = b0 + r;
-        float w = 0.0f;
-        if (cvalid && r < rows_valid) {
-          const float x = Logit(W_s[r * kSPitch + lane], scale, ct, a.rowc[b]);
-          const float p = expf(x - a.lse[b]);
-          const int64_t y = LoadLabel(a.labels, a.labels_int64, b);
-          w = a.grad_loss[b] * (p - (y == c ? 1.0f : 0.0f));
-        }
-        W_s[r * kSPitch + lane] = w;
-      }
+      WriteTileWeights<RW>(a, W_s, scale, c0, b0, rows_valid, warp, lane);
       // Every w of the tile is written before any thread reads another
       // warp's rows.
       __syncthreads();  // [barrier-mutation-test]

@@ -50,6 +50,29 @@ __host__ __device__ constexpr int64_t CodesGradMmaSmemFloats(int bt, int kp) {
          kWarps * kClassTile;
 }
 
+// Calls f(v, mt, h, cl, j) on each accumulator float v of the thread's G
+// fragments acc[2][NJ][4]: class cl = mt * 16 + g + 8 h of the class tile,
+// column j = jn * 8 + 2t + (e & 1) of the warp's n8 tiles jn = warp + 4 jw
+// below kn (the mma.m16n8k8 accumulator layout).
+template <int NJ, typename F>
+__device__ __forceinline__ void ForEachGradFragment(float (&acc)[2][NJ][4], int warp, int kn,
+                                                    int g, int t, F f) {
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+    for (int jw = 0; jw < NJ; ++jw) {
+      const int jn = warp + kWarps * jw;
+      if (jn < kn) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e / 2;
+          f(acc[mt][jw][e], mt, h, mt * 16 + g + 8 * h, jn * 8 + 2 * t + (e & 1));
+        }
+      }
+    }
+  }
+}
+
 template <int kMath, int BT>
 __global__ void __launch_bounds__(kThreads) CodesGradMmaKernel(CodesGradArgs a) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
@@ -74,11 +97,7 @@ __global__ void __launch_bounds__(kThreads) CodesGradMmaKernel(CodesGradArgs a) 
 
   const int64_t k = a.code_length;
   const float scale = ReadScale(a.scale_ptr, a.scale);
-  const int64_t c0 = int64_t{blockIdx.x} * CT;
-  const int split = blockIdx.y;
-  const int nvalid = static_cast<int>(a.num_classes - c0 < CT ? a.num_classes - c0 : CT);
-  const int64_t t_begin = split * a.batch_tiles / a.splits;
-  const int64_t t_end = (split + 1) * a.batch_tiles / a.splits;
+  const auto [c0, split, nvalid, t_begin, t_end] = BlockRange(a);
   const int64_t ntiles = t_end - t_begin;
 
   // acc[mt][jw]: classes mt*16 + g (+ 8), columns (warp + 4*jw)*8 + 2t (+ 1).
@@ -94,20 +113,12 @@ __global__ void __launch_bounds__(kThreads) CodesGradMmaKernel(CodesGradArgs a) 
 
   Engine engine;
   engine.Init();
-  if (ntiles > 0) {
-    StageTile(smem, pitch, a.u, a.kp, t_begin * BT, a.batch, BT, 0, kp, a.kp, true);
-    StageTile(smem + BT * pitch, pitch, a.codes, k, c0, a.num_classes, CT, 0, kp, k,
-              a.codes_vec);
-    ptx::cp_async_commit();
-  }
+  if (ntiles > 0) StageGradTiles<BT>(smem, pitch, a, t_begin * BT, c0, 0, kp);
   for (int64_t q = 0; q < ntiles; ++q) {
     float* cur = smem + (q & 1) * stage_floats;
     if (q + 1 < ntiles) {
       float* nxt = smem + ((q + 1) & 1) * stage_floats;
-      StageTile(nxt, pitch, a.u, a.kp, (t_begin + q + 1) * BT, a.batch, BT, 0, kp, a.kp, true);
-      StageTile(nxt + BT * pitch, pitch, a.codes, k, c0, a.num_classes, CT, 0, kp, k,
-                a.codes_vec);
-      ptx::cp_async_commit();
+      StageGradTiles<BT>(nxt, pitch, a, (t_begin + q + 1) * BT, c0, 0, kp);
       ptx::cp_async_wait<1>();
     } else {
       ptx::cp_async_wait<0>();
@@ -120,27 +131,7 @@ __global__ void __launch_bounds__(kThreads) CodesGradMmaKernel(CodesGradArgs a) 
     const int rows_valid = static_cast<int>(a.batch - b0 < BT ? a.batch - b0 : BT);
     engine.Store(W_s);
     __syncthreads();
-    {
-      const int64_t c = c0 + lane;
-      const bool cvalid = c < a.num_classes;
-      const float ct = cvalid ? a.ct[c] : 0.0f;
-      float cs = 0.0f;
-#pragma unroll
-      for (int i = 0; i < RW; ++i) {
-        const int r = warp * RW + i;
-        const int64_t b = b0 + r;
-        float w = 0.0f;
-        if (cvalid && r < rows_valid) {
-          const float x = Logit(W_s[r * kSPitch + lane], scale, ct, a.rowc[b]);
-          const float p = expf(x - a.lse[b]);
-          const int64_t y = LoadLabel(a.labels, a.labels_int64, b);
-          w = a.grad_loss[b] * (p - (y == c ? 1.0f : 0.0f));
-        }
-        W_s[r * kSPitch + lane] = w;
-        cs += w;
-      }
-      cs_s[warp * CT + lane] = cs;
-    }
+    cs_s[warp * CT + lane] = WriteTileWeights<RW>(a, W_s, scale, c0, b0, rows_valid, warp, lane);
     // Every w and partial column sum of the tile is written before any
     // warp reads the whole tile.
     __syncthreads();  // [barrier-mutation-test]
@@ -188,22 +179,9 @@ __global__ void __launch_bounds__(kThreads) CodesGradMmaKernel(CodesGradArgs a) 
     // G_c -= (sum_r w_rc) M_c for the tile (the code tile is zero past k
     // and past the class count).
     const float* mtile = cur + BT * pitch;
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-      for (int jw = 0; jw < NJ; ++jw) {
-        const int jn = warp + kWarps * jw;
-        if (jn < kn) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int h = e / 2;
-            const int cl = mt * 16 + g + 8 * h;
-            const int j = jn * 8 + 2 * t + (e & 1);
-            acc[mt][jw][e] = fmaf(-csum[mt][h], mtile[cl * pitch + j], acc[mt][jw][e]);
-          }
-        }
-      }
-    }
+    ForEachGradFragment(acc, warp, kn, g, t, [&](float& v, int mt, int h, int cl, int j) {
+      v = fmaf(-csum[mt][h], mtile[cl * pitch + j], v);
+    });
     __syncthreads();  // buffer q & 1, W_s and cs_s are free for the next tile
   }
 
@@ -211,23 +189,10 @@ __global__ void __launch_bounds__(kThreads) CodesGradMmaKernel(CodesGradArgs a) 
   // workspace slot of the split (the same layout as CodesGradSplitKernel).
   const bool final = a.splits == 1;
   float* slot = a.out + (int64_t{split} * a.num_classes + c0) * k;
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-    for (int jw = 0; jw < NJ; ++jw) {
-      const int jn = warp + kWarps * jw;
-      if (jn < kn) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int cl = mt * 16 + g + 8 * (e / 2);
-          const int64_t j = jn * 8 + 2 * t + (e & 1);
-          if (cl < nvalid && j < k) {
-            slot[cl * k + j] = final ? scale * acc[mt][jw][e] : acc[mt][jw][e];
-          }
-        }
-      }
-    }
-  }
+  const int nclasses = nvalid;  // C++17 lambdas cannot capture structured bindings
+  ForEachGradFragment(acc, warp, kn, g, t, [&](float& v, int, int, int cl, int j) {
+    if (cl < nclasses && j < k) slot[cl * k + j] = final ? scale * v : v;
+  });
 #endif
 }
 

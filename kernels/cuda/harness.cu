@@ -939,40 +939,38 @@ void RunRegSoftmax(bool quick) {
   g_variant = KernelVariant::kV2;
 }
 
-// The 8-warp register-softmax forward (kWarps8, 16- and 64-row tiles) in
-// every math mode against float64: B = 1, 7, 16, 33, 129, 256 (one or
-// several 16-row tiles; 64-row tiles from B = 33 on, partial ones at 33 and
-// 129) x k = 1, 31, 32, 128 x n = 1, 33, 1000 (one warp's 8 classes, a
-// partial 64-class tile, many class tiles and splits), NaN rows and ties on
-// every other shape, bfloat16 z and int64 labels on some. --quick (the CPU
-// emulator's): three shapes in 3xTF32 and one in TF32 per variant (the
-// quick RunVariants adds B = 7, 17, 65 at k = 32).
-void RunRegSoftmaxWarps8(bool quick) {
-  struct Shape {
-    int64_t B, k, n;
-  };
-  std::vector<Shape> all;
+struct SweepShape {
+  int64_t B, k, n;
+};
+
+// The checks of one pair of launch variants in every math mode against
+// float64: B = 1, 7, 16, 33, 129, 256 x k = 1, 31, 32, 128 x n = 1, 33, 1000,
+// ties and NaN rules on B > 2 (NaN rows on the shapes of index parity
+// `nan_parity`), bfloat16 z and int64 labels on every fourth 3xTF32 shape.
+// --quick (the CPU emulator's): the shapes `few` in 3xTF32 and the first of
+// them in TF32, no FP32. Case names are `name`; seeds count up from `seed`.
+void RunVariantSweep(const char* name, const KernelVariant (&variants)[2],
+                     const std::vector<SweepShape>& few, int nan_parity, uint64_t seed,
+                     bool quick) {
+  std::vector<SweepShape> all;
   for (int64_t B : {1, 7, 16, 33, 129, 256}) {
     for (int64_t k : {1, 31, 32, 128}) {
       for (int64_t n : {1, 33, 1000}) all.push_back({B, k, n});
     }
   }
-  const std::vector<Shape> few = {{33, 128, 70}, {129, 31, 33}, {1, 1, 1}};
-  uint64_t seed = 888000;
-  for (KernelVariant v :
-       {KernelVariant::kRegSoftmaxWarps8, KernelVariant::kRows64RegSoftmaxWarps8}) {
+  for (KernelVariant v : variants) {
     g_variant = v;
     for (MathMode math : {MathMode::k3xTf32, MathMode::kTf32, MathMode::kFp32}) {
       g_math = math;
       if (quick && math == MathMode::kFp32) continue;
-      const std::vector<Shape>& shapes = quick ? few : all;
+      const std::vector<SweepShape>& shapes = quick ? few : all;
       for (size_t i = 0; i < shapes.size(); ++i) {
         if (quick && math == MathMode::kTf32 && i > 0) continue;
-        const Shape& sh = shapes[i];
+        const SweepShape& sh = shapes[i];
         const bool rules = sh.B > 2;
         const bool alt = math == MathMode::k3xTf32 && i % 4 == 1;
-        RunCase({"regsoftmax+warps8", sh.B, sh.n, sh.k, 8.0f, rules && i % 2 == 0, rules,
-                 rules && sh.k >= 16},
+        RunCase({name, sh.B, sh.n, sh.k, 8.0f, rules && static_cast<int>(i % 2) == nan_parity,
+                 rules, rules && sh.k >= 16},
                 alt ? FloatType::kBFloat16 : FloatType::kFloat32,
                 alt ? IndexType::kInt64 : IndexType::kInt32, seed++);
       }
@@ -982,49 +980,30 @@ void RunRegSoftmaxWarps8(bool quick) {
   g_variant = KernelVariant::kV2;
 }
 
-// The codes gradient's mma second product (kGradMma, 16- and 64-row tiles)
-// in every math mode against float64 (FP32 runs the fallback): B = 1, 7, 16,
-// 33, 129, 256 (one or several batch tiles per split, partial ones) x k = 1,
-// 31, 32, 128 (1 to 4 column tiles per warp, a partial 8-column tile) x
-// n = 1, 33, 1000 (a partial class tile; many class tiles, or many batch
-// splits and the combine at small n), NaN rows and ties on every other
-// shape. Then the near-codeword case (Case::near: rows on their codewords,
+// The 8-warp register-softmax forward (kWarps8, 16- and 64-row tiles): the
+// sweep above (one or several 16-row tiles; 64-row tiles from B = 33 on,
+// partial ones at 33 and 129; one warp's 8 classes, a partial 64-class
+// tile, many class tiles and splits), NaN rows on the even shapes. The quick
+// RunVariants adds B = 7, 17, 65 at k = 32.
+void RunRegSoftmaxWarps8(bool quick) {
+  RunVariantSweep("regsoftmax+warps8",
+                  {KernelVariant::kRegSoftmaxWarps8, KernelVariant::kRows64RegSoftmaxWarps8},
+                  {{33, 128, 70}, {129, 31, 33}, {1, 1, 1}}, 0, 888000, quick);
+}
+
+// The codes gradient's mma second product (kGradMma, 16- and 64-row tiles;
+// FP32 runs the fallback): the sweep above (one or several batch tiles per
+// split, partial ones; 1 to 4 column tiles per warp, a partial 8-column
+// tile; a partial class tile; many class tiles, or many batch splits and the
+// combine at small n). NaN rows on the odd shapes only: a NaN row makes
+// every entry of grad_codes NaN, and the first shape is the one --quick
+// times. Then the near-codeword case (Case::near: rows on their codewords,
 // s = 30, where W^T U - colsum M cancels) with and without the bit, so that
 // the per-mode error table compares the expanded form with the difference
-// form of CodesGradSplitKernel. --quick (the CPU emulator's): three shapes
-// in 3xTF32, one in TF32, and the near case.
+// form of CodesGradSplitKernel (--quick: s = 8 only).
 void RunGradMma(bool quick) {
-  struct Shape {
-    int64_t B, k, n;
-  };
-  std::vector<Shape> all;
-  for (int64_t B : {1, 7, 16, 33, 129, 256}) {
-    for (int64_t k : {1, 31, 32, 128}) {
-      for (int64_t n : {1, 33, 1000}) all.push_back({B, k, n});
-    }
-  }
-  const std::vector<Shape> few = {{129, 128, 40}, {33, 31, 33}, {1, 1, 1}};
-  uint64_t seed = 161600;
-  for (KernelVariant v : {KernelVariant::kGradMma, KernelVariant::kRows64GradMma}) {
-    g_variant = v;
-    for (MathMode math : {MathMode::k3xTf32, MathMode::kTf32, MathMode::kFp32}) {
-      g_math = math;
-      if (quick && math == MathMode::kFp32) continue;
-      const std::vector<Shape>& shapes = quick ? few : all;
-      for (size_t i = 0; i < shapes.size(); ++i) {
-        if (quick && math == MathMode::kTf32 && i > 0) continue;
-        const Shape& sh = shapes[i];
-        const bool rules = sh.B > 2;
-        const bool alt = math == MathMode::k3xTf32 && i % 4 == 1;
-        // NaN rows on the odd shapes only: a NaN row makes every entry of
-        // grad_codes NaN, and the first shape is the one --quick times.
-        RunCase({"gradmma", sh.B, sh.n, sh.k, 8.0f, rules && i % 2 == 1, rules,
-                 rules && sh.k >= 16},
-                alt ? FloatType::kBFloat16 : FloatType::kFloat32,
-                alt ? IndexType::kInt64 : IndexType::kInt32, seed++);
-      }
-    }
-  }
+  RunVariantSweep("gradmma", {KernelVariant::kGradMma, KernelVariant::kRows64GradMma},
+                  {{129, 128, 40}, {33, 31, 33}, {1, 1, 1}}, 1, 161600, quick);
   // Near codewords: the same inputs (same seed) under each variant and mode,
   // at s = 8 (p_y ~ 0.99: the own-class terms w (u - M_y) still count) and
   // s = 30 (p_y ~ 1 - 1e-12: everything is small). The NEAR lines give the
@@ -1504,10 +1483,35 @@ std::string ModeLabel(MathMode m, KernelVariant v) {
   return label;
 }
 
-void RunBench(bool quick, const cudaDeviceProp& prop) {
+// The bench column (variant-major over `variants`, then the math modes fp32,
+// 3xtf32, tf32) whose forward launch column c runs at one cell, on a device
+// of compute capability cc: c itself, or the column of the same math mode
+// with the variant c's forward resolves to (kGradMma's bit reaches the
+// codes gradient only, so gradmma runs v2's forward and rows64+gradmma
+// rows64's; auto runs ResolveVariant's forward variant), where that column
+// is in the list.
+int BenchForwardSource(const std::vector<KernelVariant>& variants, int c, int64_t B, int64_t n,
+                       int64_t k, int cc) {
+  const MathMode modes[3] = {MathMode::kFp32, MathMode::k3xTf32, MathMode::kTf32};
+  const MathMode mode = modes[c % 3];
+  const KernelVariant v = variants[c / 3];
+  int fwd = static_cast<int>(v);
+  if (v == KernelVariant::kAuto) {
+    fwd = static_cast<int>(keras_ecoc::cuda::ResolveVariant(keras_ecoc::cuda::KernelPass::kForward,
+                                                            B, n, k, mode, cc));
+  }
+  fwd &= ~static_cast<int>(KernelVariant::kGradMma);
+  if (fwd == static_cast<int>(v)) return c;
+  for (size_t i = 0; i < variants.size(); ++i) {
+    if (static_cast<int>(variants[i]) == fwd) return static_cast<int>(i) * 3 + c % 3;
+  }
+  return c;
+}
+
+void RunBench(bool quick, bool tiny, const cudaDeviceProp& prop) {
   using namespace keras_ecoc::cuda;
-  const int warmup = quick ? 1 : 3;
-  const int repeats = quick ? 3 : 10;
+  const int warmup = tiny ? 0 : quick ? 1 : 3;
+  const int repeats = tiny ? 1 : quick ? 3 : 10;
   std::vector<int64_t> Bs = {1, 7, 16, 256, 4096}, ks = {1, 31, 32, 128, 1000},
                        ns = {1, 33, 10000, 100000, 1000000};
   if (quick) {
@@ -1515,6 +1519,14 @@ void RunBench(bool quick, const cudaDeviceProp& prop) {
     Bs = {16, 256, 4096};
     ks = {32, 128};
     ns = {10000, 100000, 1000000};
+  }
+  if (tiny) {
+    // Two cells on which auto runs different forward variants (v2 or
+    // foldnorms at B = 7, rows64+regsoftmax or rows64 at B = 65): the
+    // columns and the JSON under the CPU emulator, no speed.
+    Bs = {7, 65};
+    ks = {8};
+    ns = {33};
   }
   // Skipped: codes above 2^28 floats (1 GiB), or B n k above 3e11 (seconds
   // per call; the float64 grid covers correctness there).
@@ -1533,6 +1545,15 @@ void RunBench(bool quick, const cudaDeviceProp& prop) {
   const int ncols = static_cast<int>(g_bench_variants.size()) * 3;
   auto col_mode = [&](int c) { return modes[c % 3]; };
   auto col_variant = [&](int c) { return g_bench_variants[c / 3]; };
+  const int cc = 10 * prop.major + prop.minor;
+  // The forward of column c at one cell is timed once: a column whose
+  // forward is another column's launch (kGradMma runs its forward as v2,
+  // kRows64GradMma as rows64, auto as the variant ResolveVariant names, in
+  // the same math mode) takes that column's forward ms; its forward + codes
+  // gradient is still measured as a whole.
+  auto fwd_source = [&](int c, int64_t B, int64_t n, int64_t k) {
+    return BenchForwardSource(g_bench_variants, c, B, n, k, cc);
+  };
   struct Row {
     int64_t B, k, n;
     std::vector<float> fwd, both;
@@ -1574,6 +1595,7 @@ void RunBench(bool quick, const cudaDeviceProp& prop) {
         Row row{B, k, n, std::vector<float>(ncols), std::vector<float>(ncols),
                 std::vector<size_t>(ncols)};
         for (int m = 0; m < ncols; ++m) {
+          const bool own_forward = fwd_source(m, B, n, k) == m;
           g_math = col_mode(m);
           g_variant = col_variant(m);
           g_ws_cell = 0;
@@ -1585,24 +1607,47 @@ void RunBench(bool quick, const cudaDeviceProp& prop) {
           CUDA_OK(cudaDeviceSynchronize());
           size_t free_before = 0, free_after = 0, total = 0;
           CUDA_OK(cudaMemGetInfo(&free_before, &total));
-          row.fwd[m] = TimeMs(forward, warmup, repeats);
+          if (own_forward) row.fwd[m] = TimeMs(forward, warmup, repeats);
           row.both[m] = TimeMs(both, warmup, repeats);
           CUDA_OK(cudaMemGetInfo(&free_after, &total));
           worst_delta = std::max(worst_delta, static_cast<long long>(free_before) -
                                                   static_cast<long long>(free_after));
         }
+        // After every column: a source column may come later in the list.
+        for (int m = 0; m < ncols; ++m) row.fwd[m] = row.fwd[fwd_source(m, B, n, k)];
         rows.push_back(row);
       }
     }
   }
   g_math = MathMode::k3xTf32;
   g_variant = KernelVariant::kV2;
-  const int cc = 10 * prop.major + prop.minor;
+  // "" where column m timed its own forward at this row, else the label of
+  // the column it took it from ("3xtf32", "tf32+rows64+regsoftmax").
+  auto fwd_from = [&](int m, const Row& r) {
+    const int src = fwd_source(m, r.B, r.n, r.k);
+    return src == m ? std::string() : ModeLabel(col_mode(src), col_variant(src));
+  };
   for (int m = 0; m < ncols; ++m) {
     // auto's table names what each cell ran.
     const bool is_auto = col_variant(m) == KernelVariant::kAuto;
     std::printf("\n### math mode %s, variant %s\n\n", MathName(col_mode(m)),
                 VariantString(col_variant(m)));
+    // Where this column's forward ms come from: its own launches (""), one
+    // other column (its variant name) or, for auto, a column per row ("*").
+    std::string from;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const int src = fwd_source(m, rows[i].B, rows[i].n, rows[i].k);
+      const std::string f = src == m ? "" : VariantString(col_variant(src));
+      from = i == 0 || f == from ? f : "*";
+    }
+    if (from == "*") {
+      std::printf("forward ms: per row, the column of the forward variant auto ran (the same "
+                  "launch, timed once there); forward + codes grad ms measured here.\n\n");
+    } else if (!from.empty()) {
+      std::printf("forward ms: the %s column's (the same launch, timed once there); forward + "
+                  "codes grad ms measured here.\n\n",
+                  from.c_str());
+    }
     std::printf("| B | k | n | forward ms | forward + codes grad ms | TFLOP/s | %% of FP32 peak "
                 "| %% of TF32 peak |%s\n|---:|---:|---:|---:|---:|---:|---:|---:|%s\n",
                 is_auto ? " auto ran |" : "", is_auto ? "---|" : "");
@@ -1628,10 +1673,15 @@ void RunBench(bool quick, const cudaDeviceProp& prop) {
       for (const Row& r : rows) {
         for (int m = 0; m < ncols; ++m) {
           // "3xtf32+auto" rows carry what auto ran in the optional "note".
-          const std::string note =
+          std::string note =
               col_variant(m) == KernelVariant::kAuto
                   ? ", \"note\": \"auto ran " + AutoChoice(col_mode(m), r.B, r.n, r.k, cc) + "\""
                   : std::string();
+          // "fwd_from": the mode label of the row whose fwd_ms this one
+          // repeats (the same forward launch, timed once).
+          if (const std::string src = fwd_from(m, r); !src.empty()) {
+            note += ", \"fwd_from\": \"" + src + "\"";
+          }
           std::fprintf(f, "%s\n {\"B\": %lld, \"k\": %lld, \"n\": %lld, \"mode\": \"%s\", "
                        "\"fwd_ms\": %.6g, \"fwdbwd_ms\": %.6g, \"peak_bytes\": %zu%s}",
                        first ? "" : ",", static_cast<long long>(r.B),
@@ -1732,7 +1782,7 @@ void PrintAutoTable(int cc) {
 
 const char kUsage[] =
     "usage: %s [--check-only | --bench-only | --grid | --small | --smem-limit | --profile]\n"
-    "          [--quick]\n"
+    "          [--quick] [--tiny]\n"
     "          [--math fp32|3xtf32|tf32]\n"
     "          [--variant v2|rows64|foldnorms|rows64+foldnorms|regsoftmax|rows64+regsoftmax|\n"
     "                     regsoftmax+warps8|rows64+regsoftmax+warps8|gradmma|\n"
@@ -1740,7 +1790,8 @@ const char kUsage[] =
     "  (default)      the checks, then the benchmark table\n"
     "  --check-only   the checks over odd shapes and dtypes (--quick: the smallest shapes\n"
     "                 that reach every launch variant, for the CPU emulator)\n"
-    "  --bench-only   timing tables per math mode (--quick: fewer shapes and repeats)\n"
+    "  --bench-only   timing tables per math mode (--quick: fewer shapes and repeats;\n"
+    "                 --tiny: two small cells, one repeat, for the CPU emulator)\n"
     "  --grid         B in {1,7,16,256} x k in {1,31,128,1000} x n in {1,33,1e4,1e6}\n"
     "  --math MODE    fp32 | 3xtf32 | tf32: the loss passes' mode in --grid / --small\n"
     "                 (default 3xtf32; the checks run every mode, the timings all three)\n"
@@ -1762,7 +1813,7 @@ const char kUsage[] =
 
 int main(int argc, char** argv) {
   bool check = true, bench = true, quick = false, grid = false, small = false, smem = false,
-       profile = false, variant_given = false, auto_table = false;
+       profile = false, variant_given = false, auto_table = false, tiny = false;
   int modes = 0;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--check-only") == 0) {
@@ -1788,6 +1839,8 @@ int main(int argc, char** argv) {
       ++modes;
     } else if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
+    } else if (std::strcmp(argv[i], "--tiny") == 0) {
+      tiny = true;
     } else if (std::strcmp(argv[i], "--fail-fast") == 0) {
       g_fail_fast = true;
     } else if (std::strcmp(argv[i], "--variant") == 0 && i + 1 < argc) {
@@ -1864,7 +1917,7 @@ int main(int argc, char** argv) {
   if (auto_table) PrintAutoTable(10 * prop.major + prop.minor);
   PrintModeErrors();
   if (check || grid || small || smem) std::printf("\n%d checks, %d failed\n", g_checks, g_failures);
-  if (bench) RunBench(quick, prop);
+  if (bench) RunBench(quick, tiny, prop);
   if (g_failures > 0) {
     std::printf("FAILED\n");
     return 1;
