@@ -123,18 +123,63 @@ def test_bench_rejects_an_unknown_backend():
     assert "Argument `--backends` must be a comma-separated subset of jax,torch" in proc.stderr
 
 
+def _no_gpu_run(folder):
+    env = dict(os.environ, OUT=str(folder / "out"), PYTHON=sys.executable,
+               WHEEL_DIR=str(folder / "none"), SITE_DIR=str(folder / "site"), JAX_PLATFORMS="cpu",
+               DEVICE_RUN_IMPORT_LIMIT="150")  # a loaded 2-core machine, not the GPU one
+    return ["bash", str(DEVICE_RUN)], env
+
+
+def _fake_gpu_run(folder):
+    bin_dir = folder / "bin"
+    bin_dir.mkdir()
+    for name, text in (("nvidia-smi", _FAKE_NVIDIA_SMI), ("nvcc", _FAKE_NVCC),
+                       ("compute-sanitizer", _FAKE_SANITIZER)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    env = dict(os.environ, OUT=str(folder / "out"), PYTHON=sys.executable,
+               WHEEL_DIR=str(folder / "none"), SITE_DIR=str(folder / "site"), JAX_PLATFORMS="cpu",
+               DEVICE_RUN_IMPORT_LIMIT="150", PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+               COMPUTE_SANITIZER=str(bin_dir / "compute-sanitizer"),
+               ECOC_HARNESS_JSON=str(folder / "harness" / "timing.json"),
+               DEVICE_RUN_STREAMING_MIN="100000",
+               DEVICE_RUN_GPULOSS_ARGS="--simulate-gpu --methods jax_default --reps 1 "
+                                       "--block-ms 1 --assume-card NVIDIA_H100")
+    return ["bash", str(DEVICE_RUN)], env
+
+
+@pytest.fixture(scope="module")
+def _device_runs(request, tmp_path_factory):
+    """The two whole runs of device_run.sh below (no GPU; a fake GPU), started
+    at once (each runs its phases' Python processes one after another), with
+    docs/benchmarks.md as it was before either started: name -> _Background."""
+    names = {item.originalname for item in request.session.items if item.module is request.module}
+    docs_before = (REPO / "docs" / "benchmarks.md").read_bytes()
+    runs = {}
+    try:
+        for test, start in (("test_device_run_without_a_gpu_reports_every_phase_and_exits_zero",
+                             _no_gpu_run),
+                            ("test_device_run_on_a_fake_gpu_merges_the_harness_rows_into_the_loss_"
+                             "table", _fake_gpu_run)):
+            if test in names and not (start is _no_gpu_run and shutil.which("nvidia-smi")):
+                folder = tmp_path_factory.mktemp("background")
+                runs[start.__name__] = _Background(*start(folder), folder)
+        yield runs, docs_before
+    finally:
+        for run in runs.values():
+            run.close()
+
+
 @pytest.mark.slow
-def test_device_run_without_a_gpu_reports_every_phase_and_exits_zero(tmp_path):
-    # About 20 s on 2 cores: two keras imports and the benchmark's probe.
+def test_device_run_without_a_gpu_reports_every_phase_and_exits_zero(_device_runs):
+    # About 20 s on 2 cores: two keras imports and the benchmark's probe (side by
+    # side with the fake-GPU run below).
     _no_gpu_or_skip()
     docs = REPO / "docs" / "benchmarks.md"
-    docs_before = docs.read_bytes()
-    out = tmp_path / "out"
-    env = dict(os.environ, OUT=str(out), PYTHON=sys.executable, WHEEL_DIR=str(tmp_path / "none"),
-               SITE_DIR=str(tmp_path / "site"), JAX_PLATFORMS="cpu",
-               DEVICE_RUN_IMPORT_LIMIT="150")  # a loaded 2-core machine, not the GPU one
-    proc = subprocess.run(["bash", str(DEVICE_RUN)], capture_output=True, text=True,
-                          timeout=300, env=env)
+    runs, docs_before = _device_runs
+    run = runs["_no_gpu_run"]
+    out = run.folder / "out"
+    proc = run.result(timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     summary = (out / "summary.md").read_text()
     rows = {line.split(" | ")[0][2:]: line.split(" | ")[1]
@@ -575,26 +620,12 @@ while [ "$1" != "${1#-}" ] || [ "$1" = memcheck ] || [ "$1" = racecheck ] || [ "
 
 
 @pytest.mark.slow
-def test_device_run_on_a_fake_gpu_merges_the_harness_rows_into_the_loss_table(tmp_path):
-    # About 90 s: the whole run with stand-ins for nvidia-smi, nvcc and compute-sanitizer
+def test_device_run_on_a_fake_gpu_merges_the_harness_rows_into_the_loss_table(_device_runs):
+    # About 30 s: the whole run with stand-ins for nvidia-smi, nvcc and compute-sanitizer
     # and bench_gpu_loss on the CPU (--simulate-gpu); the streaming benchmark is left out.
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name, text in (("nvidia-smi", _FAKE_NVIDIA_SMI), ("nvcc", _FAKE_NVCC),
-                       ("compute-sanitizer", _FAKE_SANITIZER)):
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
-    out = tmp_path / "out"
-    env = dict(os.environ, OUT=str(out), PYTHON=sys.executable, WHEEL_DIR=str(tmp_path / "none"),
-               SITE_DIR=str(tmp_path / "site"), JAX_PLATFORMS="cpu", DEVICE_RUN_IMPORT_LIMIT="150",
-               PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-               COMPUTE_SANITIZER=str(bin_dir / "compute-sanitizer"),
-               ECOC_HARNESS_JSON=str(tmp_path / "harness" / "timing.json"),
-               DEVICE_RUN_STREAMING_MIN="100000",
-               DEVICE_RUN_GPULOSS_ARGS="--simulate-gpu --methods jax_default --reps 1 "
-                                       "--block-ms 1 --assume-card NVIDIA_H100")
-    proc = subprocess.run(["bash", str(DEVICE_RUN)], capture_output=True, text=True,
-                          timeout=400, env=env)
+    run = _device_runs[0]["_fake_gpu_run"]
+    out = run.folder / "out"
+    proc = run.result(timeout=400)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     summary = (out / "summary.md").read_text()
     rows = {line.split(" | ")[0][2:]: line.split(" | ")[1]
