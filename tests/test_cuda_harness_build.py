@@ -55,11 +55,11 @@ def _cuobjdump_or_skip(build) -> str:
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory, kernels_build) -> Path:
-    folder = tmp_path_factory.mktemp("ecoc_harness")
-    exe = folder / "ecoc_harness"
+    exe = tmp_path_factory.mktemp("ecoc_harness") / "ecoc_harness"
     build = kernels_build
     archs = _harness_archs(build)
-    flags = [
+    cmd = [
+        NVCC,
         "-O2",
         "-std=c++17",
         "--expt-relaxed-constexpr",
@@ -67,25 +67,18 @@ def harness(tmp_path_factory, kernels_build) -> Path:
         *build.cuda_gencode_flags(archs),
         "-Xcompiler",
         "-fopenmp",
-    ]
-    # The two units compile side by side (one nvcc each, about as long as each
-    # other; one nvcc command compiles its sources one after the other), then
-    # link: the harness calls only the host launchers of ecoc_kernels.h.
-    compiles = []
-    for source in (CUDA_DIR / "harness.cu", CUDA_DIR / "ecoc_kernels.cu.cc"):
-        obj = folder / (source.name.split(".")[0] + ".o")
+        f"-I{REPO / 'kernels'}",
         # The kernels live in a .cu.cc file; without -x cu nvcc would hand it
         # to the host compiler.
-        cmd = [NVCC, *flags, f"-I{REPO / 'kernels'}", "-x", "cu", "-c", str(source), "-o", str(obj)]
-        compiles.append((obj, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                               text=True)))
-    outputs = [proc.communicate(timeout=900)[0] for _, proc in compiles]
-    for (_, proc), output in zip(compiles, outputs):
-        assert proc.returncode == 0, f"nvcc failed:\n{output}"
-    objects = [str(obj) for obj, _ in compiles]
-    proc = subprocess.run([NVCC, *build.cuda_gencode_flags(archs), "-Xcompiler", "-fopenmp",
-                           *objects, "-o", str(exe)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"nvcc failed to link:\n{proc.stdout}\n{proc.stderr}"
+        "-x",
+        "cu",
+        str(CUDA_DIR / "harness.cu"),
+        str(CUDA_DIR / "ecoc_kernels.cu.cc"),
+        "-o",
+        str(exe),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, f"nvcc failed:\n{proc.stdout}\n{proc.stderr}"
     assert exe.exists()
     return exe
 
