@@ -32,6 +32,21 @@ def _record(key, encoding, label, seed, curve, test, **spec):
             "final_val_accuracy": curve[-1], "total_steps": steps[-1]}
 
 
+def _curve(rng, final):
+    """A validation curve of 5 evaluations, shape (5,): rising from 0.1 to
+    `final` with N(0, 0.01) noise, clipped to [0, 1] like an accuracy."""
+    return np.clip(np.linspace(0.1, final, 5) + rng.normal(0, 0.01, 5), 0, 1)
+
+
+def _grid_accuracies(rng, n, shifts):
+    """Final test accuracies of a synthetic grid, head -> shape (n,), one per
+    seed: one-hot's uniform in [0.6, 0.7), each head of `shifts` (name ->
+    (mean, sd)) one-hot's plus N(mean, sd) per seed, drawn in that order."""
+    one_hot = rng.uniform(0.6, 0.7, n)
+    return {"one_hot": one_hot,
+            **{name: one_hot + rng.normal(mean, sd, n) for name, (mean, sd) in shifts.items()}}
+
+
 def _write(folder, records, experiments):
     with open(os.path.join(folder, "runs.jsonl"), "w") as f:
         for r in records:
@@ -44,9 +59,9 @@ def _write(folder, records, experiments):
 def test_audit_pairs_by_seed_adjusts_by_holm_and_borrows_imprinted_runs(tmp_path):
     rng = np.random.default_rng(0)
     seeds = range(6)
-    one_hot_test = rng.uniform(0.6, 0.7, 6)
-    spectral_test = one_hot_test + rng.normal(0.02, 0.01, 6)
-    imprinted_test = one_hot_test + rng.normal(0.03, 0.01, 6)
+    tests = _grid_accuracies(rng, 6, {"spectral": (0.02, 0.01),
+                                      "one_hot_imprinted": (0.03, 0.01)})
+    one_hot_test, spectral_test, imprinted_test = tests.values()
     records, e5, e1 = [], [], []
     for s in seeds:
         # e5: one-hot and a fixed-scale spectral head; e1: the imprinted head
@@ -55,7 +70,7 @@ def test_audit_pairs_by_seed_adjusts_by_holm_and_borrows_imprinted_runs(tmp_path
                                        ("spectral", "spectral_norm", spectral_test[s], e5),
                                        ("one_hot_imprinted", "one_hot_imprinted",
                                         imprinted_test[s], e1)):
-            curve = np.clip(np.linspace(0.1, test, 5) + rng.normal(0, 0.01, 5), 0, 1)
+            curve = _curve(rng, test)
             key = f"{enc}-{s}"
             extra = {"learnable": True} if enc == "one_hot_imprinted" else {}
             records.append(_record(key, enc, label, s, curve.tolist(), float(test), **extra))
@@ -82,16 +97,14 @@ def test_audit_pairs_by_seed_adjusts_by_holm_and_borrows_imprinted_runs(tmp_path
 def test_audit_compares_spectral_with_both_imprinted_controls_run_in_the_same_grid(tmp_path):
     rng = np.random.default_rng(1)
     seeds = range(5)
-    one_hot_test = rng.uniform(0.6, 0.7, 5)
-    tests = {"one_hot": one_hot_test,
-             "spectral": one_hot_test + rng.normal(0.0, 0.01, 5),
-             "one_hot_imprinted": one_hot_test + rng.normal(0.01, 0.01, 5),
-             "one_hot_imprinted_pretrained": one_hot_test + rng.normal(0.02, 0.01, 5)}
+    tests = _grid_accuracies(rng, 5, {"spectral": (0.0, 0.01),
+                                      "one_hot_imprinted": (0.01, 0.01),
+                                      "one_hot_imprinted_pretrained": (0.02, 0.01)})
     labels = {"spectral": "spectral_norm"}
     records, keys = [], []
     for s in seeds:
         for enc, test in tests.items():
-            curve = np.clip(np.linspace(0.1, test[s], 5) + rng.normal(0, 0.01, 5), 0, 1)
+            curve = _curve(rng, test[s])
             key = f"{enc}-{s}"
             records.append(_record(key, enc, labels.get(enc, enc), s, curve.tolist(),
                                    float(test[s])))
@@ -115,16 +128,14 @@ def test_audit_borrows_every_reference_head_for_a_spectral_only_grid(tmp_path):
     # grid trained on the same backbone and seeds (one-hot ignores the scale).
     rng = np.random.default_rng(2)
     seeds = range(6)
-    one_hot_test = rng.uniform(0.6, 0.7, 6)
-    tests = {"one_hot": one_hot_test,
-             "one_hot_imprinted": one_hot_test + rng.normal(0.01, 0.01, 6),
-             "one_hot_imprinted_pretrained": one_hot_test + rng.normal(0.0, 0.01, 6),
-             "spectral": one_hot_test + rng.normal(-0.01, 0.01, 6)}
+    tests = _grid_accuracies(rng, 6, {"one_hot_imprinted": (0.01, 0.01),
+                                      "one_hot_imprinted_pretrained": (0.0, 0.01),
+                                      "spectral": (-0.01, 0.01)})
     finals = {}
     records, e5, e1 = [], [], []
     for s in seeds:
         for enc, test in tests.items():
-            curve = np.clip(np.linspace(0.1, test[s], 5) + rng.normal(0, 0.01, 5), 0, 1)
+            curve = _curve(rng, test[s])
             finals.setdefault(enc, []).append(curve[-1])
             learnable = enc == "spectral"
             key = f"{enc}-{s}-{learnable}"
@@ -172,13 +183,11 @@ def test_audit_compares_a_random_heads_grid_with_the_borrowed_one_hot_and_spectr
     # same seeds) may be the spectral reference.
     rng = np.random.default_rng(3)
     seeds = range(6)
-    one_hot_test = rng.uniform(0.6, 0.7, 6)
-    tests = {"one_hot": one_hot_test,
-             "spectral_norm": one_hot_test + rng.normal(-0.02, 0.01, 6),
-             "spectral_norm_fixed": one_hot_test + rng.normal(0.05, 0.01, 6),
-             "spectral_raw": one_hot_test + rng.normal(-0.3, 0.01, 6),
-             "gaussian_norm": one_hot_test + rng.normal(-0.2, 0.02, 6),
-             "spectral_zero": one_hot_test + rng.normal(-0.08, 0.02, 6)}
+    tests = _grid_accuracies(rng, 6, {"spectral_norm": (-0.02, 0.01),
+                                      "spectral_norm_fixed": (0.05, 0.01),
+                                      "spectral_raw": (-0.3, 0.01),
+                                      "gaussian_norm": (-0.2, 0.02),
+                                      "spectral_zero": (-0.08, 0.02)})
     heads = {  # label: (encoding, learnable scale, normalize_rows, experiment)
         "one_hot": ("one_hot", False, None, "e1_controls"),
         "spectral_norm": ("spectral", True, True, "e1_controls"),
@@ -189,8 +198,7 @@ def test_audit_compares_a_random_heads_grid_with_the_borrowed_one_hot_and_spectr
     finals, records, experiments, curves = {}, [], {}, {}
     for s in seeds:
         for name, (enc, learnable, rows_on, experiment) in heads.items():
-            curve = np.clip(np.linspace(0.1, tests[name][s], 5)
-                            + rng.normal(0, 0.01, 5), 0, 1)
+            curve = _curve(rng, tests[name][s])
             finals.setdefault(name, []).append(curve[-1])
             curves.setdefault(name, []).append(curve)
             key = f"{name}-{s}"

@@ -45,6 +45,52 @@ def _no_gpu_or_skip():
         pytest.skip("this machine may have a GPU: run benchmarks/device_run.sh itself")
 
 
+class _Background:
+    """A subprocess started ahead of the test that reads it (by a module
+    fixture, next to another one: each of these runs is one Python process
+    after another, so two side by side take about the time of one on 2
+    cores). Its output goes to files, not pipes, so it never blocks on a
+    full pipe while the test waits on the other run."""
+
+    def __init__(self, cmd, env, folder: Path):
+        folder.mkdir(parents=True, exist_ok=True)
+        self.folder, self.cmd = folder, cmd
+        with open(folder / "stdout", "w") as out, open(folder / "stderr", "w") as err:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
+
+    def result(self, timeout: float) -> subprocess.CompletedProcess:
+        """Waits at most `timeout` s from now (the run started earlier)."""
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.close()
+            raise
+        return subprocess.CompletedProcess(self.cmd, self.proc.returncode,
+                                           (self.folder / "stdout").read_text(),
+                                           (self.folder / "stderr").read_text())
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _side_by_side(request, tmp_path_factory, test_name, param, start):
+    """Starts start(value, folder) -> (cmd, env) for each value of `param` that
+    the session selected of `test_name`, all at once; yields value -> _Background."""
+    values = [item.callspec.params[param] for item in request.session.items
+              if item.module is request.module and item.originalname == test_name]
+    runs = {}
+    try:
+        for value in values:
+            folder = tmp_path_factory.mktemp("background")
+            runs[value] = _Background(*start(value, folder), folder)
+        yield runs
+    finally:
+        for run in runs.values():
+            run.close()
+
+
 def test_device_check_takes_step_limits_from_the_environment():
     env = dict(os.environ, DEVICE_CHECK_T_GRID="60", DEVICE_CHECK_T_BUILD="45")
     proc = subprocess.run(["bash", str(DEVICE_CHECK), "--dry-run"], capture_output=True,
@@ -77,18 +123,63 @@ def test_bench_rejects_an_unknown_backend():
     assert "Argument `--backends` must be a comma-separated subset of jax,torch" in proc.stderr
 
 
+def _no_gpu_run(folder):
+    env = dict(os.environ, OUT=str(folder / "out"), PYTHON=sys.executable,
+               WHEEL_DIR=str(folder / "none"), SITE_DIR=str(folder / "site"), JAX_PLATFORMS="cpu",
+               DEVICE_RUN_IMPORT_LIMIT="150")  # a loaded 2-core machine, not the GPU one
+    return ["bash", str(DEVICE_RUN)], env
+
+
+def _fake_gpu_run(folder):
+    bin_dir = folder / "bin"
+    bin_dir.mkdir()
+    for name, text in (("nvidia-smi", _FAKE_NVIDIA_SMI), ("nvcc", _FAKE_NVCC),
+                       ("compute-sanitizer", _FAKE_SANITIZER)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    env = dict(os.environ, OUT=str(folder / "out"), PYTHON=sys.executable,
+               WHEEL_DIR=str(folder / "none"), SITE_DIR=str(folder / "site"), JAX_PLATFORMS="cpu",
+               DEVICE_RUN_IMPORT_LIMIT="150", PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+               COMPUTE_SANITIZER=str(bin_dir / "compute-sanitizer"),
+               ECOC_HARNESS_JSON=str(folder / "harness" / "timing.json"),
+               DEVICE_RUN_STREAMING_MIN="100000",
+               DEVICE_RUN_GPULOSS_ARGS="--simulate-gpu --methods jax_default --reps 1 "
+                                       "--block-ms 1 --assume-card NVIDIA_H100")
+    return ["bash", str(DEVICE_RUN)], env
+
+
+@pytest.fixture(scope="module")
+def _device_runs(request, tmp_path_factory):
+    """The two whole runs of device_run.sh below (no GPU; a fake GPU), started
+    at once (each runs its phases' Python processes one after another), with
+    docs/benchmarks.md as it was before either started: name -> _Background."""
+    names = {item.originalname for item in request.session.items if item.module is request.module}
+    docs_before = (REPO / "docs" / "benchmarks.md").read_bytes()
+    runs = {}
+    try:
+        for test, start in (("test_device_run_without_a_gpu_reports_every_phase_and_exits_zero",
+                             _no_gpu_run),
+                            ("test_device_run_on_a_fake_gpu_merges_the_harness_rows_into_the_loss_"
+                             "table", _fake_gpu_run)):
+            if test in names and not (start is _no_gpu_run and shutil.which("nvidia-smi")):
+                folder = tmp_path_factory.mktemp("background")
+                runs[start.__name__] = _Background(*start(folder), folder)
+        yield runs, docs_before
+    finally:
+        for run in runs.values():
+            run.close()
+
+
 @pytest.mark.slow
-def test_device_run_without_a_gpu_reports_every_phase_and_exits_zero(tmp_path):
-    # About 20 s on 2 cores: two keras imports and the benchmark's probe.
+def test_device_run_without_a_gpu_reports_every_phase_and_exits_zero(_device_runs):
+    # About 20 s on 2 cores: two keras imports and the benchmark's probe (side by
+    # side with the fake-GPU run below).
     _no_gpu_or_skip()
     docs = REPO / "docs" / "benchmarks.md"
-    docs_before = docs.read_bytes()
-    out = tmp_path / "out"
-    env = dict(os.environ, OUT=str(out), PYTHON=sys.executable, WHEEL_DIR=str(tmp_path / "none"),
-               SITE_DIR=str(tmp_path / "site"), JAX_PLATFORMS="cpu",
-               DEVICE_RUN_IMPORT_LIMIT="150")  # a loaded 2-core machine, not the GPU one
-    proc = subprocess.run(["bash", str(DEVICE_RUN)], capture_output=True, text=True,
-                          timeout=300, env=env)
+    runs, docs_before = _device_runs
+    run = runs["_no_gpu_run"]
+    out = run.folder / "out"
+    proc = run.result(timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     summary = (out / "summary.md").read_text()
     rows = {line.split(" | ")[0][2:]: line.split(" | ")[1]
@@ -293,21 +384,35 @@ def test_bench_gpu_loss_simulated_rows_match_a_float64_reference_and_merge_the_h
     assert strip.sub("", again.read_text()) == strip.sub("", text)
 
 
+@pytest.fixture(scope="module")
+def _faulty_gpu_loss_runs(request, tmp_path_factory):
+    """The crash and the hang case of the test below, started side by side:
+    the crash case runs while the hang case waits out its item timeout."""
+    def start(fault, folder):
+        return ([sys.executable, str(GPU_LOSS), "--simulate-gpu", "--methods",
+                 "jax_default,jax_highest", "--no-reference", "--reps", "1", "--block-ms", "1",
+                 "--item-timeout", "15", "--time-limit", "200", "--out", str(folder / "gl.md")],
+                dict(os.environ, BENCH_GPU_LOSS_FAULT=f"{fault}:jax_highest:4"))
+
+    yield from _side_by_side(request, tmp_path_factory,
+                             "test_bench_gpu_loss_records_a_crashing_or_hanging_method_and_goes_on",
+                             "fault", start)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fault,why", [("crash", "worker exited with code 3"),
-                                       ("hang", "ran past --item-timeout=20 s")])
-def test_bench_gpu_loss_records_a_crashing_or_hanging_method_and_goes_on(tmp_path, fault, why):
-    # About 40 s: the JAX worker restarts past the (method, cell) that fails.
+                                       ("hang", "ran past --item-timeout=15 s")])
+def test_bench_gpu_loss_records_a_crashing_or_hanging_method_and_goes_on(
+        _faulty_gpu_loss_runs, fault, why):
+    # About 20 s for both cases: the JAX worker restarts past the (method, cell)
+    # that fails. An item here takes about a second (under 10 s on a loaded
+    # machine), so 15 s is a hang.
     mod = _gpu_loss_module()
-    out = tmp_path / "gl.md"
-    proc = subprocess.run(
-        [sys.executable, str(GPU_LOSS), "--simulate-gpu", "--methods", "jax_default,jax_highest",
-         "--no-reference", "--reps", "1", "--block-ms", "1", "--item-timeout", "20",
-         "--time-limit", "200", "--out", str(out)],
-        capture_output=True, text=True, timeout=300,
-        env=dict(os.environ, BENCH_GPU_LOSS_FAULT=f"{fault}:jax_highest:4"))
+    run = _faulty_gpu_loss_runs[fault]
+    out = run.folder / "gl.md"
+    proc = run.result(timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    state = json.loads((tmp_path / "gl.json").read_text())
+    state = json.loads((run.folder / "gl.json").read_text())
     assert state["status"] == "finished with errors; see the table"
     rows = {(r["method"], r["B"], r["k"], r["n"]): r for r in state["rows"]}
     assert len(rows) == 2 * len(mod.QUICK_GRID)
@@ -515,26 +620,12 @@ while [ "$1" != "${1#-}" ] || [ "$1" = memcheck ] || [ "$1" = racecheck ] || [ "
 
 
 @pytest.mark.slow
-def test_device_run_on_a_fake_gpu_merges_the_harness_rows_into_the_loss_table(tmp_path):
-    # About 90 s: the whole run with stand-ins for nvidia-smi, nvcc and compute-sanitizer
+def test_device_run_on_a_fake_gpu_merges_the_harness_rows_into_the_loss_table(_device_runs):
+    # About 30 s: the whole run with stand-ins for nvidia-smi, nvcc and compute-sanitizer
     # and bench_gpu_loss on the CPU (--simulate-gpu); the streaming benchmark is left out.
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name, text in (("nvidia-smi", _FAKE_NVIDIA_SMI), ("nvcc", _FAKE_NVCC),
-                       ("compute-sanitizer", _FAKE_SANITIZER)):
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
-    out = tmp_path / "out"
-    env = dict(os.environ, OUT=str(out), PYTHON=sys.executable, WHEEL_DIR=str(tmp_path / "none"),
-               SITE_DIR=str(tmp_path / "site"), JAX_PLATFORMS="cpu", DEVICE_RUN_IMPORT_LIMIT="150",
-               PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-               COMPUTE_SANITIZER=str(bin_dir / "compute-sanitizer"),
-               ECOC_HARNESS_JSON=str(tmp_path / "harness" / "timing.json"),
-               DEVICE_RUN_STREAMING_MIN="100000",
-               DEVICE_RUN_GPULOSS_ARGS="--simulate-gpu --methods jax_default --reps 1 "
-                                       "--block-ms 1 --assume-card NVIDIA_H100")
-    proc = subprocess.run(["bash", str(DEVICE_RUN)], capture_output=True, text=True,
-                          timeout=400, env=env)
+    run = _device_runs[0]["_fake_gpu_run"]
+    out = run.folder / "out"
+    proc = run.result(timeout=400)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     summary = (out / "summary.md").read_text()
     rows = {line.split(" | ")[0][2:]: line.split(" | ")[1]
@@ -665,22 +756,37 @@ def test_bench_fused_backends_table_shows_device_memory_masked_peaks_and_skipped
     assert any("B=16 k=32 n=1e+06 fused (torch: time limit)" in line for line in lines)
 
 
+@pytest.fixture(scope="module")
+def _status_phase_runs(request, tmp_path_factory):
+    """The status phase of each case of the test below, both started at once
+    (each is four Python processes one after another)."""
+    def start(fault, folder):
+        env = dict(os.environ, OUT=str(folder / "out"), PYTHON=sys.executable,
+                   JAX_PLATFORMS="cpu", DEVICE_RUN_BACKENDS_ONLY="status")
+        if fault:
+            env["DEVICE_FUSED_CHECK_FAULT"] = fault
+        return ["nice", "-n", "19", "bash", str(DEVICE_RUN_BACKENDS), "--simulate-gpu"], env
+
+    yield from _side_by_side(
+        request, tmp_path_factory,
+        "test_device_run_backends_status_fails_naming_the_error_when_a_fused_call_raises",
+        "fault", start)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not (REPO / "keras_ecoc" / "_lib" / "_ecoc_kernels.so").exists(),
                     reason="the kernel library is not built (kernels/build.py --no-cuda)")
 @pytest.mark.parametrize("fault", [None, "RESOURCE_EXHAUSTED: keras_ecoc: no FFI scratch memory"])
-def test_device_run_backends_status_fails_naming_the_error_when_a_fused_call_raises(tmp_path, fault):
-    # About 60 s per case: the status phase alone (--simulate-gpu: the CPU kernels)
-    # runs the dispatcher check and one jitted fused loss + gradient per backend
-    # against float64 NumPy. On the H100 of 2026-11-26 the old phase said "pass"
-    # while every JAX fused call raised; a raising call must now fail it.
-    out = tmp_path / "out"
-    env = dict(os.environ, OUT=str(out), PYTHON=sys.executable, JAX_PLATFORMS="cpu",
-               DEVICE_RUN_BACKENDS_ONLY="status")
-    if fault:
-        env["DEVICE_FUSED_CHECK_FAULT"] = fault
-    proc = subprocess.run(["nice", "-n", "19", "bash", str(DEVICE_RUN_BACKENDS), "--simulate-gpu"],
-                          capture_output=True, text=True, timeout=300, env=env)
+def test_device_run_backends_status_fails_naming_the_error_when_a_fused_call_raises(
+        _status_phase_runs, fault):
+    # About 30 s per case, the two side by side: the status phase alone
+    # (--simulate-gpu: the CPU kernels) runs the dispatcher check and one jitted
+    # fused loss + gradient per backend against float64 NumPy. On the H100 of
+    # 2026-11-26 the old phase said "pass" while every JAX fused call raised; a
+    # raising call must now fail it.
+    run = _status_phase_runs[fault]
+    out = run.folder / "out"
+    proc = run.result(timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     summary = (out / "backends_summary.md").read_text()
     rows = {line.split(" | ")[0][2:]: line.split(" | ")[1:4]
