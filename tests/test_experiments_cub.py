@@ -464,9 +464,21 @@ def test_cub_grid_rejects_bad_arguments_before_training(kwargs, match):
 @pytest.mark.backend_independent
 @pytest.mark.slow
 @pytest.mark.parametrize("protocol", ["retrain", "finetune"])
-def test_cub_bits_command_end_to_end_with_resume(tmp_path, protocol):
+def test_cub_bits_command_end_to_end_with_resume(tmp_path, protocol,
+                                                 monkeypatch):
     source, cub = _fake_source(tmp_path), _fake_cub(tmp_path)
     out = tmp_path / "out"
+    # XLA off for finetune too: its 12 short trainings would each pay an XLA
+    # compilation (about 40 s in all on 2 cores); what "auto" resolves to is
+    # pinned by test_cub_bits_jit_compile_auto_is_on_for_finetune_only.
+    passed = []
+    real_run_grid = cub_bits.grid_lib.run_grid
+
+    def spy_run_grid(*args, **kwargs):
+        passed.append(kwargs["jit_compile"])
+        return real_run_grid(*args, **kwargs)
+
+    monkeypatch.setattr(cub_bits.grid_lib, "run_grid", spy_run_grid)
     argv = ["cub-bits", "--protocol", protocol, "--dataset", cub,
             "--pretrain-source", source, "--pretrain-epochs", "1",
             "--pretrain-image-size", "16", "--val-per-class", "1",
@@ -475,8 +487,9 @@ def test_cub_bits_command_end_to_end_with_resume(tmp_path, protocol):
             "--code-lengths", "3", "6", "--encodings", "one_hot",
             "one_hot_imprinted_pretrained", "spectral",
             "--min-pretrain-chance-multiple", "0", "--verbose", "0",
-            "--output", str(out)]
+            "--jit-compile", "off", "--output", str(out)]
     results = cli.main(argv)["cub-bits"]
+    assert passed == [False]
     rows = {r["label"]: r for r in results["cub"]["rows"]}
     # n = 6: spectral codes only for k <= n - 1.
     assert set(rows) == {"one_hot", "one_hot_imprinted_pretrained",
@@ -504,6 +517,33 @@ def test_cub_bits_command_end_to_end_with_resume(tmp_path, protocol):
     again = cli.main(argv + ["--resume"])["cub-bits"]
     assert [r["test_accuracy"] for r in again["cub"]["rows"]] == [
         r["test_accuracy"] for r in results["cub"]["rows"]]
+
+
+@pytest.mark.parametrize("protocol, flag, expected", [
+    ("finetune", None, True), ("retrain", None, False),
+    ("finetune", False, False), ("retrain", True, True)])
+def test_cub_bits_jit_compile_auto_is_on_for_finetune_only(
+        monkeypatch, tmp_path, protocol, flag, expected):
+    passed = []
+
+    class Stop(Exception):
+        pass
+
+    def record(*args, **kwargs):
+        passed.append(kwargs["jit_compile"])
+        raise Stop
+
+    monkeypatch.setattr(cub_bits.grid_lib, "run_grid", record)
+    grid = type("FakeGrid", (), {"base": {"protocol": protocol}})()
+    with pytest.raises(Stop):
+        cub_bits.run_cub_bits(grid, str(tmp_path), jit_compile=flag)
+    assert passed == [expected]
+
+
+def test_cub_bits_command_rejects_an_unknown_jit_compile_choice(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["cub-bits", "--jit-compile", "maybe"])
+    assert "--jit-compile" in capsys.readouterr().err
 
 
 @pytest.mark.backend_independent

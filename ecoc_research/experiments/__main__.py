@@ -147,6 +147,11 @@ def build_parser():
     p.add_argument("--learnable-scale", action="store_true",
                    help="learn the decoding scale (default: fixed at "
                    "--scale, 1)")
+    p.add_argument("--jit-compile", choices=("auto", "on", "off"),
+                   default="auto",
+                   help="XLA for the training steps: auto (default) is on "
+                   "for finetune (one compilation for a whole CNN trained "
+                   "~1,000 steps) and off for retrain's small heads")
     p.add_argument("--margin", type=float, default=1.0,
                    help="equivalence margin in accuracy points (default 1)")
     p.add_argument("--resume", action="store_true",
@@ -581,7 +586,9 @@ def run_experiment(experiment, o, output_dir):
             grid, output_dir, name=f"cub_bits_{grid.base['protocol']}",
             margin=o["margin"], resume=o["resume"],
             verbose=min(o["verbose"], 2),
-            chance_multiple=_chance_multiple(o))
+            chance_multiple=_chance_multiple(o),
+            jit_compile={"auto": None, "on": True, "off": False}[
+                o.get("jit_compile") or "auto"])
     if experiment == "attributes":
         if data.class_attributes is None:
             raise ValueError(
