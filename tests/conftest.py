@@ -26,19 +26,27 @@ def rng(request):
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
 
 
-@pytest.fixture(scope="session")
-def kernels_build():
-    """kernels/build.py loaded by path (it is a script, not a package module)."""
+def load_script(path, name, register=False):
+    """A script of the repository (kernels/, benchmarks/: not package modules)
+    loaded by path as module `name`; `register` also puts it in sys.modules
+    (for a script whose dataclasses or pickling look their module up)."""
     import importlib.util  # noqa: PLC0415
     import sys  # noqa: PLC0415
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                        "kernels", "build.py")
-    spec = importlib.util.spec_from_file_location("_ecoc_kernels_build_for_tests", path)
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
+    if register:
+        sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="session")
+def kernels_build():
+    """kernels/build.py loaded by path (it is a script, not a package module)."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "kernels", "build.py")
+    return load_script(path, "_ecoc_kernels_build_for_tests", register=True)
 
 
 def shared_data(name):

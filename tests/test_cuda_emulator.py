@@ -12,7 +12,6 @@ instead of this checkout's (for instance a branch extracted with git archive).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 EMU = REPO / "kernels" / "cuda" / "emu"
@@ -340,10 +340,7 @@ def test_bench_times_each_forward_launch_once_and_names_the_column(tmp_path, mon
                   "--bench-only", "--tiny", "--variant", "all")
     assert res.returncode == 0, _fail_message(res)
     raw = json.loads(out.read_text())
-    spec = importlib.util.spec_from_file_location("bench_gpu_loss",
-                                                  REPO / "benchmarks" / "bench_gpu_loss.py")
-    gpu_loss = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_loss)
+    gpu_loss = load_script(REPO / "benchmarks" / "bench_gpu_loss.py", "bench_gpu_loss")
     assert len(gpu_loss.load_harness_json(str(out))) == len(raw) == 2 * 11 * 3
     rows = {(r["mode"], r["B"]): r for r in raw}
     auto_forward = set()
@@ -385,20 +382,11 @@ def test_deleting_a_marked_barrier_makes_the_harness_fail():
         assert caught, f"deleting the barrier at {where} went unnoticed:\n{_fail_message(res)}"
 
 
-def _run_module():
-    import importlib.util  # noqa: PLC0415
-
-    spec = importlib.util.spec_from_file_location("_keras_ecoc_emu_run_for_tests", RUN)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @needs_kernels
 def test_an_object_is_keyed_by_the_headers_its_unit_includes_and_no_others():
     # Why a barrier deleted in a kernel header rebuilds the kernels but reuses
     # the harness object, and an edited harness reuses the kernels.
-    run = _run_module()
+    run = load_script(RUN, "_keras_ecoc_emu_run_for_tests")
     texts = {"a.cu": '#include "b.h"\n#include <vector>\n  #  include "emu/x.h"\n',
              "b.h": '#include "c.cuh"\n#include "not_staged.h"\n', "c.cuh": '#include "b.h"\n',
              "d.cuh": "", "emu/x.h": ""}

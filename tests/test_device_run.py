@@ -14,7 +14,6 @@ gets a summary row, the GPU run never touches docs/benchmarks.md, bad limits
 are refused. Backend-independent, so they run on the TensorFlow pass only.
 """
 
-import importlib.util
 import json
 import os
 import re
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import load_script
 
 import keras
 
@@ -296,10 +296,7 @@ def test_device_wheels_dry_run_fetches_every_listed_wheel():
 # --- bench_gpu_loss.py ------------------------------------------------------------------
 
 def _gpu_loss_module():
-    spec = importlib.util.spec_from_file_location("bench_gpu_loss", GPU_LOSS)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(GPU_LOSS, "bench_gpu_loss")
 
 
 def _harness_rows(cells):
@@ -734,9 +731,7 @@ def test_bench_fused_backends_names_every_cell_its_time_limit_left_out(tmp_path)
 
 
 def test_bench_fused_backends_table_shows_device_memory_masked_peaks_and_skipped_cells(capsys):
-    spec = importlib.util.spec_from_file_location("bench_fused_backends", FUSED_BACKENDS)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script(FUSED_BACKENDS, "bench_fused_backends")
     row = dict(backend="jax", B=16, k=32, n=10000, device="gpu", ms=1.25, cpu_ms=1.0, peak_mb=3.0)
     rows = [dict(row, path="fused", dev_peak_mb=2.5),
             dict(row, path="streaming", dev_peak_mb=None, dev_peak_masked=True)]
@@ -809,10 +804,7 @@ def test_device_run_backends_status_fails_naming_the_error_when_a_fused_call_rai
 def test_fused_check_reference_gradient_matches_finite_differences(seed):
     # The float64 reference of benchmarks/device_fused_check.py is analytic;
     # central differences of its loss pin its gradient down independently.
-    spec = importlib.util.spec_from_file_location("device_fused_check",
-                                                  REPO / "benchmarks" / "device_fused_check.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script(REPO / "benchmarks" / "device_fused_check.py", "device_fused_check")
     rng = np.random.default_rng(seed)
     z = rng.normal(size=(3, 5))
     codes = rng.normal(size=(40, 5)) / np.sqrt(5)
