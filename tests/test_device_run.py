@@ -14,6 +14,8 @@ gets a summary row, the GPU run never touches docs/benchmarks.md, bad limits
 are refused. Backend-independent, so they run on the TensorFlow pass only.
 """
 
+import contextlib
+import functools
 import json
 import os
 import re
@@ -75,20 +77,30 @@ class _Background:
             self.proc.wait()
 
 
+@contextlib.contextmanager
+def _started(tmp_path_factory, starts):
+    """Starts start(folder) -> (cmd, env) of each entry of `starts` (key ->
+    start), all at once, each in its own folder; gives key -> _Background and
+    kills what still runs on the way out."""
+    runs = {}
+    try:
+        for key, start in starts.items():
+            folder = tmp_path_factory.mktemp("background")
+            runs[key] = _Background(*start(folder), folder)
+        yield runs
+    finally:
+        for run in runs.values():
+            run.close()
+
+
 def _side_by_side(request, tmp_path_factory, test_name, param, start):
     """Starts start(value, folder) -> (cmd, env) for each value of `param` that
     the session selected of `test_name`, all at once; yields value -> _Background."""
     values = [item.callspec.params[param] for item in request.session.items
               if item.module is request.module and item.originalname == test_name]
-    runs = {}
-    try:
-        for value in values:
-            folder = tmp_path_factory.mktemp("background")
-            runs[value] = _Background(*start(value, folder), folder)
+    with _started(tmp_path_factory,
+                  {value: functools.partial(start, value) for value in values}) as runs:
         yield runs
-    finally:
-        for run in runs.values():
-            run.close()
 
 
 def test_device_check_takes_step_limits_from_the_environment():
@@ -137,15 +149,14 @@ def _fake_gpu_run(folder):
                        ("compute-sanitizer", _FAKE_SANITIZER)):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
-    env = dict(os.environ, OUT=str(folder / "out"), PYTHON=sys.executable,
-               WHEEL_DIR=str(folder / "none"), SITE_DIR=str(folder / "site"), JAX_PLATFORMS="cpu",
-               DEVICE_RUN_IMPORT_LIMIT="150", PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+    cmd, env = _no_gpu_run(folder)
+    env.update(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
                COMPUTE_SANITIZER=str(bin_dir / "compute-sanitizer"),
                ECOC_HARNESS_JSON=str(folder / "harness" / "timing.json"),
                DEVICE_RUN_STREAMING_MIN="100000",
                DEVICE_RUN_GPULOSS_ARGS="--simulate-gpu --methods jax_default --reps 1 "
                                        "--block-ms 1 --assume-card NVIDIA_H100")
-    return ["bash", str(DEVICE_RUN)], env
+    return cmd, env
 
 
 @pytest.fixture(scope="module")
@@ -155,19 +166,14 @@ def _device_runs(request, tmp_path_factory):
     docs/benchmarks.md as it was before either started: name -> _Background."""
     names = {item.originalname for item in request.session.items if item.module is request.module}
     docs_before = (REPO / "docs" / "benchmarks.md").read_bytes()
-    runs = {}
-    try:
-        for test, start in (("test_device_run_without_a_gpu_reports_every_phase_and_exits_zero",
-                             _no_gpu_run),
-                            ("test_device_run_on_a_fake_gpu_merges_the_harness_rows_into_the_loss_"
-                             "table", _fake_gpu_run)):
-            if test in names and not (start is _no_gpu_run and shutil.which("nvidia-smi")):
-                folder = tmp_path_factory.mktemp("background")
-                runs[start.__name__] = _Background(*start(folder), folder)
+    starts = {start.__name__: start
+              for test, start in (("test_device_run_without_a_gpu_reports_every_phase_and_exits_"
+                                   "zero", _no_gpu_run),
+                                  ("test_device_run_on_a_fake_gpu_merges_the_harness_rows_into_"
+                                   "the_loss_table", _fake_gpu_run))
+              if test in names and not (start is _no_gpu_run and shutil.which("nvidia-smi"))}
+    with _started(tmp_path_factory, starts) as runs:
         yield runs, docs_before
-    finally:
-        for run in runs.values():
-            run.close()
 
 
 @pytest.mark.slow
