@@ -1546,17 +1546,15 @@ void RunBench(bool quick, bool tiny, const cudaDeviceProp& prop) {
   auto col_mode = [&](int c) { return modes[c % 3]; };
   auto col_variant = [&](int c) { return g_bench_variants[c / 3]; };
   const int cc = 10 * prop.major + prop.minor;
-  // The forward of column c at one cell is timed once: a column whose
-  // forward is another column's launch (kGradMma runs its forward as v2,
-  // kRows64GradMma as rows64, auto as the variant ResolveVariant names, in
-  // the same math mode) takes that column's forward ms; its forward + codes
-  // gradient is still measured as a whole.
-  auto fwd_source = [&](int c, int64_t B, int64_t n, int64_t k) {
-    return BenchForwardSource(g_bench_variants, c, B, n, k, cc);
-  };
   struct Row {
     int64_t B, k, n;
     std::vector<float> fwd, both;
+    // The forward of column c at one cell is timed once: a column whose
+    // forward is another column's launch (kGradMma runs its forward as v2,
+    // kRows64GradMma as rows64, auto as the variant ResolveVariant names, in
+    // the same math mode) takes the forward ms of column fwd_src[c]; its
+    // forward + codes gradient is still measured as a whole.
+    std::vector<int> fwd_src;
     std::vector<size_t> peak;  // workspace + outputs, bytes
   };
   std::vector<Row> rows;
@@ -1593,9 +1591,12 @@ void RunBench(bool quick, bool tiny, const cudaDeviceProp& prop) {
                            d_grad.ptr, 0);
         };
         Row row{B, k, n, std::vector<float>(ncols), std::vector<float>(ncols),
-                std::vector<size_t>(ncols)};
+                std::vector<int>(ncols), std::vector<size_t>(ncols)};
         for (int m = 0; m < ncols; ++m) {
-          const bool own_forward = fwd_source(m, B, n, k) == m;
+          row.fwd_src[m] = BenchForwardSource(g_bench_variants, m, B, n, k, cc);
+        }
+        for (int m = 0; m < ncols; ++m) {
+          const bool own_forward = row.fwd_src[m] == m;
           g_math = col_mode(m);
           g_variant = col_variant(m);
           g_ws_cell = 0;
@@ -1614,7 +1615,7 @@ void RunBench(bool quick, bool tiny, const cudaDeviceProp& prop) {
                                                   static_cast<long long>(free_after));
         }
         // After every column: a source column may come later in the list.
-        for (int m = 0; m < ncols; ++m) row.fwd[m] = row.fwd[fwd_source(m, B, n, k)];
+        for (int m = 0; m < ncols; ++m) row.fwd[m] = row.fwd[row.fwd_src[m]];
         rows.push_back(row);
       }
     }
@@ -1624,7 +1625,7 @@ void RunBench(bool quick, bool tiny, const cudaDeviceProp& prop) {
   // "" where column m timed its own forward at this row, else the label of
   // the column it took it from ("3xtf32", "tf32+rows64+regsoftmax").
   auto fwd_from = [&](int m, const Row& r) {
-    const int src = fwd_source(m, r.B, r.n, r.k);
+    const int src = r.fwd_src[m];
     return src == m ? std::string() : ModeLabel(col_mode(src), col_variant(src));
   };
   for (int m = 0; m < ncols; ++m) {
@@ -1636,7 +1637,7 @@ void RunBench(bool quick, bool tiny, const cudaDeviceProp& prop) {
     // other column (its variant name) or, for auto, a column per row ("*").
     std::string from;
     for (size_t i = 0; i < rows.size(); ++i) {
-      const int src = fwd_source(m, rows[i].B, rows[i].n, rows[i].k);
+      const int src = rows[i].fwd_src[m];
       const std::string f = src == m ? "" : VariantString(col_variant(src));
       from = i == 0 || f == from ? f : "*";
     }
