@@ -81,6 +81,16 @@ __device__ __forceinline__ float ExpDiff(float a, float b) {
   return a == -INFINITY ? 0.0f : expf(a - b);
 }
 
+// ExpDiff's value, computed without a branch: the exponential is evaluated
+// either way and the result selected. The register softmax's unrolled
+// loops use it (ptxas branched around each expf there, sm_90: 34 of the 70
+// branches of a 64-row tile's loop); the split kernels keep ExpDiff, whose
+// code was timed (this form spills in the FP32 folded-norms forward).
+__device__ __forceinline__ float ExpDiffSelect(float a, float b) {
+  const float e = expf(a - b);
+  return a == -INFINITY ? 0.0f : e;
+}
+
 // The one expression for a logit from an inner product, as the CPU kernel
 // (FinishLogit: s * dot + ct + rowc) and the XLA lowering:
 //   logit = (s * (u . M_i) + ct_i) + rowc_b,

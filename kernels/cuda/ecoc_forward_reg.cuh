@@ -30,7 +30,8 @@
 //    and M as the logit engine does; plain TF32 does not.
 //  * u stays resident in shared memory (one stage for the whole block: the
 //    row is never split into column stages here); only the code tiles are
-//    double-buffered.
+//    double-buffered, each with its classes' ct and ||M||^2 in the rows'
+//    padding columns, so the softmax reads no global memory.
 //  * Each warp keeps its own softmax state over its classes: with WC > 1 a
 //    block writes WC partial states per (row, split), slot split * WC + wc,
 //    and the combine merges splits * WC states in that fixed order.
@@ -62,9 +63,27 @@ constexpr int kRegClassTile = 64;
 constexpr int kRegMaxK = 128;
 
 // Shared-memory floats of ForwardRegKernel: the resident u tile and two
-// code tiles, all at the engine's pitch kp + 4.
+// code tiles, all at the engine's pitch kp + 4. Each code row's first two
+// padding columns (kp, kp + 1) hold its class's ct and ||M||^2.
 __host__ __device__ constexpr int64_t ForwardRegSmemFloats(int bt, int kp) {
   return int64_t{bt + 2 * kRegClassTile} * TilePitch(kp);
+}
+
+// Stages the ct and ||M||^2 of the 64 classes from c0 into the padding
+// columns kp and kp + 1 of the code tile `tile` (zero past n), with 4-byte
+// cp.async by the block's first 128 threads (the caller commits the group):
+// the per-class terms arrive with the codes, and the padding the fragment
+// loads never read costs no shared memory (a separate 1 KiB would cut the
+// 16-row kernel at k = 128 from 3 to 2 blocks per H100 SM).
+__device__ __forceinline__ void StageClassTerms(float* tile, int pitch, int kp, const float* ct,
+                                                const float* sqn, int64_t c0, int64_t n) {
+  if (threadIdx.x < 2 * kRegClassTile) {
+    const int cl = threadIdx.x % kRegClassTile;
+    const int which = threadIdx.x / kRegClassTile;  // 0: ct, 1: ||M||^2
+    const bool ok = c0 + cl < n;
+    const float* src = which == 0 ? ct : sqn;
+    ptx::cp_async_4(tile + cl * pitch + kp + which, ok ? src + c0 + cl : src, ok ? 4 : 0);
+  }
 }
 
 // Warps per row group (class groups) of the kRegSoftmax kernel with nw
@@ -93,6 +112,69 @@ __device__ __forceinline__ void MmaMode(float d[4], const uint32_t ab[4], const 
     ptx::mma_m16n8k8_tf32(d, ab, bs, d);
   }
   ptx::mma_m16n8k8_tf32(d, ab, bb, d);
+}
+
+// acc[jn] = alpha * acc[jn] + P.M for the 8-column blocks jn < kn of the
+// warp's 16 rows: P = the NT logit fragments d (already p), as the A operand
+// (k index t = class 2t, t + 4 = class 2t + 1 of each n8 fragment), M read
+// from mb (the warp's code rows, offset by the thread's 2t rows and g
+// columns) with the same permutation. Each acc[jn] receives its NT products
+// in increasing nt in either loop order, so both give the same bits:
+//  * kBlocksOuter: the P fragments are split once, then each block jn
+//    loads its NT code fragments and runs its NT products behind one test of
+//    jn < kn (KN tests a tile instead of NT x KN, and the loads of a block
+//    are in flight together). Holds the NT split P fragments: ptxas (sm_90)
+//    spills 4 bytes at the 8-warp kernel's 128-register bound (64-row tile),
+//    so that kernel keeps
+//  * the fragment-outer order: one P fragment split at a time, KN products.
+template <bool kSplit, int NT, int KN, bool kBlocksOuter>
+__device__ __forceinline__ void AccumulateExpectedCode(float (&acc)[KN][4],
+                                                       const float (&d)[NT][4],
+                                                       const float* mb, int pitch, int kn,
+                                                       const float (&alpha)[2]) {
+  uint32_t pb[kBlocksOuter ? NT : 1][4], ps[kBlocksOuter ? NT : 1][4];
+  auto split_p = [&](int nt, uint32_t(&b)[4], uint32_t(&s)[4]) {
+    const float pa[4] = {d[nt][0], d[nt][2], d[nt][1], d[nt][3]};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) SplitTf32(pa[e], &b[e], &s[e]);
+  };
+  auto product = [&](int nt, int jn, const uint32_t(&b)[4], const uint32_t(&s)[4]) {
+    uint32_t bb[2], bs[2];
+    SplitTf32(mb[nt * 8 * pitch + jn * 8], &bb[0], &bs[0]);
+    SplitTf32(mb[(nt * 8 + 1) * pitch + jn * 8], &bb[1], &bs[1]);
+    MmaMode<kSplit>(acc[jn], b, s, bb, bs);
+  };
+  auto rescale = [&](int jn) {
+    acc[jn][0] *= alpha[0];
+    acc[jn][1] *= alpha[0];
+    acc[jn][2] *= alpha[1];
+    acc[jn][3] *= alpha[1];
+  };
+  if constexpr (kBlocksOuter) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) split_p(nt, pb[nt], ps[nt]);
+#pragma unroll
+    for (int jn = 0; jn < KN; ++jn) {
+      if (jn < kn) {
+        rescale(jn);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) product(nt, jn, pb[nt], ps[nt]);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int jn = 0; jn < KN; ++jn) {
+      if (jn < kn) rescale(jn);
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      split_p(nt, pb[0], ps[0]);
+#pragma unroll
+      for (int jn = 0; jn < KN; ++jn) {
+        if (jn < kn) product(nt, jn, pb[0], ps[0]);
+      }
+    }
+  }
 }
 
 // NW = 4 or 8 warps; with 8 the launch bound asks for 2 blocks per SM, i.e.
@@ -157,6 +239,7 @@ __global__ void __launch_bounds__(NW * kWarpSize, NW == 8 ? 2 : 0)
   if (ntiles > 0) {
     StageTile(m_s, pitch, a.codes, k, t_begin * CT, a.num_classes, CT, 0, kp, k, a.codes_vec,
               NTH);
+    StageClassTerms(m_s, pitch, kp, a.ct, a.sqn, t_begin * CT, a.num_classes);
   }
   ptx::cp_async_commit();
   for (int64_t q = 0; q < ntiles; ++q) {
@@ -165,6 +248,8 @@ __global__ void __launch_bounds__(NW * kWarpSize, NW == 8 ? 2 : 0)
       // Prefetch the next code tile while this one runs.
       StageTile(m_s + ((q + 1) & 1) * CT * pitch, pitch, a.codes, k,
                 (t_begin + q + 1) * CT, a.num_classes, CT, 0, kp, k, a.codes_vec, NTH);
+      StageClassTerms(m_s + ((q + 1) & 1) * CT * pitch, pitch, kp, a.ct, a.sqn,
+                      (t_begin + q + 1) * CT, a.num_classes);
       ptx::cp_async_commit();
       ptx::cp_async_wait<1>();
     } else {
@@ -197,7 +282,19 @@ __global__ void __launch_bounds__(NW * kWarpSize, NW == 8 ? 2 : 0)
     }
 
     // Online softmax on the fragments: logits, quad row max, p in place.
-    const int64_t cbase = (t_begin + q) * CT + wc * CW + 2 * t;
+    // Class indices are tile-local ints from here on (class tile0 + cl), and
+    // ct / ||M||^2 come from the code rows' padding (zero past n), so that no
+    // element waits on a global load or takes a branch.
+    const int64_t tile0 = (t_begin + q) * CT;
+    const int nvalid =
+        static_cast<int>(a.num_classes - tile0 < CT ? a.num_classes - tile0 : CT);
+    int label_cl[2];  // the label's tile-local class, -1 outside this tile
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t l = label[h] - tile0;
+      label_cl[h] = l >= 0 && l < nvalid ? static_cast<int>(l) : -1;
+    }
+    const int clbase = wc * CW + 2 * t;
     float sq[NT][2];
     float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -205,11 +302,12 @@ __global__ void __launch_bounds__(NW * kWarpSize, NW == 8 ? 2 : 0)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int h = e / 2;
-        const int64_t c = cbase + nt * 8 + (e & 1);
-        const bool valid = c < a.num_classes;
-        if (h == 0) sq[nt][e & 1] = valid ? a.sqn[c] : 0.0f;
-        const float x = valid ? Logit(d[nt][e], scale, a.ct[c], rowc[h]) : -INFINITY;
-        if (valid && c == label[h]) a.label_logit[row[h]] = x;
+        const int cl = clbase + nt * 8 + (e & 1);
+        const bool valid = cl < nvalid;
+        const float* terms = cur + cl * pitch + kp;  // ct, ||M||^2 (StageClassTerms)
+        if (h == 0) sq[nt][e & 1] = terms[1];
+        const float x = valid ? Logit(d[nt][e], scale, terms[0], rowc[h]) : -INFINITY;
+        if (cl == label_cl[h]) a.label_logit[row[h]] = x;
         d[nt][e] = x;
         tile_max[h] = NanMax(tile_max[h], x);
       }
@@ -221,7 +319,7 @@ __global__ void __launch_bounds__(NW * kWarpSize, NW == 8 ? 2 : 0)
       m = NanMax(m, __shfl_xor_sync(kFullMask, m, 1));
       m = NanMax(m, __shfl_xor_sync(kFullMask, m, 2));
       const float new_max = NanMax(run_max[h], m);
-      alpha[h] = ExpDiff(run_max[h], new_max);
+      alpha[h] = ExpDiffSelect(run_max[h], new_max);
       run_max[h] = new_max;
       run_sum[h] *= alpha[h];
       run_sqn[h] *= alpha[h];
@@ -231,7 +329,7 @@ __global__ void __launch_bounds__(NW * kWarpSize, NW == 8 ? 2 : 0)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int h = e / 2;
-        const float p = ExpDiff(d[nt][e], run_max[h]);
+        const float p = ExpDiffSelect(d[nt][e], run_max[h]);
         d[nt][e] = p;
         run_sum[h] += p;
         run_sqn[h] = fmaf(p, sq[nt][e & 1], run_sqn[h]);
@@ -241,32 +339,8 @@ __global__ void __launch_bounds__(NW * kWarpSize, NW == 8 ? 2 : 0)
     // acc = alpha * acc + P.M, P from the fragments (A: k index t = class
     // 2t, t + 4 = class 2t + 1 of each n8 fragment), M from the staged tile
     // with the same permutation.
-#pragma unroll
-    for (int jn = 0; jn < KN; ++jn) {
-      if (jn < kn) {
-        acc[jn][0] *= alpha[0];
-        acc[jn][1] *= alpha[0];
-        acc[jn][2] *= alpha[1];
-        acc[jn][3] *= alpha[1];
-      }
-    }
-    const float* mb = cur + (wc * CW + 2 * t) * pitch + g;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const float pa[4] = {d[nt][0], d[nt][2], d[nt][1], d[nt][3]};
-      uint32_t ab[4], as[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) SplitTf32(pa[e], &ab[e], &as[e]);
-#pragma unroll
-      for (int jn = 0; jn < KN; ++jn) {
-        if (jn < kn) {
-          uint32_t bb[2], bs[2];
-          SplitTf32(mb[nt * 8 * pitch + jn * 8], &bb[0], &bs[0]);
-          SplitTf32(mb[(nt * 8 + 1) * pitch + jn * 8], &bb[1], &bs[1]);
-          MmaMode<kSplit>(acc[jn], ab, as, bb, bs);
-        }
-      }
-    }
+    AccumulateExpectedCode<kSplit, NT, KN, NW == 4>(
+        acc, d, cur + (wc * CW + 2 * t) * pitch + g, pitch, kn, alpha);
     __syncthreads();  // buffer q & 1 is free for the prefetch of tile q + 2
   }
 

@@ -78,7 +78,20 @@ __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src
 #endif
 }
 
-// Closes the current group of cp_async_16 copies (cp.async.commit_group).
+// Asynchronous 4-byte global -> shared copy (cp.async.ca); src_bytes 4 reads
+// the float, 0 writes a zero. Both addresses 4-byte aligned.
+__device__ __forceinline__ void cp_async_4(void* smem_dst, const void* gmem_src,
+                                           int src_bytes = 4) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem_src),
+               "r"(src_bytes));
+#else
+  *static_cast<float*>(smem_dst) = src_bytes >= 4 ? *static_cast<const float*>(gmem_src) : 0.0f;
+#endif
+}
+
+// Closes the current group of cp_async_16 and cp_async_4 copies (cp.async.commit_group).
 __device__ __forceinline__ void cp_async_commit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;\n" ::);

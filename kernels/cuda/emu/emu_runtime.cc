@@ -254,7 +254,8 @@ extern "C" void keras_ecoc_emu_switch(void** save_sp, void* new_sp);
 struct Copy {
   void* dst;
   const void* src;
-  int bytes;
+  int bytes;  // read from src
+  int size;   // written to dst (the rest of `bytes` zero-filled)
 };
 
 enum class State { kRunnable, kWarp, kBlock, kDone };
@@ -347,10 +348,10 @@ void RunCopies(std::vector<Copy>& copies) {
     // A cp.async reads global and writes shared memory on the thread's
     // behalf: check both as the kernel's own accesses would be.
     if (c.bytes > 0) KERAS_ECOC_EMU_CHECK_LOAD(c.src, static_cast<size_t>(c.bytes));
-    KERAS_ECOC_EMU_CHECK_STORE(c.dst, 16);
+    KERAS_ECOC_EMU_CHECK_STORE(c.dst, static_cast<size_t>(c.size));
     char buf[16] = {0};
     if (c.bytes > 0) std::memcpy(buf, c.src, static_cast<size_t>(c.bytes));
-    std::memcpy(c.dst, buf, 16);
+    std::memcpy(c.dst, buf, static_cast<size_t>(c.size));
   }
   copies.clear();
 }
@@ -732,19 +733,23 @@ void* DynamicSharedMemory() {
   return g_launch->smem;
 }
 
-void CpAsync16(void* dst, const void* src, int src_bytes, const char* file, int line) {
-  Fiber* f = Current("cp_async_16");
-  if (src_bytes < 0 || src_bytes > 16)
-    FatalInBlock("cp_async_16 (%s:%d): src_bytes %d outside [0, 16]", file, line, src_bytes);
-  if ((reinterpret_cast<uintptr_t>(dst) & 15) != 0 || (reinterpret_cast<uintptr_t>(src) & 15) != 0)
-    FatalInBlock("cp_async_16 (%s:%d): thread %u copies %p -> %p; both must be 16-byte aligned",
-                 file, line, f->tid, src, dst);
+void CpAsync(void* dst, const void* src, int size, int src_bytes, const char* file, int line) {
+  const char* what = size == 16 ? "cp_async_16" : "cp_async_4";
+  Fiber* f = Current(what);
+  if (size != 16 && size != 4) FatalInBlock("%s (%s:%d): copy size %d", what, file, line, size);
+  if (src_bytes < 0 || src_bytes > size)
+    FatalInBlock("%s (%s:%d): src_bytes %d outside [0, %d]", what, file, line, src_bytes, size);
+  const uintptr_t align = static_cast<uintptr_t>(size) - 1;
+  if ((reinterpret_cast<uintptr_t>(dst) & align) != 0 ||
+      (reinterpret_cast<uintptr_t>(src) & align) != 0)
+    FatalInBlock("%s (%s:%d): thread %u copies %p -> %p; both must be %d-byte aligned", what,
+                 file, line, f->tid, src, dst, size);
   char* d = static_cast<char*>(dst);
-  if (d < g_launch->smem || d + 16 > g_launch->smem + g_launch->smem_size)
-    FatalInBlock("cp_async_16 (%s:%d): thread %u writes %p, outside the block's %zu bytes of "
+  if (d < g_launch->smem || d + size > g_launch->smem + g_launch->smem_size)
+    FatalInBlock("%s (%s:%d): thread %u writes %p, outside the block's %zu bytes of "
                  "dynamic shared memory",
-                 file, line, f->tid, dst, g_launch->smem_size);
-  f->open.push_back(Copy{dst, src, src_bytes});
+                 what, file, line, f->tid, dst, g_launch->smem_size);
+  f->open.push_back(Copy{dst, src, src_bytes, size});
 }
 
 void CpAsyncCommit() {

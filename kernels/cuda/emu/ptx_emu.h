@@ -270,12 +270,25 @@ __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src
                                             const char* file = __builtin_FILE(),
                                             int line = __builtin_LINE()) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  ::keras_ecoc_emu::CpAsync16(smem_dst, gmem_src, src_bytes, file, line);
+  ::keras_ecoc_emu::CpAsync(smem_dst, gmem_src, 16, src_bytes, file, line);
 #else
   // The real header's pre-sm_80 path: a plain 16-byte load and store.
   char buf[16] = {0};
   if (src_bytes > 0) std::memcpy(buf, gmem_src, static_cast<size_t>(src_bytes < 16 ? src_bytes : 16));
   std::memcpy(smem_dst, buf, 16);
+#endif
+}
+
+__device__ __forceinline__ void cp_async_4(void* smem_dst, const void* gmem_src,
+                                           int src_bytes = 4,
+                                           const char* file = __builtin_FILE(),
+                                           int line = __builtin_LINE()) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  ::keras_ecoc_emu::CpAsync(smem_dst, gmem_src, 4, src_bytes, file, line);
+#else
+  float v = 0.0f;
+  if (src_bytes >= 4) std::memcpy(&v, gmem_src, 4);
+  std::memcpy(smem_dst, &v, 4);
 #endif
 }
 

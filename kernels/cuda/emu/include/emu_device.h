@@ -46,7 +46,9 @@ void WarpCollective(const char* what, CollectiveFn fn, const void* in, void* out
 void* DynamicSharedMemory();
 // cp.async: copies are deferred until the cp_async_wait that retires their
 // group (or the thread's exit), so that data read before the wait is stale.
-void CpAsync16(void* dst, const void* src, int src_bytes, const char* file, int line);
+// size: the copy's bytes (16 for cp_async_16, 4 for cp_async_4); src_bytes in
+// [0, size] are read and the rest zero-filled.
+void CpAsync(void* dst, const void* src, int size, int src_bytes, const char* file, int line);
 void CpAsyncCommit();
 void CpAsyncWait(int pending);
 // Compute capability the emulated device reports, times 10 (e.g. 900).

@@ -6,7 +6,8 @@
 //               AddressSanitizer must stop it
 //   nan         fresh shared memory reads as NaN, exit 0
 //   cp_async    a cp.async destination read before its wait is stale; after
-//               the wait it holds the data (zero-filled past src_bytes), exit 0
+//               the wait it holds the data (zero-filled past src_bytes), for
+//               16-byte (cp_async_16) and 4-byte (cp_async_4) copies, exit 0
 //   cp_async_oob  a cp.async reads 4 bytes past its global buffer: ASan
 //               must stop it (the copy runs inside the emulator's runtime)
 #include <cuda_runtime.h>
@@ -41,6 +42,18 @@ __global__ void CpAsyncStale(const float* src, float* out) {
   out[t] = smem[4 * t];  // before the wait: not copied yet
   keras_ecoc::cuda::ptx::cp_async_wait<0>();
   for (int j = 0; j < 4; ++j) out[8 + 4 * t + j] = smem[4 * t + j];
+}
+
+// 4-byte copies: thread t copies src[t] to smem[t]; thread 7 with src_bytes
+// 0 (a zero). out[0 .. 7]: before the wait, out[8 .. 15]: after.
+__global__ void CpAsync4Stale(const float* src, float* out) {
+  extern __shared__ __align__(16) float smem[];
+  const int t = threadIdx.x;  // 8 threads
+  keras_ecoc::cuda::ptx::cp_async_4(smem + t, src + t, t == 7 ? 0 : 4);
+  keras_ecoc::cuda::ptx::cp_async_commit();
+  out[t] = smem[t];
+  keras_ecoc::cuda::ptx::cp_async_wait<0>();
+  out[8 + t] = smem[t];
 }
 
 int main(int argc, char** argv) {
@@ -92,6 +105,13 @@ int main(int argc, char** argv) {
     for (int i = 0; i < 32; ++i) {
       const float want = (i >= 30) ? 0.0f : static_cast<float>(i + 1);  // 8 of 16 bytes, zero fill
       bad += ho[8 + i] != want;
+    }
+    float h4[16];
+    CpAsync4Stale<<<1, 8, 8 * sizeof(float)>>>(d, d + 128);
+    cudaMemcpy(h4, d + 128, sizeof(h4), cudaMemcpyDeviceToHost);
+    for (int t = 0; t < 8; ++t) {
+      bad += !std::isnan(h4[t]);
+      bad += h4[8 + t] != (t == 7 ? 0.0f : static_cast<float>(t + 1));
     }
     std::printf("cp_async: %d wrong values\n", bad);
   } else if (std::strcmp(c, "cp_async_oob") == 0) {
