@@ -322,3 +322,87 @@ def test_device_check_reports_a_failing_step_and_exits_nonzero(tmp_path):
     assert "| grid | FAIL |" in report and "exit code 1; 2 checks, 1 failed" in report, report
     assert "| checks | pass |" in report and "| bench | pass |" in report
     assert "    FAIL x: y" in report
+
+
+# ---------------------------------------------------------------------------
+# kernels/cuda/sass_loop_stats.py on a hand-written listing (no cuobjdump needed).
+
+def _sass(name: str, body: list) -> str:
+    """A `cuobjdump -sass` style listing of one function: (address, text) lines."""
+    lines = [f"\t\tFunction : {name}"]
+    for address, text in body:
+        lines.append(f"        /*{address:04x}*/                   {text} ;"
+                     "                        /* 0x000fe20003fae200 */")
+        lines.append("                                                     /* 0x000fe20003fae200 */")
+    return "\n".join(lines) + "\n"
+
+
+# ForwardRegKernel<3xtf32 (1), BT = 16, NW = 4>: WC = 4, NT = 2, so one k step
+# is 6 HMMA; the inner loop below holds 12 (ptxas unrolled two k steps).
+_REG_NAME = "_ZN10keras_ecoc4cuda6detail16ForwardRegKernelILi1ELi16ELi4EEEvNS1_16ForwardSplitArgsE"
+
+
+def _reg_listing(extra_ldg: int) -> str:
+    body = [(0x000, "MOV R1, c[0x0][0x28]")]
+    addr = 0x010
+    tile_start = addr
+    for _ in range(extra_ldg):
+        body.append((addr, "LDG.E R2, desc[UR4][R4.64]"))
+        addr += 0x10
+    kstep_start = addr
+    for i in range(12):
+        body.append((addr, "HMMA.1688.F32.TF32 R8, R12, R16, R8"))
+        addr += 0x10
+        body.append((addr, f"LDS R{20 + i}, [R3+0x{4 * i:x}]"))
+        addr += 0x10
+    body.append((addr, f"@!P0 BRA 0x{kstep_start:x}"))  # k-step loop: 25 instructions
+    addr += 0x10
+    body.append((addr, "MUFU.EX2 R5, R6"))
+    addr += 0x10
+    body.append((addr, "@P1 BRA 0x" + f"{addr + 0x20:x}"))  # forward branch: not a loop
+    addr += 0x10
+    body.append((addr, "HMMA.1688.F32.TF32 R8, R12, R16, R8"))
+    addr += 0x10
+    body.append((addr, f"@!P2 BRA 0x{tile_start:x}"))
+    addr += 0x10
+    body.append((addr, "EXIT"))
+    return _sass(_REG_NAME, body) + _sass("_ZN10keras_ecoc4cuda6detail17PrepClassesKernelENS1_8PrepArgsE",
+                                          [(0x0, "MOV R1, R2"), (0x10, "EXIT")])
+
+
+def _load_sass_tool():
+    from conftest import load_script  # noqa: PLC0415
+
+    return load_script(CUDA_DIR / "sass_loop_stats.py", "sass_loop_stats", register=True)
+
+
+def test_sass_loop_stats_counts_the_tile_loop_and_estimates_a_tile(tmp_path):
+    tool = _load_sass_tool()
+    listing = tmp_path / "new.sass"
+    listing.write_text(_reg_listing(extra_ldg=2))
+    stats = tool.collect(str(listing), "ForwardRegKernel", 128)
+    assert list(stats) == ["ForwardRegKernel<3xtf32, 16, 4>"]
+    st = stats["ForwardRegKernel<3xtf32, 16, 4>"]
+    # Tile loop: 2 LDG + 25 (k-step loop) + MUFU + forward BRA + HMMA + BRA = 31.
+    assert st.tile_total == 31 and st.kstep_total == 25
+    assert st.tile["LDG"] == 2 and st.tile["HMMA"] == 13 and st.tile["BRA"] == 3
+    # Two k steps per pass: kp = 128 is 16 steps, 8 passes of the k-step loop.
+    assert st.unroll == 2
+    assert st.per_tile == 31 - 25 + 8 * 25
+    assert tool.collect(str(listing), "ForwardRegKernel", 32)["ForwardRegKernel<3xtf32, 16, 4>"] \
+        .per_tile == 31 - 25 + 2 * 25
+
+
+def test_sass_loop_stats_compares_two_listings_and_refuses_a_bad_kp(tmp_path, capsys):
+    tool = _load_sass_tool()
+    old, new = tmp_path / "old.sass", tmp_path / "new.sass"
+    old.write_text(_reg_listing(extra_ldg=4))
+    new.write_text(_reg_listing(extra_ldg=0))
+    assert tool.main([str(new), "--compare", str(old)]) == 0
+    row = [line for line in capsys.readouterr().out.splitlines() if "ForwardRegKernel" in line]
+    assert row == ["| ForwardRegKernel<3xtf32, 16, 4> | 33 → 29 (-12 %) | 25 → 25 (×2) | "
+                   "208 → 204 (-2 %) | 13 → 13 | 3 → 3 | 4 → 0 (-100 %) |"]
+    with pytest.raises(SystemExit):
+        tool.main([str(new), "--kp", "100"])
+    assert "--kp must be a multiple of 8 in [8, 128]. Received: --kp=100" in capsys.readouterr().err
+    assert tool.main([str(new), "--kernel", "NoSuchKernel"]) == 1
