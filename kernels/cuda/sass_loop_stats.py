@@ -91,6 +91,7 @@ class LoopStats:
     kstep: collections.Counter
     unroll: int | None = None        # k steps per pass of the k-step loop
     per_tile: int | None = None      # ForwardRegKernel: estimated instructions per tile
+    copy_cost: float | None = None   # instructions per 16-byte copy of the code tile
 
     @property
     def tile_total(self) -> int:
@@ -115,7 +116,26 @@ def loop_stats(f: Function, kp: int = 128) -> LoopStats | None:
         warp_splits = nw // (bt // 16)           # RegWarpSplits
         per_step = (64 // warp_splits // 8) * (3 if math == 1 else 1)
         st.unroll = max(1, st.kstep["HMMA"] // per_step)
-        st.per_tile = st.tile_total - st.kstep_total + (kp // 8 // st.unroll) * st.kstep_total
+        # The loops inside the tile loop: the k-step loop, kp / 8 / unroll
+        # passes; the code tile's vector staging (16-byte cp.async, LDGSTS
+        # .128), 64 x kp / 4 copies over the block's threads, through the loop
+        # with the fewest instructions per copy (the other vector loop and the
+        # scalar one serve widths or alignments this tile does not have);
+        # every other inner loop is left out.
+        nested = [lp for lp in f.loops()
+                  if lp != outer and outer[0] <= lp[0] and lp[1] <= outer[1]]
+        copies = {lp: sum(1 for a, t in f.instructions
+                          if lp[0] <= a <= lp[1] and t.split()[0].startswith("LDGSTS")
+                          and ".128" in t.split()[0])
+                  for lp in nested}
+        staging = [lp for lp in nested if copies[lp] and f.histogram(*lp)["HMMA"] == 0]
+        body = st.tile_total - sum(sum(f.histogram(*lp).values()) for lp in nested)
+        st.per_tile = body + (kp // 8 // st.unroll) * st.kstep_total
+        if staging:
+            stage = min(staging, key=lambda lp: sum(f.histogram(*lp).values()) / copies[lp])
+            st.copy_cost = sum(f.histogram(*stage).values()) / copies[stage]
+            per_thread = 64 * (kp // 4) // (nw * 32)
+            st.per_tile += round(per_thread * st.copy_cost)
     return st
 
 
