@@ -342,13 +342,19 @@ def _sass(name: str, body: list) -> str:
 _REG_NAME = "_ZN10keras_ecoc4cuda6detail16ForwardRegKernelILi1ELi16ELi4EEEvNS1_16ForwardSplitArgsE"
 
 
-def _reg_listing(extra_ldg: int) -> str:
+def _reg_listing(extra_ldg: int, staging: bool = False) -> str:
     body = [(0x000, "MOV R1, c[0x0][0x28]")]
     addr = 0x010
     tile_start = addr
     for _ in range(extra_ldg):
         body.append((addr, "LDG.E R2, desc[UR4][R4.64]"))
         addr += 0x10
+    if staging:  # a vector staging loop: 4 instructions per 16-byte copy
+        stage_start = addr
+        for text in ("IADD3 R14, P4, R14, R27, RZ", "LDGSTS.E.BYPASS.128 [R15], desc[UR12][R8.64], P1",
+                     "ISETP.GE.AND P1, PT, R10, 0x40, PT", f"@!P1 BRA 0x{stage_start:x}"):
+            body.append((addr, text))
+            addr += 0x10
     kstep_start = addr
     for i in range(12):
         body.append((addr, "HMMA.1688.F32.TF32 R8, R12, R16, R8"))
@@ -391,6 +397,13 @@ def test_sass_loop_stats_counts_the_tile_loop_and_estimates_a_tile(tmp_path):
     assert st.per_tile == 31 - 25 + 8 * 25
     assert tool.collect(str(listing), "ForwardRegKernel", 32)["ForwardRegKernel<3xtf32, 16, 4>"] \
         .per_tile == 31 - 25 + 2 * 25
+    # With a staging loop: 64 x 128 / 4 copies over 128 threads, 16 per
+    # thread, at 4 instructions each; the loop's own 4 static ones leave the
+    # body.
+    listing.write_text(_reg_listing(extra_ldg=2, staging=True))
+    st = tool.collect(str(listing), "ForwardRegKernel", 128)["ForwardRegKernel<3xtf32, 16, 4>"]
+    assert st.tile_total == 35 and st.copy_cost == 4
+    assert st.per_tile == (35 - 25 - 4) + 8 * 25 + 16 * 4
 
 
 def test_sass_loop_stats_compares_two_listings_and_refuses_a_bad_kp(tmp_path, capsys):
