@@ -21,9 +21,13 @@ For each function that has a loop holding tensor-core products (``HMMA``):
   steps ptxas unrolled into one pass of it (its ``HMMA`` count over the
   products of one k step: NT = 64 / WC / 8 fragments, three products each in
   3xTF32, one in TF32);
-* per tile (ForwardRegKernel only): tile loop - k-step loop + (kp / 8 /
-  unroll) x k-step loop. It overcounts what never runs in the tile loop (the
-  staging path for unaligned codes, the P.M blocks past kp / 8).
+* per tile (ForwardRegKernel only): the tile loop's instructions outside its
+  inner loops, plus kp / 8 / unroll passes of the k-step loop, plus the code
+  tile's 64 x kp / 4 sixteen-byte copies over the block's threads at the cost
+  per copy of the cheapest vector staging loop (LDGSTS.128; the other staging
+  loops serve widths and alignments the tile does not have and are left
+  out). It overcounts code that does not run on a given tile: the setup of
+  the staging paths not taken, the P.M blocks past kp / 8.
 
 Counts are static: nothing here measures time.
 """

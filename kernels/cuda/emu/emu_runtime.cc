@@ -255,7 +255,7 @@ struct Copy {
   void* dst;
   const void* src;
   int bytes;  // read from src
-  int size;   // written to dst (the rest of `bytes` zero-filled)
+  int size;   // written to dst: the bytes read, then zeros
 };
 
 enum class State { kRunnable, kWarp, kBlock, kDone };
