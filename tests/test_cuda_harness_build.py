@@ -44,13 +44,12 @@ def _harness_archs(build) -> list:
     return visible[-1:] or build.cuda_archs()[-1:]
 
 
-def _cuobjdump_or_skip(build) -> str:
-    home = build.find_cuda()[1]
-    listing = shutil.which("cuobjdump") or (home and os.path.join(home, "bin", "cuobjdump"))
-    if not listing or not Path(listing).exists():
+def _cuobjdump_or_skip() -> str:
+    listing = _load_sass_tool().find_cuobjdump()
+    if listing is None:
         pytest.skip("cuobjdump is not installed with this CUDA toolkit: what a fatbinary holds "
                     "cannot be listed")
-    return str(listing)
+    return listing
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +107,7 @@ def test_harness_checks(harness):
 @pytest.mark.slow
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on the PATH")
 def test_harness_holds_its_architecture(harness, kernels_build):
-    listing = _cuobjdump_or_skip(kernels_build)
+    listing = _cuobjdump_or_skip()
     elf = subprocess.run([listing, "--list-elf", str(harness)], capture_output=True, text=True)
     ptx = subprocess.run([listing, "--list-ptx", str(harness)], capture_output=True, text=True)
     arch = _harness_archs(kernels_build)[0]
@@ -121,7 +120,7 @@ def test_library_gencode_flags_put_every_architecture_in_the_fatbinary(tmp_path,
     # The flags of the library's CUDA units (kernels/build.py), on its probe unit (one
     # small kernel): SASS for every architecture of the list, PTX of the newest.
     build = kernels_build
-    listing = _cuobjdump_or_skip(build)
+    listing = _cuobjdump_or_skip()
     archs = build.cuda_archs()
     obj = tmp_path / "probe.o"
     proc = subprocess.run(

@@ -235,21 +235,20 @@ __global__ void __launch_bounds__(NW * kWarpSize, NW == 8 ? 2 : 0)
     for (int e = 0; e < 4; ++e) acc[jn][e] = 0.0f;
   }
 
+  // The code tile at class c0 (its codes and, in the padding, ct and
+  // ||M||^2) into `buf`; the caller commits.
+  auto stage_code_tile = [&](float* buf, int64_t c0) {
+    StageTile(buf, pitch, a.codes, k, c0, a.num_classes, CT, 0, kp, k, a.codes_vec, NTH);
+    StageClassTerms(buf, pitch, kp, a.ct, a.sqn, c0, a.num_classes);
+  };
   StageTile(u_s, pitch, a.u, a.kp, b0, a.batch, BT, 0, kp, a.kp, true, NTH);
-  if (ntiles > 0) {
-    StageTile(m_s, pitch, a.codes, k, t_begin * CT, a.num_classes, CT, 0, kp, k, a.codes_vec,
-              NTH);
-    StageClassTerms(m_s, pitch, kp, a.ct, a.sqn, t_begin * CT, a.num_classes);
-  }
+  if (ntiles > 0) stage_code_tile(m_s, t_begin * CT);
   ptx::cp_async_commit();
   for (int64_t q = 0; q < ntiles; ++q) {
     const float* cur = m_s + (q & 1) * CT * pitch;
     if (q + 1 < ntiles) {
       // Prefetch the next code tile while this one runs.
-      StageTile(m_s + ((q + 1) & 1) * CT * pitch, pitch, a.codes, k,
-                (t_begin + q + 1) * CT, a.num_classes, CT, 0, kp, k, a.codes_vec, NTH);
-      StageClassTerms(m_s + ((q + 1) & 1) * CT * pitch, pitch, kp, a.ct, a.sqn,
-                      (t_begin + q + 1) * CT, a.num_classes);
+      stage_code_tile(m_s + ((q + 1) & 1) * CT * pitch, (t_begin + q + 1) * CT);
       ptx::cp_async_commit();
       ptx::cp_async_wait<1>();
     } else {

@@ -4,8 +4,9 @@
     python kernels/cuda/sass_loop_stats.py NEW [--compare OLD] [--kernel REGEX] [--kp 128]
 
 NEW and OLD are objects or fatbinaries built by nvcc (``cuobjdump -sass`` lists
-them; found on $CUOBJDUMP, $PATH or $CUDA_HOME/bin) or text files that already
-hold that listing (``*.sass``, ``*.txt``). Without a GPU this is how a change to
+them; found on $CUOBJDUMP, $PATH or in the CUDA toolkit kernels/build.py finds)
+or text files that already hold that listing (``*.sass``, ``*.txt``). Without a
+GPU this is how a change to
 a kernel's inner loops is weighed: the instructions in the loop a warp runs
 once per tile, the branches and global loads among them, and for
 ``ForwardRegKernel`` an estimate of the instructions a warp issues per 64-class
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import importlib.util
 import os
 import re
 import shutil
@@ -52,9 +54,14 @@ _REG_KERNEL = re.compile(r"ForwardRegKernelILi(\d+)ELi(\d+)ELi(\d+)E")
 _MATH = {1: "3xtf32", 2: "tf32"}  # ecoc_engine.cuh: kMath3xTf32 = 1, kMathTf32 = 2
 
 
+def full_opcode(text: str) -> str:
+    """'@!P4 IMAD.IADD.U32 R1, ...' -> 'IMAD.IADD.U32'."""
+    return _PREDICATE.sub("", text).split()[0]
+
+
 def opcode(text: str) -> str:
     """'@!P4 IMAD.IADD.U32 R1, ...' -> 'IMAD'."""
-    return _PREDICATE.sub("", text).split()[0].split(".")[0]
+    return full_opcode(text).split(".")[0]
 
 
 @dataclass
@@ -75,6 +82,11 @@ class Function:
 
     def histogram(self, lo: int, hi: int) -> collections.Counter:
         return collections.Counter(opcode(t) for a, t in self.instructions if lo <= a <= hi)
+
+    def vector_copies(self, lo: int, hi: int) -> int:
+        """16-byte cp.async (LDGSTS...128) instructions in [lo, hi]."""
+        return sum(1 for a, t in self.instructions if lo <= a <= hi
+                   and full_opcode(t).startswith("LDGSTS") and ".128" in full_opcode(t))
 
 
 def parse(listing: str) -> list:
@@ -108,36 +120,35 @@ class LoopStats:
 
 def loop_stats(f: Function, kp: int = 128) -> LoopStats | None:
     """Statistics of f's tile loop, None when no loop holds an HMMA."""
-    with_mma = [lp for lp in f.loops() if f.histogram(*lp)["HMMA"] > 0]
+    hist = {lp: f.histogram(*lp) for lp in f.loops()}
+    size = {lp: sum(h.values()) for lp, h in hist.items()}
+    with_mma = [lp for lp, h in hist.items() if h["HMMA"] > 0]
     if not with_mma:
         return None
     outer = max(with_mma, key=lambda lp: lp[1] - lp[0])
     inner = min(with_mma, key=lambda lp: lp[1] - lp[0])
-    st = LoopStats(f.histogram(*outer), f.histogram(*inner))
+    st = LoopStats(hist[outer], hist[inner])
     m = _REG_KERNEL.search(f.name)
     if m and inner != outer:
         math, bt, nw = (int(g) for g in m.groups())
         warp_splits = nw // (bt // 16)           # RegWarpSplits
         per_step = (64 // warp_splits // 8) * (3 if math == 1 else 1)
         st.unroll = max(1, st.kstep["HMMA"] // per_step)
-        # The loops inside the tile loop: the k-step loop, kp / 8 / unroll
-        # passes; the code tile's vector staging (16-byte cp.async, LDGSTS
-        # .128), 64 x kp / 4 copies over the block's threads, through the loop
-        # with the fewest instructions per copy (the other vector loop and the
-        # scalar one serve widths or alignments this tile does not have);
-        # every other inner loop is left out.
-        nested = [lp for lp in f.loops()
-                  if lp != outer and outer[0] <= lp[0] and lp[1] <= outer[1]]
-        copies = {lp: sum(1 for a, t in f.instructions
-                          if lp[0] <= a <= lp[1] and t.split()[0].startswith("LDGSTS")
-                          and ".128" in t.split()[0])
-                  for lp in nested}
-        staging = [lp for lp in nested if copies[lp] and f.histogram(*lp)["HMMA"] == 0]
-        body = st.tile_total - sum(sum(f.histogram(*lp).values()) for lp in nested)
+        # The loops directly inside the tile loop: the k-step loop, kp / 8 /
+        # unroll passes; the code tile's vector staging (16-byte cp.async,
+        # LDGSTS.128), 64 x kp / 4 copies over the block's threads, through
+        # the loop with the fewest instructions per copy (the other vector
+        # loop and the scalar one serve widths or alignments this tile does
+        # not have); every other inner loop is left out.
+        inside = [lp for lp in hist if lp != outer and outer[0] <= lp[0] and lp[1] <= outer[1]]
+        nested = [lp for lp in inside
+                  if not any(o != lp and o[0] <= lp[0] and lp[1] <= o[1] for o in inside)]
+        copies = {lp: f.vector_copies(*lp) for lp in nested}
+        staging = [lp for lp in nested if copies[lp] and hist[lp]["HMMA"] == 0]
+        body = st.tile_total - sum(size[lp] for lp in nested)
         st.per_tile = body + (kp // 8 // st.unroll) * st.kstep_total
         if staging:
-            stage = min(staging, key=lambda lp: sum(f.histogram(*lp).values()) / copies[lp])
-            st.copy_cost = sum(f.histogram(*stage).values()) / copies[stage]
+            st.copy_cost = min(size[lp] / copies[lp] for lp in staging)
             per_thread = 64 * (kp // 4) // (nw * 32)
             st.per_tile += round(per_thread * st.copy_cost)
     return st
@@ -157,12 +168,20 @@ def short_name(mangled: str) -> str:
 
 
 def find_cuobjdump() -> str | None:
-    for candidate in (os.environ.get("CUOBJDUMP"), shutil.which("cuobjdump"),
-                      os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin",
-                                   "cuobjdump")):
+    """$CUOBJDUMP, else cuobjdump on $PATH, else the one of the CUDA toolkit
+    kernels/build.py builds with (its find_cuda); None when there is none."""
+    for candidate in (os.environ.get("CUOBJDUMP"), shutil.which("cuobjdump")):
         if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
-    return None
+    spec = importlib.util.spec_from_file_location(
+        "_ecoc_build", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                    "build.py"))
+    build = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = build  # its dataclasses look their module up
+    spec.loader.exec_module(build)
+    home = build.find_cuda()[1]
+    candidate = home and os.path.join(home, "bin", "cuobjdump")
+    return candidate if candidate and os.path.isfile(candidate) else None
 
 
 def read_listing(path: str) -> str:

@@ -265,31 +265,34 @@ __device__ __forceinline__ void mma_m16n8k8_tf32(float d[4], const uint32_t a[4]
 #endif
 }
 
+// Both cp.async wrappers: on sm_80+ a copy of N bytes deferred until its
+// wait (emu_runtime.cc checks size, alignment and bounds), below sm_80 the
+// real header's plain load and store (zeros past src_bytes).
+template <int N>
+__device__ __forceinline__ void CpAsyncBytes(void* smem_dst, const void* gmem_src, int src_bytes,
+                                             const char* file, int line) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  ::keras_ecoc_emu::CpAsync(smem_dst, gmem_src, N, src_bytes, file, line);
+#else
+  (void)file, (void)line;
+  char buf[N] = {0};
+  if (src_bytes > 0) std::memcpy(buf, gmem_src, static_cast<size_t>(src_bytes < N ? src_bytes : N));
+  std::memcpy(smem_dst, buf, N);
+#endif
+}
+
 __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src,
                                             int src_bytes = 16,
                                             const char* file = __builtin_FILE(),
                                             int line = __builtin_LINE()) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  ::keras_ecoc_emu::CpAsync(smem_dst, gmem_src, 16, src_bytes, file, line);
-#else
-  // The real header's pre-sm_80 path: a plain 16-byte load and store.
-  char buf[16] = {0};
-  if (src_bytes > 0) std::memcpy(buf, gmem_src, static_cast<size_t>(src_bytes < 16 ? src_bytes : 16));
-  std::memcpy(smem_dst, buf, 16);
-#endif
+  CpAsyncBytes<16>(smem_dst, gmem_src, src_bytes, file, line);
 }
 
 __device__ __forceinline__ void cp_async_4(void* smem_dst, const void* gmem_src,
                                            int src_bytes = 4,
                                            const char* file = __builtin_FILE(),
                                            int line = __builtin_LINE()) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  ::keras_ecoc_emu::CpAsync(smem_dst, gmem_src, 4, src_bytes, file, line);
-#else
-  float v = 0.0f;
-  if (src_bytes >= 4) std::memcpy(&v, gmem_src, 4);
-  std::memcpy(smem_dst, &v, 4);
-#endif
+  CpAsyncBytes<4>(smem_dst, gmem_src, src_bytes, file, line);
 }
 
 __device__ __forceinline__ void cp_async_commit() {
