@@ -157,6 +157,7 @@ BACKEND_INDEPENDENT_FILES = {
     "test_similarity.py",
     "test_spectral.py",
     "test_cuda_harness_build.py",
+    "test_cuda_launch_shape.py",
     "test_notebooks_params.py",
     "test_benchmarks_smoke.py",
     # The TensorFlow op's loader: build cache, TF-version check, GPU guard.

@@ -31,6 +31,7 @@
 #include "ecoc_engine.cuh"
 #include "ecoc_forward.cuh"
 #include "ecoc_forward_reg.cuh"
+#include "ecoc_launch_shape.h"
 
 namespace keras_ecoc {
 namespace cuda {
@@ -114,6 +115,117 @@ struct Plan {
   size_t a = 0, b = 0, c = 0, d = 0;  // pass-specific regions
   size_t total = 0;
 };
+
+// The split kernel a plan launches and its block size, chosen here once:
+// MakePlan sizes the grid with its occupancy, the launchers launch it.
+template <typename Args>
+struct SplitKernel {
+  void (*fn)(Args) = nullptr;
+  int threads = kThreads;
+};
+
+template <int kMath>
+SplitKernel<detail::ForwardSplitArgs> ForwardKernelFor(const Plan& p) {
+  using detail::ForwardSplitKernel;
+  const bool rows64 = p.row_tile == kRowTile64;
+  if constexpr (kMath != detail::kMathFp32) {
+    using detail::ForwardRegKernel;
+    if (p.reg && p.reg_warps == 8) {
+      return {rows64 ? ForwardRegKernel<kMath, kRowTile64, 8> : ForwardRegKernel<kMath, kRowTile, 8>,
+              8 * detail::kWarpSize};
+    }
+    if (p.reg) {
+      return {rows64 ? ForwardRegKernel<kMath, kRowTile64> : ForwardRegKernel<kMath, kRowTile>};
+    }
+  }
+  if (rows64) {
+    return {p.fold ? ForwardSplitKernel<kMath, kRowTile64, true>
+                   : ForwardSplitKernel<kMath, kRowTile64, false>};
+  }
+  return {p.fold ? ForwardSplitKernel<kMath, kRowTile, true>
+                 : ForwardSplitKernel<kMath, kRowTile, false>};
+}
+
+template <int kMath>
+SplitKernel<detail::CodesGradArgs> CodesGradKernelFor(const Plan& p) {
+  const bool rows64 = p.row_tile == kRowTile64;
+  if constexpr (kMath != detail::kMathFp32) {
+    if (p.grad_mma) {
+      return {rows64 ? detail::CodesGradMmaKernel<kMath, kRowTile64>
+                     : detail::CodesGradMmaKernel<kMath, kRowTile>};
+    }
+  }
+  return {rows64 ? detail::CodesGradSplitKernel<kMath, kRowTile64>
+                 : detail::CodesGradSplitKernel<kMath, kRowTile>};
+}
+
+SplitKernel<detail::ForwardSplitArgs> ForwardKernelFor(const Plan& p) {
+  switch (p.math) {
+    case detail::kMath3xTf32:
+      return ForwardKernelFor<detail::kMath3xTf32>(p);
+    case detail::kMathTf32:
+      return ForwardKernelFor<detail::kMathTf32>(p);
+    default:
+      return ForwardKernelFor<detail::kMathFp32>(p);
+  }
+}
+
+SplitKernel<detail::CodesGradArgs> CodesGradKernelFor(const Plan& p) {
+  switch (p.math) {
+    case detail::kMath3xTf32:
+      return CodesGradKernelFor<detail::kMath3xTf32>(p);
+    case detail::kMathTf32:
+      return CodesGradKernelFor<detail::kMathTf32>(p);
+    default:
+      return CodesGradKernelFor<detail::kMathFp32>(p);
+  }
+}
+
+// Label rank (rank = true) or nearest codeword: FP32 only.
+SplitKernel<detail::DecodeSplitArgs> DecodeKernelFor(bool rank, const Plan& p) {
+  const bool rows64 = p.row_tile == kRowTile64;
+  if (rank) {
+    return {rows64 ? detail::DecodeSplitKernel<true, kRowTile64>
+                   : detail::DecodeSplitKernel<true, kRowTile>};
+  }
+  return {rows64 ? detail::DecodeSplitKernel<false, kRowTile64>
+                 : detail::DecodeSplitKernel<false, kRowTile>};
+}
+
+// Blocks of a split kernel that one SM holds at once, as the runtime's
+// occupancy calculator counts them (registers, shared memory, threads, the
+// per-SM block limit); at least 1, so that a launch that cannot be resident
+// still reports its own error. A launch above the default 48 KiB first
+// raises the kernel's dynamic shared-memory limit, to the device's opt-in
+// maximum rather than to this launch's size: every caller then sets the
+// same value, so a concurrent call of another shape cannot lower the limit
+// between this call's plan and its launch.
+template <typename Args>
+cudaError_t BlocksPerSm(const SplitKernel<Args>& kernel, const Plan& p, const DeviceInfo& info,
+                        int* blocks) {
+  const void* fn = reinterpret_cast<const void*>(kernel.fn);
+  cudaError_t err = cudaSuccess;
+  if (p.smem_bytes > kDefaultSmem &&
+      (err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  info.smem_optin)) != cudaSuccess) {
+    return err;
+  }
+  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, fn, kernel.threads,
+                                                      static_cast<size_t>(p.smem_bytes));
+  *blocks = std::max(*blocks, 1);
+  return err;
+}
+
+cudaError_t SplitBlocksPerSm(Pass pass, const Plan& p, const DeviceInfo& info, int* blocks) {
+  switch (pass) {
+    case Pass::kForward:
+      return BlocksPerSm(ForwardKernelFor(p), p, info, blocks);
+    case Pass::kCodesGrad:
+      return BlocksPerSm(CodesGradKernelFor(p), p, info, blocks);
+    default:
+      return BlocksPerSm(DecodeKernelFor(pass == Pass::kRank, p), p, info, blocks);
+  }
+}
 
 int64_t SplitSmemFloats(Pass pass, int bt, bool fold, int kc, int64_t k, bool resident) {
   switch (pass) {
@@ -253,8 +365,12 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
     p->smem_bytes = SplitSmemFloats(pass, p->row_tile, p->fold, p->kc, k, p->acc_in_smem) * 4;
   }
 
-  // Splits: at least two blocks per SM where the work allows it.
-  const int64_t want_blocks = 2 * int64_t{info.num_sms};
+  // Splits: launch_shape::ChooseSplits has the rule and the reason; the
+  // codes gradient keeps to one wave, since each of its splits takes a
+  // 4·n·k-byte buffer and a combine pass over it.
+  int blocks_per_sm = 1;
+  if ((err = SplitBlocksPerSm(pass, *p, info, &blocks_per_sm)) != cudaSuccess) return err;
+  const int64_t slots = int64_t{info.num_sms} * blocks_per_sm;
   const int64_t row_tiles = CeilDiv(B, p->row_tile);
   const int64_t class_tiles = CeilDiv(n, p->reg ? detail::kRegClassTile : kClassTile);
   int64_t other = 0;
@@ -267,8 +383,9 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
     p->tiles = class_tiles;
     other = row_tiles;
   }
-  int64_t splits = other > 0 ? CeilDiv(want_blocks, other) : 1;
-  splits = std::max<int64_t>(1, std::min<int64_t>({splits, p->tiles, kMaxSplits}));
+  const int64_t splits = launch_shape::ChooseSplits(
+      other, p->tiles, slots, kMaxSplits,
+      pass == Pass::kCodesGrad ? 1 : launch_shape::kMaxSplitWaves);
   p->splits = static_cast<int>(splits);
   if (p->grid_x > INT_MAX) return cudaErrorInvalidValue;
 
@@ -320,16 +437,13 @@ unsigned GridFor(int64_t items, int64_t per_block, int64_t cap) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min(CeilDiv(items, per_block), cap)));
 }
 
-template <typename Kernel, typename Args>
-cudaError_t LaunchSplit(Kernel kernel, const Plan& p, const Args& args, cudaStream_t stream,
-                        int threads = kThreads) {
-  if (p.smem_bytes > kDefaultSmem) {
-    const cudaError_t err = cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(p.smem_bytes));
-    if (err != cudaSuccess) return err;
-  }
+// The plan has set the kernel's shared-memory limit (BlocksPerSm).
+template <typename Args>
+cudaError_t LaunchSplit(const SplitKernel<Args>& kernel, const Plan& p, const Args& args,
+                        cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.grid_x), static_cast<unsigned>(p.splits));
-  kernel<<<grid, threads, static_cast<size_t>(p.smem_bytes), stream>>>(args);
+  void (*const fn)(Args) = kernel.fn;  // a plain name: the emulator rewrites `name<<<`
+  fn<<<grid, kernel.threads, static_cast<size_t>(p.smem_bytes), stream>>>(args);
   return cudaGetLastError();
 }
 
@@ -427,46 +541,6 @@ cudaError_t NearestPlan(const NearestParams& params, Plan* p) {
   if (BadSizes(pr) || BadTypes(pr)) return cudaErrorInvalidValue;
   if (pr.batch > 0 && pr.num_classes == 0) return cudaErrorInvalidValue;
   return MakePlan(Pass::kNearest, pr, MathMode::kFp32, params.variant, p);
-}
-
-template <int kMath>
-cudaError_t LaunchForwardSplit(const Plan& p, const detail::ForwardSplitArgs& a,
-                               cudaStream_t stream) {
-  using detail::ForwardSplitKernel;
-  if constexpr (kMath != detail::kMathFp32) {
-    if (p.reg && p.reg_warps == 8) {
-      using detail::ForwardRegKernel;
-      return p.row_tile == kRowTile64
-                 ? LaunchSplit(ForwardRegKernel<kMath, kRowTile64, 8>, p, a, stream, 256)
-                 : LaunchSplit(ForwardRegKernel<kMath, kRowTile, 8>, p, a, stream, 256);
-    }
-    if (p.reg) {
-      return p.row_tile == kRowTile64
-                 ? LaunchSplit(detail::ForwardRegKernel<kMath, kRowTile64>, p, a, stream)
-                 : LaunchSplit(detail::ForwardRegKernel<kMath, kRowTile>, p, a, stream);
-    }
-  }
-  if (p.row_tile == kRowTile64) {
-    return p.fold ? LaunchSplit(ForwardSplitKernel<kMath, kRowTile64, true>, p, a, stream)
-                  : LaunchSplit(ForwardSplitKernel<kMath, kRowTile64, false>, p, a, stream);
-  }
-  return p.fold ? LaunchSplit(ForwardSplitKernel<kMath, kRowTile, true>, p, a, stream)
-                : LaunchSplit(ForwardSplitKernel<kMath, kRowTile, false>, p, a, stream);
-}
-
-template <int kMath>
-cudaError_t LaunchCodesGradSplit(const Plan& p, const detail::CodesGradArgs& a,
-                                 cudaStream_t stream) {
-  if constexpr (kMath != detail::kMathFp32) {
-    if (p.grad_mma) {
-      return p.row_tile == kRowTile64
-                 ? LaunchSplit(detail::CodesGradMmaKernel<kMath, kRowTile64>, p, a, stream)
-                 : LaunchSplit(detail::CodesGradMmaKernel<kMath, kRowTile>, p, a, stream);
-    }
-  }
-  return p.row_tile == kRowTile64
-             ? LaunchSplit(detail::CodesGradSplitKernel<kMath, kRowTile64>, p, a, stream)
-             : LaunchSplit(detail::CodesGradSplitKernel<kMath, kRowTile>, p, a, stream);
 }
 
 }  // namespace
@@ -586,18 +660,7 @@ cudaError_t EcocCrossEntropyForward(const ForwardParams& params, cudaStream_t st
   a.part_lse = At<float>(ws, p.b);
   a.part_sqn = At<float>(ws, p.c);
   a.part_acc = At<float>(ws, p.d);
-  switch (p.math) {
-    case detail::kMath3xTf32:
-      err = LaunchForwardSplit<detail::kMath3xTf32>(p, a, stream);
-      break;
-    case detail::kMathTf32:
-      err = LaunchForwardSplit<detail::kMathTf32>(p, a, stream);
-      break;
-    default:
-      err = LaunchForwardSplit<detail::kMathFp32>(p, a, stream);
-      break;
-  }
-  if (err != cudaSuccess) return err;
+  if ((err = LaunchSplit(ForwardKernelFor(p), p, a, stream)) != cudaSuccess) return err;
   detail::ForwardCombineArgs c{};
   c.part_lse = a.part_lse;
   c.part_sqn = a.part_sqn;
@@ -668,17 +731,7 @@ cudaError_t EcocCrossEntropyCodesGrad(const CodesGradParams& params, cudaStream_
   a.splits = p.splits;
   a.batch_tiles = p.tiles;
   a.out = p.splits > 1 ? At<float>(ws, p.a) : params.grad_codes;
-  switch (p.math) {
-    case detail::kMath3xTf32:
-      err = LaunchCodesGradSplit<detail::kMath3xTf32>(p, a, stream);
-      break;
-    case detail::kMathTf32:
-      err = LaunchCodesGradSplit<detail::kMathTf32>(p, a, stream);
-      break;
-    default:
-      err = LaunchCodesGradSplit<detail::kMathFp32>(p, a, stream);
-      break;
-  }
+  err = LaunchSplit(CodesGradKernelFor(p), p, a, stream);
   if (err != cudaSuccess || p.splits == 1) return err;
   const int64_t elems = pr.num_classes * pr.code_length;
   detail::CodesGradCombineKernel<<<GridFor(elems, kThreads, 65535), kThreads, 0, stream>>>(
@@ -711,16 +764,12 @@ cudaError_t LaunchDecode(bool rank, const ProblemArgs& pr, const Plan& p, void* 
   if (rank) {
     a.part_count = At<long long>(ws, p.b);
     a.part_bad = At<int>(ws, p.c);
-    err = p.row_tile == kRowTile64
-              ? LaunchSplit(detail::DecodeSplitKernel<true, kRowTile64>, p, a, stream)
-              : LaunchSplit(detail::DecodeSplitKernel<true, kRowTile>, p, a, stream);
+    err = LaunchSplit(DecodeKernelFor(true, p), p, a, stream);
   } else {
     a.part_key = At<float>(ws, p.a);
     a.part_index = At<long long>(ws, p.b);
     a.part_bad = At<int>(ws, p.c);
-    err = p.row_tile == kRowTile64
-              ? LaunchSplit(detail::DecodeSplitKernel<false, kRowTile64>, p, a, stream)
-              : LaunchSplit(detail::DecodeSplitKernel<false, kRowTile>, p, a, stream);
+    err = LaunchSplit(DecodeKernelFor(false, p), p, a, stream);
   }
   if (err != cudaSuccess) return err;
   detail::DecodeCombineArgs c{};

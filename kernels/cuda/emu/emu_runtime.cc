@@ -1157,6 +1157,30 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
   return cudaSuccess;
 }
 
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* num_blocks, const void* func,
+                                                          int block_size, size_t dynamic_smem) {
+  if (num_blocks == nullptr) return SetError(cudaErrorInvalidValue);
+  if (func == nullptr) return SetError(cudaErrorInvalidDeviceFunction);
+  if (block_size < 1 || block_size > 1024) return SetError(cudaErrorInvalidValue);
+  const auto& d = Dev();
+  const auto& m = d.model;
+  auto lim = d.func_smem_limit.find(func);
+  const size_t limit =
+      lim == d.func_smem_limit.end() ? keras_ecoc_emu::kDefaultSmem : lim->second;
+  if (dynamic_smem > limit) {  // a launch of this size would be refused
+    *num_blocks = 0;
+    return cudaSuccess;
+  }
+  const int warps = (block_size + 31) / 32;
+  int blocks = std::min(m.max_blocks_per_sm, m.max_threads_per_sm / (32 * warps));
+  const size_t per_block = dynamic_smem + (m.arch >= 800 ? keras_ecoc_emu::kKiB : 0);
+  if (per_block > 0) {
+    blocks = std::min<int>(blocks, static_cast<int>(m.smem_per_sm / per_block));
+  }
+  *num_blocks = blocks;
+  return cudaSuccess;
+}
+
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
   if (func == nullptr) return SetError(cudaErrorInvalidDeviceFunction);
   auto& d = Dev();

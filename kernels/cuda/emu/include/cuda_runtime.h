@@ -191,6 +191,21 @@ template <typename R, typename... P>
 inline cudaError_t cudaFuncSetAttribute(R (*func)(P...), cudaFuncAttribute attr, int value) {
   return cudaFuncSetAttribute(reinterpret_cast<const void*>(func), attr, value);
 }
+// Blocks of `func` one simulated SM holds at `block_size` threads and
+// `dynamic_smem` bytes: limited by threads, blocks and shared memory per SM
+// (1 KiB reserved per block from sm_80 on, as on the real cards). Registers
+// are not modelled (the emulator runs device code as host code), so this
+// can exceed what a real card of the same model would report.
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* num_blocks, const void* func,
+                                                          int block_size, size_t dynamic_smem);
+template <typename R, typename... P>
+inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* num_blocks,
+                                                                 R (*func)(P...),
+                                                                 int block_size,
+                                                                 size_t dynamic_smem) {
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      num_blocks, reinterpret_cast<const void*>(func), block_size, dynamic_smem);
+}
 
 // ---------------------------------------------------------------------------
 // Device side: the emulator's scheduler, built-ins and intrinsics.
