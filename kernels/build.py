@@ -644,6 +644,22 @@ def _cuda_kernels_unit(nvcc: str, archs: list, toolchain: dict) -> _Unit:
         toolchain=f"cxx={toolchain.get('cxx')} nvcc={toolchain.get('nvcc')}")
 
 
+def cuda_kernels_object(build_dir: str | None = None) -> str | None:
+    """The object of cuda/ecoc_kernels.cu.cc (every architecture of
+    :func:`cuda_archs`) that a build left for today's sources and toolchain,
+    or None: tests that link the kernels into a program (the harness) take it
+    instead of running nvcc over the kernels again."""
+    nvcc, cuda_home, _ = find_cuda()
+    if cuda_home is None:
+        return None
+    versions = {"cxx": _tool_version(os.environ.get("CXX", "g++"), first=True),
+                "nvcc": _tool_version(nvcc)}
+    unit = _cuda_kernels_unit(nvcc, cuda_archs(), versions)
+    obj = os.path.join(os.path.abspath(build_dir or DEFAULT_BUILD_DIR), "obj",
+                       f"{unit.name}-{unit.key()}.o")
+    return obj if os.path.exists(obj) else None
+
+
 def _check_kernels_load(path: str) -> tuple[int, str]:
     """Loads the kernel library with ctypes in a fresh interpreter."""
     code = ("import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); "
