@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <type_traits>
 
 #include "ecoc_codes_grad.cuh"
 #include "ecoc_codes_grad_mma.cuh"
@@ -159,26 +160,25 @@ SplitKernel<detail::CodesGradArgs> CodesGradKernelFor(const Plan& p) {
                  : detail::CodesGradSplitKernel<kMath, kRowTile>};
 }
 
-SplitKernel<detail::ForwardSplitArgs> ForwardKernelFor(const Plan& p) {
-  switch (p.math) {
+// f(std::integral_constant<int, kMath>) for the plan's engine.
+template <typename F>
+auto WithMath(int math, F&& f) {
+  switch (math) {
     case detail::kMath3xTf32:
-      return ForwardKernelFor<detail::kMath3xTf32>(p);
+      return f(std::integral_constant<int, detail::kMath3xTf32>{});
     case detail::kMathTf32:
-      return ForwardKernelFor<detail::kMathTf32>(p);
+      return f(std::integral_constant<int, detail::kMathTf32>{});
     default:
-      return ForwardKernelFor<detail::kMathFp32>(p);
+      return f(std::integral_constant<int, detail::kMathFp32>{});
   }
 }
 
+SplitKernel<detail::ForwardSplitArgs> ForwardKernelFor(const Plan& p) {
+  return WithMath(p.math, [&p](auto m) { return ForwardKernelFor<decltype(m)::value>(p); });
+}
+
 SplitKernel<detail::CodesGradArgs> CodesGradKernelFor(const Plan& p) {
-  switch (p.math) {
-    case detail::kMath3xTf32:
-      return CodesGradKernelFor<detail::kMath3xTf32>(p);
-    case detail::kMathTf32:
-      return CodesGradKernelFor<detail::kMathTf32>(p);
-    default:
-      return CodesGradKernelFor<detail::kMathFp32>(p);
-  }
+  return WithMath(p.math, [&p](auto m) { return CodesGradKernelFor<decltype(m)::value>(p); });
 }
 
 // Label rank (rank = true) or nearest codeword: FP32 only.
