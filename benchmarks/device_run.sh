@@ -19,8 +19,9 @@
 #   kernels  kernels/cuda/device_check.sh: build, checks, the grid against
 #            float64, memcheck, racecheck, the harness's timing mode (today's
 #            v2 kernels and every launch variant side by side, each math
-#            mode), Nsight Compute profiles of the forward split kernel and
-#            of the codes-gradient kernel at one shape; its step limits are
+#            mode), Nsight Compute profiles of the forward split kernels and
+#            of the codes-gradient kernels (split and kGradMma) at B = 16 and
+#            256; its step limits are
 #            fitted into the time the later phases leave
 #   gpuloss  benchmarks/bench_gpu_loss.py: the timing table of the loss
 #            (JAX, torch.compile, cut cross-entropy, Liger) with the CUDA
@@ -187,7 +188,9 @@ done
 # kernel time, x 47 / 42.8 for the host's share): ~80 s; racecheck scaled the same
 # way for the variants that --small now includes; ncu scaled for the kWarps8
 # ones --profile includes (it skips kGradMma: a codes-gradient bit, the same
-# forward as v2); ncu 16 s for 12 forward profiles); CAP is
+# forward as v2); ncu 16 s for 12 forward profiles; ncu-codes-grad, since
+# 2026-11-27 four codes-gradient profiles from the same --profile run, not
+# yet timed: ~4 s of harness start + ~1 s per report, under its 12); CAP is
 # device_check.sh's default. Room for the steps above the sum of the needs
 # goes to each step in proportion to its CAP - NEED; below it (only when the
 # earlier phases ran far over their measured times) every step is scaled

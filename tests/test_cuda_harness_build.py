@@ -201,11 +201,15 @@ def test_device_check_script_parses_and_dry_runs_every_step(tmp_path):
     assert steps == ["build", "checks", "grid", "smem-limit", "memcheck", "racecheck", "bench",
                      "ncu", "ncu-codes-grad"]
     # Every launch variant timed side by side; the ncu profiles of the forward
-    # and of one codes-gradient launch.
+    # and of the codes gradient, both from `harness --profile`.
     assert "--bench-only --quick --variant all" in proc.stdout
     # Both forward split kernels: v2's and the register-softmax one.
-    assert "--kernel-name regex:Forward(Split|Reg)Kernel" in proc.stdout and "--profile" in proc.stdout
-    assert "--kernel-name regex:CodesGradSplitKernel" in proc.stdout and "--launch-count 1" in proc.stdout
+    ncu_steps = {line.split()[1]: line for line in proc.stdout.splitlines()
+                 if line.startswith("step ncu")}
+    assert "--kernel-name regex:Forward(Split|Reg)Kernel" in ncu_steps["ncu"]
+    # Both codes-gradient kernels: the split one and kGradMma's.
+    assert "--kernel-name regex:CodesGrad(Split|Mma)Kernel" in ncu_steps["ncu-codes-grad"]
+    assert all(line.rstrip().endswith(" --profile") for line in ncu_steps.values()), ncu_steps
     limits = [int(line.split("(<= ")[1].split(" s)")[0]) for line in proc.stdout.splitlines()
               if line.startswith("step ")]
     assert sum(limits) <= 480, limits  # one run of at most 8 minutes

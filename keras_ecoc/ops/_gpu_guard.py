@@ -33,9 +33,11 @@ SIMULATE_ENV = "KERAS_ECOC_SIMULATE_GPU"
 # Mirrors kernels/cuda/ecoc_kernels.cu.cc (ChooseChunks) and the *SmemFloats
 # formulas of ecoc_forward.cuh / ecoc_codes_grad.cuh / ecoc_decode.cuh at their
 # smallest launch: one 8-column stage, double-buffered, for a tile of 16 rows
-# and 32 classes (row pitch 8 + 4 floats), the 16 x 36 logit tile, and (forward
-# only) 2 x 16 row scalars. kernels/cuda/harness.cu --smem-limit checks these
-# numbers against the real launchers on a GPU.
+# and 32 classes (row pitch 8 + 4 floats), the 16 x 36 logit tile, and 32
+# floats more (forward: 2 x 16 row scalars; codes gradient: the class tile's
+# 32 logit terms), so both cross-entropy passes need the same.
+# kernels/cuda/harness.cu --smem-limit checks these numbers against the real
+# launchers on a GPU.
 _ROW_TILE = 16
 _CLASS_TILE = 32
 _MIN_STAGE_COLUMNS = 8

@@ -25,11 +25,10 @@
 #      SpeedOfLight, MemoryWorkloadAnalysis, Occupancy, LaunchStats,
 #      WarpStateStats) at B = 256, n = 1e5, k = 128 and B = 16, n = 1e6,
 #      k = 128, every variant, 3xTF32 (harness --profile), then the
-#      codes-gradient split kernel once (step ncu-codes-grad: ncu skips the
-#      CodesGradSplitKernel launches of `harness --bench-only --quick
-#      --variant v2` up to the 3xTF32 column of B = 256, k = 128, n = 1e5,
-#      profiles one launch and ends the harness, --kill yes); the reports go
-#      to device_check.log with the other raw output. Measurements, not
+#      codes-gradient kernels of the same run (step ncu-codes-grad: at each
+#      cell the row tile kAuto picks, without and with kGradMma: four
+#      launches); the reports go to device_check.log with the other raw
+#      output. Measurements, not
 #      checks: ncu not found (SKIPPED) or failing (say ERR_NVGPUCTRPERM: no
 #      access to the counters) is reported but does not change the exit code.
 #
@@ -123,15 +122,12 @@ BUILD_CMD=("$NVCC" -O2 -std=c++17 --expt-relaxed-constexpr -lineinfo
 # variants = 12 launches), so that the replays stay within about a minute.
 NCU_CMD=("$NCU" --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy
   --section LaunchStats --section WarpStateStats --kernel-name "regex:Forward(Split|Reg)Kernel")
-# The codes-gradient split kernel, once: in `--bench-only --quick --variant v2`
-# each cell (n-major, then k, then B in {16, 256, 4096}) launches it 5 times
-# per math column (one sizing call, 1 warm-up, 3 timed) over the columns fp32,
-# 3xtf32, tf32: 15 per cell. B = 256, k = 128, n = 1e5 is cell 10 (0-based),
-# so 150 + 5 launches come before its 3xtf32 column. ncu prints the grid and
-# the template arguments (the math mode) of what it profiled.
+# The codes-gradient kernels that `harness --profile` launches after its
+# forwards: CodesGradSplitKernel (v2 at B = 16, rows64 at B = 256) and
+# CodesGradMmaKernel (gradmma, rows64+gradmma). ncu prints the grid and the
+# template arguments (math mode, row tile) of each.
 NCU_GRAD_CMD=("$NCU" --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy
-  --section LaunchStats --section WarpStateStats --kernel-name "regex:CodesGradSplitKernel"
-  --launch-skip 155 --launch-count 1 --kill yes)
+  --section LaunchStats --section WarpStateStats --kernel-name "regex:CodesGrad(Split|Mma)Kernel")
 STEPS=(
   "build|$T_BUILD|${BUILD_CMD[*]}"
   "checks|$T_CHECK|$EXE --check-only"
@@ -141,7 +137,7 @@ STEPS=(
   "racecheck|$T_RACECHECK|$SANITIZER --tool racecheck --error-exitcode 1 $EXE --small"
   "bench|$T_BENCH|$EXE --bench-only --quick --variant all"
   "ncu|$T_NCU|${NCU_CMD[*]} $EXE --profile"
-  "ncu-codes-grad|$T_NCUGRAD|${NCU_GRAD_CMD[*]} $EXE --bench-only --quick --variant v2"
+  "ncu-codes-grad|$T_NCUGRAD|${NCU_GRAD_CMD[*]} $EXE --profile"
 )
 
 if [[ $DRY_RUN == 1 ]]; then
@@ -191,7 +187,7 @@ run_step() {  # name limit command...
     ncu)
       note="${note:+$note; }$(tail -n +"$((from + 1))" "$LOG" | grep -cE 'Forward(Split|Reg)Kernel.*Context') kernel reports in device_check.log" ;;
     ncu-codes-grad)
-      note="${note:+$note; }$(tail -n +"$((from + 1))" "$LOG" | grep -cE 'CodesGradSplitKernel.*Context') kernel reports in device_check.log" ;;
+      note="${note:+$note; }$(tail -n +"$((from + 1))" "$LOG" | grep -cE 'CodesGrad(Split|Mma)Kernel.*Context') kernel reports in device_check.log" ;;
     memcheck|racecheck)
       note="${note:+$note; }$(tail -n +"$((from + 1))" "$LOG" | grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' | tail -n1)" ;;
   esac
@@ -212,7 +208,7 @@ if run_step build "$T_BUILD" "${BUILD_CMD[@]}"; then
   run_step bench "$T_BENCH" "$EXE" --bench-only --quick --variant all
   if command -v "$NCU" >/dev/null 2>&1; then
     run_step ncu "$T_NCU" "${NCU_CMD[@]}" "$EXE" --profile
-    run_step ncu-codes-grad "$T_NCUGRAD" "${NCU_GRAD_CMD[@]}" "$EXE" --bench-only --quick --variant v2
+    run_step ncu-codes-grad "$T_NCUGRAD" "${NCU_GRAD_CMD[@]}" "$EXE" --profile
   else
     ROWS+=("| ncu | SKIPPED | 0 | ncu not found (set NCU or put Nsight Compute on PATH) |")
     ROWS+=("| ncu-codes-grad | SKIPPED | 0 | ncu not found |")

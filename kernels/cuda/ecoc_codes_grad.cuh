@@ -6,7 +6,12 @@
 // recomputes the tile's logits with the engine of the math mode (the
 // forward's numbers when the math mode is the same), and accumulates
 //   G_c += sum_r w_rc (u_r - M_c)
-// per batch tile (tile sum first, then one add). With one batch split the
+// per batch tile (tile sum first, then one add). Where one stage holds the
+// whole code row (nchunks == 1), the class tile's ||M||^2 (for its logit
+// term ct) comes from the staged code tile of the first batch tile
+// (AccumulateFoldedNorms: PrepClassesKernel's chain, so the same bits) and
+// the launcher runs no PrepClassesKernel: the pass reads the codes once.
+// With several column stages ct comes from PrepClassesKernel. With one batch split the
 // block writes s * G straight into grad_codes; with several, each split
 // writes its G to the workspace and CodesGradCombineKernel adds the splits
 // in a fixed order. No float atomics anywhere.
@@ -25,7 +30,7 @@ namespace detail {
 struct CodesGradArgs {
   const float* u;     // [batch, kp]
   const float* rowc;  // [batch]
-  const float* ct;    // [n]
+  const float* ct;    // [n]: PrepClassesKernel's, read only when nchunks > 1
   const float* codes;
   const void* labels;
   bool labels_int64;
@@ -48,7 +53,8 @@ __host__ __device__ constexpr int64_t CodesGradSmemFloats(int bt, int kc, int64_
                                                           bool g_in_smem) {
   return 2 * int64_t{bt + kClassTile} * TilePitch(kc)  // double-buffered stages
          + int64_t{bt} * kSPitch                       // w of a tile
-         + (g_in_smem ? kClassTile * k : 0);           // G
+         + (g_in_smem ? kClassTile * k : 0)            // G
+         + kClassTile;                                 // ct of the class tile
 }
 
 // Helpers of CodesGradSplitKernel and CodesGradMmaKernel
@@ -87,18 +93,36 @@ __device__ __forceinline__ void StageGradTiles(float* stage, int pitch, const Co
   ptx::cp_async_commit();
 }
 
+// ct_s[c] = the logit term of class c0 + c of the block's class tile, for
+// WriteTileWeights after the next barrier: folded from the staged code tile
+// `mt` when one stage holds the whole row (stage 0 is then the whole tile),
+// else PrepClassesKernel's values (0 past n, never read).
+__device__ __forceinline__ void LoadClassTerms(const CodesGradArgs& a, const float* mt,
+                                               int pitch, float scale, int64_t c0, int warp,
+                                               int lane, float* ct_s) {
+  if (a.nchunks == 1) {
+    float fold[kFoldClassesPerWarp] = {};
+    AccumulateFoldedNorms(fold, mt, pitch, 0, a.kc, warp, lane);
+    FinishFoldedNorms(fold, scale, warp, lane, nullptr, ct_s);
+  } else if (threadIdx.x < kClassTile) {
+    const int64_t c = c0 + threadIdx.x;
+    ct_s[threadIdx.x] = c < a.num_classes ? a.ct[c] : 0.0f;
+  }
+}
+
 // Overwrites the tile's dot products in W_s [BT][kSPitch] (the RW rows of
-// this warp, class c0 + lane) with the weights
+// this warp, class c0 + lane; ct_s: the class tile's logit terms) with the weights
 //   w_rc = g_b (p_bc - [y_b == c]),  p_bc = exp(logit_bc - lse_b),
 // 0 for rows past the batch and classes past n; returns the sum of the
 // weights it wrote (the column sum of the warp's rows).
 template <int RW>
 __device__ __forceinline__ float WriteTileWeights(const CodesGradArgs& a, float* W_s,
-                                                  float scale, int64_t c0, int64_t b0,
-                                                  int rows_valid, int warp, int lane) {
+                                                  const float* ct_s, float scale, int64_t c0,
+                                                  int64_t b0, int rows_valid, int warp,
+                                                  int lane) {
   const int64_t c = c0 + lane;
   const bool cvalid = c < a.num_classes;
-  const float ct = cvalid ? a.ct[c] : 0.0f;
+  const float ct = cvalid ? ct_s[lane] : 0.0f;
   float cs = 0.0f;
 #pragma unroll
   for (int i = 0; i < RW; ++i) {
@@ -129,8 +153,9 @@ __global__ void __launch_bounds__(kThreads) CodesGradSplitKernel(CodesGradArgs a
   const int stage_floats = (BT + CT) * pitch;
   float* W_s = smem + 2 * stage_floats;
   float* g_s = W_s + BT * kSPitch;
-
   const int64_t k = a.code_length;
+  float* ct_s = g_s + (a.g_in_smem ? CT * k : 0);
+
   const float scale = ReadScale(a.scale_ptr, a.scale);
   const auto [c0, split, nvalid, t_begin, t_end] = BlockRange(a);
   const int64_t num_stages = (t_end - t_begin) * a.nchunks;
@@ -169,13 +194,15 @@ __global__ void __launch_bounds__(kThreads) CodesGradSplitKernel(CodesGradArgs a
     const int chunk = static_cast<int>(q % a.nchunks);
     if (chunk == 0) engine.Init();
     engine.Step(cur, cur + BT * pitch, pitch, a.kc);
+    if (q == 0) LoadClassTerms(a, cur + BT * pitch, pitch, scale, c0, warp, lane, ct_s);
 
     if (chunk == a.nchunks - 1) {
       const int64_t b0 = (t_begin + q / a.nchunks) * BT;
       const int rows_valid = static_cast<int>(a.batch - b0 < BT ? a.batch - b0 : BT);
       engine.Store(W_s);
+      // W_s and (first batch tile) ct_s complete.
       __syncthreads();
-      WriteTileWeights<RW>(a, W_s, scale, c0, b0, rows_valid, warp, lane);
+      WriteTileWeights<RW>(a, W_s, ct_s, scale, c0, b0, rows_valid, warp, lane);
       // Every w of the tile is written before any thread reads another
       // warp's rows.
       __syncthreads();  // [barrier-mutation-test]

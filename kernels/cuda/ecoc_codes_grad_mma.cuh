@@ -47,7 +47,7 @@ constexpr int kGradMmaTilesPerWarp = kRegMaxK / 8 / kWarps;
 // partial column sums (no G: it lives in registers).
 __host__ __device__ constexpr int64_t CodesGradMmaSmemFloats(int bt, int kp) {
   return 2 * int64_t{bt + kClassTile} * TilePitch(kp) + int64_t{bt} * kSPitch +
-         kWarps * kClassTile;
+         kWarps * kClassTile + kClassTile;  // ... partial column sums, ct of the class tile
 }
 
 // Calls f(v, mt, h, cl, j) on each accumulator float v of the thread's G
@@ -94,6 +94,7 @@ __global__ void __launch_bounds__(kThreads) CodesGradMmaKernel(CodesGradArgs a) 
   const int stage_floats = (BT + CT) * pitch;
   float* W_s = smem + 2 * stage_floats;
   float* cs_s = W_s + BT * kSPitch;  // [kWarps][CT] partial column sums
+  float* ct_s = cs_s + kWarps * CT;  // [CT] the class tile's logit terms
 
   const int64_t k = a.code_length;
   const float scale = ReadScale(a.scale_ptr, a.scale);
@@ -127,11 +128,14 @@ __global__ void __launch_bounds__(kThreads) CodesGradMmaKernel(CodesGradArgs a) 
 
     engine.Init();
     engine.Step(cur, cur + BT * pitch, pitch, kp);
+    if (q == 0) LoadClassTerms(a, cur + BT * pitch, pitch, scale, c0, warp, lane, ct_s);
     const int64_t b0 = (t_begin + q) * BT;
     const int rows_valid = static_cast<int>(a.batch - b0 < BT ? a.batch - b0 : BT);
     engine.Store(W_s);
+    // W_s and (first batch tile) ct_s complete.
     __syncthreads();
-    cs_s[warp * CT + lane] = WriteTileWeights<RW>(a, W_s, scale, c0, b0, rows_valid, warp, lane);
+    cs_s[warp * CT + lane] =
+        WriteTileWeights<RW>(a, W_s, ct_s, scale, c0, b0, rows_valid, warp, lane);
     // Every w and partial column sum of the tile is written before any
     // warp reads the whole tile.
     __syncthreads();  // [barrier-mutation-test]

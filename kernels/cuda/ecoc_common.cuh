@@ -198,6 +198,47 @@ __global__ void __launch_bounds__(kThreads) PrepRowsKernel(PrepArgs a) {
   }
 }
 
+// ||M_c||^2 of the classes of a staged code tile (row pitch `pitch`), in
+// PrepClassesKernel's chain, so that a split kernel can skip that pass and
+// keep its bits: warp w owns the CW = kClassTile / kWarps classes w*CW ..
+// w*CW + CW - 1 of the tile, and its lane l adds, stage after stage, the
+// squares of the columns j = l (mod 32) in increasing j
+// (AccumulateFoldedNorms, `fold` zeroed before the first stage); after the
+// last stage one WarpSum per class (FinishFoldedNorms) gives ||M||^2 and its
+// logit term ct, written by lane 0 to sq_s (if not null) and ct_s. The
+// tile's zero padding past k adds exact zeros. Used by the kFoldNorms
+// forward and by both codes-gradient kernels.
+constexpr int kFoldClassesPerWarp = kClassTile / kWarps;
+
+__device__ __forceinline__ void AccumulateFoldedNorms(float (&fold)[kFoldClassesPerWarp],
+                                                      const float* tile, int pitch, int j0,
+                                                      int kc, int warp, int lane) {
+  constexpr int CW = kFoldClassesPerWarp;
+  const float* mt = tile + warp * CW * pitch;
+  // First column of this stage owned by the lane: j0 + jj = lane mod 32.
+  for (int jj = ((lane - j0) % kWarpSize + kWarpSize) % kWarpSize; jj < kc; jj += kWarpSize) {
+#pragma unroll
+    for (int i = 0; i < CW; ++i) {
+      const float v = mt[i * pitch + jj];
+      fold[i] = __fmaf_rn(v, v, fold[i]);
+    }
+  }
+}
+
+__device__ __forceinline__ void FinishFoldedNorms(const float (&fold)[kFoldClassesPerWarp],
+                                                  float scale, int warp, int lane, float* sq_s,
+                                                  float* ct_s) {
+  constexpr int CW = kFoldClassesPerWarp;
+#pragma unroll
+  for (int i = 0; i < CW; ++i) {
+    const float ss = WarpSum(fold[i]);
+    if (lane == 0) {
+      if (sq_s != nullptr) sq_s[warp * CW + i] = ss;
+      ct_s[warp * CW + i] = ClassTerm(scale, ss);
+    }
+  }
+}
+
 // One warp per class (grid-stride): ||M_i||^2 and its logit term.
 __global__ void __launch_bounds__(kThreads) PrepClassesKernel(PrepArgs a) {
   const int warp = threadIdx.x / kWarpSize;

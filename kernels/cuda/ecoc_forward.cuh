@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(kThreads) ForwardSplitKernel(ForwardSplitArgs 
 
   Engine engine;
   engine.Init();
-  float fold[CT / kWarps];  // kFold: lane's partial ||M||^2 of the warp's classes
+  float fold[kFoldClassesPerWarp];  // kFold: lane's partial ||M||^2 of the warp's classes
   if (num_stages > 0) {
     StageTile(smem, pitch, a.u, a.kp, b0, a.batch, BT, 0, a.kc, a.kp, true);
     StageTile(smem + BT * pitch, pitch, a.codes, k, t_begin * CT, a.num_classes, CT,
@@ -141,32 +141,12 @@ __global__ void __launch_bounds__(kThreads) ForwardSplitKernel(ForwardSplitArgs 
     if (chunk == 0) engine.Init();
     engine.Step(cur, cur + BT * pitch, pitch, a.kc);
     if (kFold) {
-      constexpr int CW = CT / kWarps;
       if (chunk == 0) {
 #pragma unroll
-        for (int i = 0; i < CW; ++i) fold[i] = 0.0f;
+        for (int i = 0; i < kFoldClassesPerWarp; ++i) fold[i] = 0.0f;
       }
-      // First column of this stage owned by the lane: j0 + jj = lane mod 32.
-      const int j0 = chunk * a.kc;
-      const float* mt = cur + BT * pitch + warp * CW * pitch;
-      for (int jj = ((lane - j0) % kWarpSize + kWarpSize) % kWarpSize; jj < a.kc;
-           jj += kWarpSize) {
-#pragma unroll
-        for (int i = 0; i < CW; ++i) {
-          const float v = mt[i * pitch + jj];
-          fold[i] = __fmaf_rn(v, v, fold[i]);
-        }
-      }
-      if (chunk == a.nchunks - 1) {
-#pragma unroll
-        for (int i = 0; i < CW; ++i) {
-          const float ss = WarpSum(fold[i]);
-          if (lane == 0) {
-            fsq_s[warp * CW + i] = ss;
-            fct_s[warp * CW + i] = ClassTerm(scale, ss);
-          }
-        }
-      }
+      AccumulateFoldedNorms(fold, cur + BT * pitch, pitch, chunk * a.kc, a.kc, warp, lane);
+      if (chunk == a.nchunks - 1) FinishFoldedNorms(fold, scale, warp, lane, fsq_s, fct_s);
     }
 
     if (chunk == a.nchunks - 1) {

@@ -99,6 +99,7 @@ struct Plan {
   int math = detail::kMathFp32;  // effective engine
   int row_tile = kRowTile;       // rows per batch tile (16 or 64)
   bool fold = false;             // forward: ||M||^2 from the staged tiles
+  bool prep_classes = true;      // PrepClassesKernel fills ||M||^2, ct in the workspace
   bool reg = false;              // forward: ForwardRegKernel (kRegSoftmax)
   int reg_warps = 4;             // its warps per block (8: kWarps8)
   bool grad_mma = false;         // codes gradient: CodesGradMmaKernel (kGradMma)
@@ -316,6 +317,7 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
   const bool rows64 = (v & static_cast<int>(KernelVariant::kRows64)) != 0;
   p->row_tile = rows64 && B > kRowTile ? kRowTile64 : kRowTile;
   p->fold = pass == Pass::kForward && (v & static_cast<int>(KernelVariant::kFoldNorms)) != 0;
+
   // kRegSoftmax: the register-softmax forward where it applies (a TF32
   // engine, the whole padded row in registers, the launch within the opt-in
   // shared memory); otherwise the same call runs the v2 split kernel.
@@ -364,6 +366,11 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
   if (!p->reg && !p->grad_mma) {
     p->smem_bytes = SplitSmemFloats(pass, p->row_tile, p->fold, p->kc, k, p->acc_in_smem) * 4;
   }
+  // The folded forward, and the codes gradient where one stage holds the
+  // whole code row, compute ||M||^2 of their class tiles from the staged
+  // tiles (AccumulateFoldedNorms; the codes-gradient kernels decide the same
+  // way, on nchunks == 1).
+  p->prep_classes = !p->fold && !(pass == Pass::kCodesGrad && p->nchunks == 1);
 
   // Splits: launch_shape::ChooseSplits has the rule and the reason; the
   // codes gradient keeps to one wave, since each of its splits takes a
@@ -470,8 +477,7 @@ cudaError_t LaunchPrep(const ProblemArgs& pr, const Plan& p, void* ws, float sca
   a.ct = At<float>(ws, p.ct);
   a.label_key = label_keys ? At<float>(ws, p.a) : nullptr;
   const unsigned cap = 65535;
-  // The folded forward computes ||M||^2 in its split kernel.
-  if (pr.num_classes > 0 && !p.fold) {
+  if (pr.num_classes > 0 && p.prep_classes) {
     detail::PrepClassesKernel<<<GridFor(pr.num_classes, detail::kWarps, cap), kThreads, 0,
                                 stream>>>(a);
   }

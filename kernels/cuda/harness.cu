@@ -1790,6 +1790,30 @@ void RunProfile() {
                   static_cast<long long>(c.B), static_cast<long long>(c.n),
                   static_cast<long long>(c.k), MathName(g_math), VariantString(v));
     }
+    // The codes gradient (2/3 of forward + backward at both cells on the
+    // H100 of 2026-11-26) with the row tile kAuto gives it (16 rows at
+    // B = 16, 64 at B = 256), without and with kGradMma, on the lse of the
+    // last forward: device_check.sh's ncu-codes-grad step profiles these
+    // four launches (the forward step skips them by kernel name).
+    const KernelVariant grad_pair[2][2] = {
+        {KernelVariant::kV2, KernelVariant::kGradMma},
+        {KernelVariant::kRows64, KernelVariant::kRows64GradMma}};
+    DeviceBuffer<float> d_grad_loss(c.B), d_grad_codes(c.n * c.k);
+    d_grad_loss.Upload(std::vector<float>(c.B, 1.0f / static_cast<float>(c.B)));
+    for (KernelVariant v : grad_pair[c.B >= 64 ? 1 : 0]) {
+      if (std::find(g_bench_variants.begin(), g_bench_variants.end(), v) ==
+          g_bench_variants.end()) {
+        continue;
+      }
+      g_variant = v;
+      CUDA_OK(CodesGrad(d_z.ptr, FloatType::kFloat32, d_codes.ptr, d_labels.ptr,
+                        IndexType::kInt32, 10.0f, kEpsilon, d_lse.ptr, d_grad_loss.ptr, c.B, c.n,
+                        c.k, d_grad_codes.ptr, 0));
+      CUDA_OK(cudaDeviceSynchronize());
+      std::printf("profiled codes gradient: B=%lld n=%lld k=%lld math=%s variant=%s\n",
+                  static_cast<long long>(c.B), static_cast<long long>(c.n),
+                  static_cast<long long>(c.k), MathName(g_math), VariantString(v));
+    }
   }
   g_variant = KernelVariant::kV2;
   std::fflush(stdout);
@@ -1850,8 +1874,9 @@ const char kUsage[] =
     "  --smem-limit   the Python guard's shared-memory need and code-length limit hold\n"
     "                 (--quick: a long code of 2^12 instead of 2^16)\n"
     "  --profile      one forward per --variant (default: all but auto) at\n"
-    "                 B=256,n=1e5,k=128 and B=16,n=1e6,k=128, for Nsight Compute\n"
-    "                 (no checks, no timing)\n"
+    "                 B=256,n=1e5,k=128 and B=16,n=1e6,k=128, then the codes\n"
+    "                 gradient of each cell's row tile without and with gradmma,\n"
+    "                 for Nsight Compute (no checks, no timing)\n"
     "  --fail-fast    stop at the first failed check (exit 1)\n";
 
 int main(int argc, char** argv) {
