@@ -58,10 +58,8 @@ __host__ __device__ constexpr int64_t CodesGradSmemFloats(int bt, int kc, int64_
 }
 
 // Helpers of CodesGradSplitKernel and CodesGradMmaKernel
-// (ecoc_codes_grad_mma.cuh): both kernels stage and weigh a tile the same
-// way. CodesGradSplitKernel calls WriteTileWeights only: its sm_90 SASS is
-// byte-identical to what it was before the helpers (checked with cuobjdump),
-// and the H100 timings are of that code.
+// (ecoc_codes_grad_mma.cuh): both kernels stage a tile pair, take the class
+// tile's logit terms and weigh a tile the same way.
 
 // The block's share of the grid: class tile c0 .. c0 + nvalid (of
 // kClassTile, blockIdx.x) and batch tiles [t_begin, t_end) of its batch
@@ -166,25 +164,14 @@ __global__ void __launch_bounds__(kThreads) CodesGradSplitKernel(CodesGradArgs a
 
   Engine engine;
   engine.Init();
-  // The two stagings below are StageGradTiles written out: calling it here
-  // changed this kernel's sm_90 SASS (four forms of the helper tried), and
-  // its timings are the H100's.
-  if (num_stages > 0) {
-    StageTile(smem, pitch, a.u, a.kp, t_begin * BT, a.batch, BT, 0, a.kc, a.kp, true);
-    StageTile(smem + BT * pitch, pitch, a.codes, k, c0, a.num_classes, CT, 0, a.kc, k,
-              a.codes_vec);
-    ptx::cp_async_commit();
-  }
+  if (num_stages > 0) StageGradTiles<BT>(smem, pitch, a, t_begin * BT, c0, 0, a.kc);
   for (int64_t q = 0; q < num_stages; ++q) {
     float* cur = smem + (q & 1) * stage_floats;
     if (q + 1 < num_stages) {
       float* nxt = smem + ((q + 1) & 1) * stage_floats;
       const int64_t nb0 = (t_begin + (q + 1) / a.nchunks) * BT;
       const int64_t nj0 = ((q + 1) % a.nchunks) * a.kc;
-      StageTile(nxt, pitch, a.u, a.kp, nb0, a.batch, BT, nj0, a.kc, a.kp, true);
-      StageTile(nxt + BT * pitch, pitch, a.codes, k, c0, a.num_classes, CT, nj0, a.kc, k,
-                a.codes_vec);
-      ptx::cp_async_commit();
+      StageGradTiles<BT>(nxt, pitch, a, nb0, c0, nj0, a.kc);
       ptx::cp_async_wait<1>();
     } else {
       ptx::cp_async_wait<0>();
