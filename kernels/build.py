@@ -652,8 +652,7 @@ def cuda_kernels_object(build_dir: str | None = None) -> str | None:
     nvcc, cuda_home, _ = find_cuda()
     if cuda_home is None:
         return None
-    versions = {"cxx": _tool_version(os.environ.get("CXX", "g++"), first=True),
-                "nvcc": _tool_version(nvcc)}
+    versions = toolchain_versions("", os.environ.get("CXX", "g++"), nvcc)  # "tf" is unused here
     unit = _cuda_kernels_unit(nvcc, cuda_archs(), versions)
     obj = os.path.join(os.path.abspath(build_dir or DEFAULT_BUILD_DIR), "obj",
                        f"{unit.name}-{unit.key()}.o")

@@ -238,27 +238,14 @@ def _binary_symbols(options: list[str]) -> dict[int, str]:
     return out
 
 
-# Per-SM limits of the emulated cards (emu_runtime.cc's kModels): shared
-# memory, threads, blocks; 1 KiB of shared memory reserved per block from
-# sm_80 on. The emulator's occupancy calculator has no register limit.
-_EMU_SM_LIMITS = {750: (64 * 1024, 1024, 16), 800: (164 * 1024, 2048, 32),
-                  860: (100 * 1024, 1536, 16), 890: (100 * 1024, 1536, 24),
-                  900: (228 * 1024, 2048, 32)}
-
-
-def _emu_blocks_per_sm(arch: int, threads: int, smem: int) -> int:
-    smem_per_sm, threads_per_sm, blocks_per_sm = _EMU_SM_LIMITS[arch]
-    per_block = smem + (1024 if arch >= 800 else 0)
-    by_smem = smem_per_sm // per_block if per_block else blocks_per_sm
-    return max(1, min(blocks_per_sm, threads_per_sm // (-(-threads // 32) * 32), by_smem))
-
-
 @needs_kernels
 def test_split_grids_use_more_than_two_blocks_per_sm_and_at_most_four_waves():
     # Every split kernel is launched through one function pointer (`fn` in
     # the log); the combine and prep kernels by name. The splits follow the
     # simulated card's occupancy (launch_shape::ChooseSplits, checked on its
-    # own in test_cuda_launch_shape.py): a split grid never asks for more
+    # own in test_cuda_launch_shape.py; `resident` in the log is the blocks
+    # per SM the emulator's occupancy calculator gives that launch, without a
+    # register limit): a split grid never asks for more
     # than kMaxSplitWaves = 4 waves of resident blocks (unless one split
     # already needs more), and where shared memory lets more than two blocks
     # share an SM, some grid uses that (the old rule stopped at two per SM).
@@ -273,9 +260,8 @@ def test_split_grids_use_more_than_two_blocks_per_sm_and_at_most_four_waves():
                 continue
             fields = dict(f.split("=", 1) for f in rest if "=" in f)
             gx, gy, _ = map(int, fields["grid"].split(","))
-            threads = int(fields["block"].split(",")[0])
-            sms, arch = int(fields["sms"]), int(fields["arch"])
-            slots = sms * _emu_blocks_per_sm(arch, threads, int(fields["smem"]))
+            sms = int(fields["sms"])
+            slots = sms * max(1, int(fields["resident"]))  # at least 1, as MakePlan
             split_launches += 1
             if gy > 1 and -(-gx * gy // slots) > max(4, -(-gx // slots)):
                 too_many_waves += 1

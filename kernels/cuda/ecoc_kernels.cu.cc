@@ -317,7 +317,6 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
   const bool rows64 = (v & static_cast<int>(KernelVariant::kRows64)) != 0;
   p->row_tile = rows64 && B > kRowTile ? kRowTile64 : kRowTile;
   p->fold = pass == Pass::kForward && (v & static_cast<int>(KernelVariant::kFoldNorms)) != 0;
-
   // kRegSoftmax: the register-softmax forward where it applies (a TF32
   // engine, the whole padded row in registers, the launch within the opt-in
   // shared memory); otherwise the same call runs the v2 split kernel.

@@ -674,6 +674,27 @@ void RunBlock(LaunchState& L, const std::vector<unsigned>& order_base, std::mt19
   }
 }
 
+// The dynamic shared memory a launch of `func` may use: the default 48 KiB
+// unless cudaFuncSetAttribute raised it.
+size_t FuncSmemLimit(const Device& d, const void* func) {
+  const auto lim = d.func_smem_limit.find(func);
+  return lim == d.func_smem_limit.end() ? kDefaultSmem : lim->second;
+}
+
+// Blocks of `threads` threads and `smem` bytes of dynamic shared memory that
+// one simulated SM holds: limited by threads, blocks and shared memory per
+// SM (1 KiB reserved per block from sm_80 on, as on the real cards), not by
+// registers (device code runs as host code here). What
+// cudaOccupancyMaxActiveBlocksPerMultiprocessor reports and the launch log
+// records as `resident`.
+int ResidentBlocks(const DeviceModel& m, int threads, size_t smem) {
+  const int warps = (threads + 31) / 32;
+  int blocks = std::min(m.max_blocks_per_sm, m.max_threads_per_sm / (32 * warps));
+  const size_t per_block = smem + (m.arch >= 800 ? kKiB : 0);
+  if (per_block > 0) blocks = std::min<int>(blocks, static_cast<int>(m.smem_per_sm / per_block));
+  return blocks;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -781,8 +802,7 @@ cudaError_t LaunchKernel(const void* func, const char* name, const char* file, i
       grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 2147483647u || grid.y > 65535 ||
       grid.z > 65535)
     return SetError(cudaErrorInvalidConfiguration);
-  auto lim = d.func_smem_limit.find(func);
-  const size_t limit = lim == d.func_smem_limit.end() ? kDefaultSmem : lim->second;
+  const size_t limit = FuncSmemLimit(d, func);
   if (d.launch_log != nullptr) {
     // func: the kernel's address relative to the executable's start, which
     // `nm` of the binary maps to the template instantiation.
@@ -790,9 +810,10 @@ cudaError_t LaunchKernel(const void* func, const char* name, const char* file, i
         reinterpret_cast<uintptr_t>(func) - reinterpret_cast<uintptr_t>(&__executable_start));
     std::fprintf(d.launch_log,
                  "%s\tgrid=%u,%u,%u\tblock=%u,%u,%u\tsmem=%zu\tlimit=%zu\tarch=%d\tsms=%d\t"
-                 "func=%#lx\t%s\n",
+                 "resident=%d\tfunc=%#lx\t%s\n",
                  name, grid.x, grid.y, grid.z, block.x, block.y, block.z, smem, limit,
-                 d.model.arch, d.model.sms, offset, smem > limit ? "refused" : "ok");
+                 d.model.arch, d.model.sms, ResidentBlocks(d.model, static_cast<int>(threads), smem),
+                 offset, smem > limit ? "refused" : "ok");
     std::fflush(d.launch_log);
   }
   if (smem > limit) return SetError(cudaErrorInvalidValue);
@@ -1163,21 +1184,10 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* num_blocks, const
   if (func == nullptr) return SetError(cudaErrorInvalidDeviceFunction);
   if (block_size < 1 || block_size > 1024) return SetError(cudaErrorInvalidValue);
   const auto& d = Dev();
-  const auto& m = d.model;
-  auto lim = d.func_smem_limit.find(func);
-  const size_t limit =
-      lim == d.func_smem_limit.end() ? keras_ecoc_emu::kDefaultSmem : lim->second;
-  if (dynamic_smem > limit) {  // a launch of this size would be refused
-    *num_blocks = 0;
-    return cudaSuccess;
-  }
-  const int warps = (block_size + 31) / 32;
-  int blocks = std::min(m.max_blocks_per_sm, m.max_threads_per_sm / (32 * warps));
-  const size_t per_block = dynamic_smem + (m.arch >= 800 ? keras_ecoc_emu::kKiB : 0);
-  if (per_block > 0) {
-    blocks = std::min<int>(blocks, static_cast<int>(m.smem_per_sm / per_block));
-  }
-  *num_blocks = blocks;
+  // A launch above the kernel's limit would be refused: none resident.
+  *num_blocks = dynamic_smem > keras_ecoc_emu::FuncSmemLimit(d, func)
+                    ? 0
+                    : keras_ecoc_emu::ResidentBlocks(d.model, block_size, dynamic_smem);
   return cudaSuccess;
 }
 
