@@ -20,7 +20,8 @@
 #            float64, memcheck, racecheck, the harness's timing mode (today's
 #            v2 kernels and every launch variant side by side, each math
 #            mode), Nsight Compute profiles of the forward split kernels and
-#            of the codes-gradient kernels (split and kGradMma) at B = 16 and
+#            of the codes-gradient kernels (split, kGradMma and, at B = 16,
+#            kGradPersistent) at B = 16 and
 #            256; its step limits are
 #            fitted into the time the later phases leave
 #   gpuloss  benchmarks/bench_gpu_loss.py: the timing table of the loss
@@ -185,20 +186,22 @@ done
 # bench no longer re-times the forward of gradmma, rows64+gradmma and auto
 # (they take the forward ms of the v2 / rows64 / resolved column: 4 x the
 # median forward ms over the 17 cells and 3 modes of that run = 6.0 s of
-# kernel time, x 47 / 42.8 for the host's share): ~80 s; racecheck scaled the same
+# kernel time, x 47 / 42.8 for the host's share): ~80 s, ~86 s with the
+# gradpersistent column of 2026-11-27 (forward reused, ~6 s as each kGradMma
+# one; untimed); racecheck scaled the same
 # way for the variants that --small now includes; ncu scaled for the kWarps8
 # ones --profile includes (it skips kGradMma: a codes-gradient bit, the same
 # forward as v2); ncu 16 s for 12 forward profiles; ncu-codes-grad, since
-# 2026-11-27 four codes-gradient profiles from the same --profile run, not
-# yet timed: ~4 s of harness start + ~1 s per report, under its 12); CAP is
+# 2026-11-27 five codes-gradient profiles from the same --profile run, not
+# yet timed: ~4 s of harness start + ~1 s per report, under its 13); CAP is
 # device_check.sh's default. Room for the steps above the sum of the needs
 # goes to each step in proportion to its CAP - NEED; below it (only when the
 # earlier phases ran far over their measured times) every step is scaled
 # down, so that device_check.sh always finishes (it writes device_check.md at
 # its end) and gpuloss keeps DEVICE_RUN_GPULOSS_MIN. On 2026-11-26 the
 # earlier phases took 34 s: the kernels phase then gets ~320 s and uses ~225.
-STEP_PLAN=(BUILD:35:50 CHECK:5:15 GRID:88:110 SMEM:3:10 MEMCHECK:5:15 RACECHECK:30:40 BENCH:89:109
-           NCU:26:35 NCUGRAD:12:25)
+STEP_PLAN=(BUILD:35:50 CHECK:5:15 GRID:88:110 SMEM:3:10 MEMCHECK:5:15 RACECHECK:30:40 BENCH:95:115
+           NCU:26:35 NCUGRAD:13:25)
 NEED_SUM=0 CAP_SUM=0
 for plan in "${STEP_PLAN[@]}"; do
   IFS=: read -r _ need cap <<<"$plan"

@@ -363,8 +363,9 @@ def test_auto_variant_follows_the_h100_rule_on_each_architecture(arch, cc):
 
 @needs_kernels
 def test_bench_times_each_forward_launch_once_and_names_the_column(tmp_path, monkeypatch):
-    # `--bench-only --variant all` on two small cells: gradmma runs v2's
-    # forward launch, rows64+gradmma rows64's and auto the variant of
+    # `--bench-only --variant all` on two small cells: gradmma and
+    # gradpersistent run v2's forward launch, rows64+gradmma rows64's (`all`
+    # leaves out rows64+gradpersistent) and auto the variant of
     # ResolveVariant, in the same math mode, so those columns repeat that
     # column's forward ms (timed once there) and say so in "fwd_from" and in
     # the table's note; the JSON still loads in bench_gpu_loss.py.
@@ -375,12 +376,13 @@ def test_bench_times_each_forward_launch_once_and_names_the_column(tmp_path, mon
     assert res.returncode == 0, _fail_message(res)
     raw = json.loads(out.read_text())
     gpu_loss = load_script(REPO / "benchmarks" / "bench_gpu_loss.py", "bench_gpu_loss")
-    assert len(gpu_loss.load_harness_json(str(out))) == len(raw) == 2 * 11 * 3
+    assert len(gpu_loss.load_harness_json(str(out))) == len(raw) == 2 * 12 * 3
     rows = {(r["mode"], r["B"]): r for r in raw}
     auto_forward = set()
     for r in raw:
         math_mode, _, variant = r["mode"].partition("+")
-        source = {"gradmma": "v2", "rows64+gradmma": "rows64"}.get(variant)
+        source = {"gradmma": "v2", "rows64+gradmma": "rows64", "gradpersistent": "v2",
+                  "rows64+gradpersistent": "rows64"}.get(variant)
         if variant == "auto":
             source = _auto_rule("forward", r["B"], r["n"], r["k"], math_mode, 90)
             auto_forward.add(source)
@@ -392,8 +394,9 @@ def test_bench_times_each_forward_launch_once_and_names_the_column(tmp_path, mon
         assert r["fwd_ms"] > 0 and r["fwdbwd_ms"] > 0
     assert {"foldnorms", "rows64", "v2", "rows64+regsoftmax"} <= auto_forward
     text = res.stdout
-    assert text.count("forward ms: the v2 column's (the same launch, timed once there)") == 3
+    assert text.count("forward ms: the v2 column's (the same launch, timed once there)") == 6
     assert text.count("forward ms: the rows64 column's") == 3
+    assert "variant rows64+gradpersistent" not in text
     assert text.count("forward ms: per row, the column of the forward variant auto ran") == 3
 
 

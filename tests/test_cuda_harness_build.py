@@ -207,8 +207,8 @@ def test_device_check_script_parses_and_dry_runs_every_step(tmp_path):
     ncu_steps = {line.split()[1]: line for line in proc.stdout.splitlines()
                  if line.startswith("step ncu")}
     assert "--kernel-name regex:Forward(Split|Reg)Kernel" in ncu_steps["ncu"]
-    # Both codes-gradient kernels: the split one and kGradMma's.
-    assert "--kernel-name regex:CodesGrad(Split|Mma)Kernel" in ncu_steps["ncu-codes-grad"]
+    # The codes-gradient kernels: the split one, kGradMma's and kGradPersistent's.
+    assert "--kernel-name regex:CodesGrad(Split|Mma|Persistent)Kernel" in ncu_steps["ncu-codes-grad"]
     assert all(line.rstrip().endswith(" --profile") for line in ncu_steps.values()), ncu_steps
     limits = [int(line.split("(<= ")[1].split(" s)")[0]) for line in proc.stdout.splitlines()
               if line.startswith("step ")]

@@ -244,14 +244,14 @@ def test_device_run_dry_run_gives_the_grid_more_time_with_a_longer_budget_and_ho
     _, phases, steps = _dry_run(DEVICE_RUN_BUDGET="900", DEVICE_CHECK_T_MEMCHECK="33")
     assert steps["grid"] == 110 and steps["build"] == 50 and steps["memcheck"] == 33
     assert short["grid"] < steps["grid"]
-    assert dict((n, lim) for n, lim, _ in phases)["kernels"] == 419  # device_check.sh's defaults (409) + 10
+    assert dict((n, lim) for n, lim, _ in phases)["kernels"] == 425  # device_check.sh's defaults (415) + 10
 
 
 def test_device_run_gives_the_kernel_steps_what_the_h100_measured_when_earlier_phases_are_typical():
     # On the H100 of 2026-11-26 the phases before kernels took 34 s of the 465 s
     # budget, leaving 431 s; the dry run charges the earlier phases their 110 s of
     # limits, so a budget of 431 + 110 s shows that plan. The grid (75-81 s there),
-    # the timings of eleven launch variants (~86 s) and the build (31 s) must fit.
+    # the timings of twelve launch variants (~86 s) and the build (31 s) must fit.
     _, _, steps = _dry_run(DEVICE_RUN_BUDGET=str(431 + 110))  # + the worst-case earlier limits
     assert steps["grid"] >= 90 and steps["bench"] >= 90 and steps["build"] >= 35
     assert steps["ncu"] >= 20 and steps["ncu-codes-grad"] >= 12

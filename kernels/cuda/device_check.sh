@@ -17,7 +17,8 @@
 #   6. times forward and forward + codes gradient in each math mode and
 #      each launch variant side by side (v2, rows64, foldnorms,
 #      rows64+foldnorms, regsoftmax, rows64+regsoftmax, the two +warps8,
-#      gradmma, rows64+gradmma, auto; harness --bench-only --quick --variant all: B in
+#      gradmma, rows64+gradmma, gradpersistent, auto;
+#      harness --bench-only --quick --variant all: B in
 #      {16,256,4096}, k in {32,128}, n in {1e4,1e5,1e6}; the full grid B in
 #      {1,7,16,256,4096} x k in {1,31,32,128,1000} x n in {1,33,1e4,1e5,1e6}
 #      is `harness --bench-only`, minutes);
@@ -26,8 +27,8 @@
 #      WarpStateStats) at B = 256, n = 1e5, k = 128 and B = 16, n = 1e6,
 #      k = 128, every variant, 3xTF32 (harness --profile), then the
 #      codes-gradient kernels of the same run (step ncu-codes-grad: at each
-#      cell the row tile kAuto picks, without and with kGradMma: four
-#      launches); the reports go to device_check.log with the other raw
+#      cell the row tile kAuto picks, without and with kGradMma, and at
+#      B = 16 with kGradPersistent: five launches); the reports go to device_check.log with the other raw
 #      output. Measurements, not
 #      checks: ncu not found (SKIPPED) or failing (say ERR_NVGPUCTRPERM: no
 #      access to the counters) is reported but does not change the exit code.
@@ -40,7 +41,7 @@
 #   --dry-run   print the steps and commands, run nothing (exit 0)
 # Step time limits (seconds) from the environment: DEVICE_CHECK_T_BUILD (50),
 #   _T_CHECK (15), _T_GRID (110), _T_SMEM (10), _T_MEMCHECK (15),
-#   _T_RACECHECK (40), _T_BENCH (109), _T_NCU (35), _T_NCUGRAD (25).
+#   _T_RACECHECK (40), _T_BENCH (115), _T_NCU (35), _T_NCUGRAD (25).
 # Exit codes: 0 every step passed, or no GPU (says "no GPU" and runs
 # nothing); 1 a step failed; 3 bad command line.
 set -u -o pipefail
@@ -82,17 +83,20 @@ if [[ -z "$SANITIZER" ]]; then
     if [[ -n "$candidate" && -x "$candidate" ]]; then SANITIZER="$candidate"; break; fi
   done
 fi
-# Seconds per step; together 409 s. Measured on an H100 on 2026-11-26
+# Seconds per step; together 415 s. Measured on an H100 on 2026-11-26
 # (docs/device_runs/2026-11-26-h100-variants): build 31 s, checks 2 s, grid
 # 75-81 s, smem-limit 1 s, memcheck 1 s, racecheck 16 s, bench ~47 s for six
 # launch variants (eleven now, with auto, two kWarps8 and two kGradMma: ~86 s,
 # ~80 s since gradmma, rows64+gradmma and auto reuse the forward ms of the
-# column whose forward launch they run;
+# column whose forward launch they run; ~86 s with the gradpersistent
+# column of 2026-11-27, which reuses v2's forward: ~6 s, as each kGradMma
+# one, untimed; `all` leaves out rows64+gradpersistent, whose launches there
+# are gradpersistent's or rows64's);
 # racecheck's --small runs them all too: ~29 s), ncu 16 s. Each can be lowered (or
 # raised) from the environment, e.g. DEVICE_CHECK_T_GRID=60, to fit a shorter
 # device lease (benchmarks/device_run.sh does); a step that runs out of time
 # is reported as failed.
-T_BUILD=50 T_CHECK=15 T_GRID=110 T_SMEM=10 T_MEMCHECK=15 T_RACECHECK=40 T_BENCH=109 T_NCU=35
+T_BUILD=50 T_CHECK=15 T_GRID=110 T_SMEM=10 T_MEMCHECK=15 T_RACECHECK=40 T_BENCH=115 T_NCU=35
 T_NCUGRAD=25
 for step_var in T_BUILD T_CHECK T_GRID T_SMEM T_MEMCHECK T_RACECHECK T_BENCH T_NCU T_NCUGRAD; do
   env_var="DEVICE_CHECK_$step_var"
@@ -123,11 +127,12 @@ BUILD_CMD=("$NVCC" -O2 -std=c++17 --expt-relaxed-constexpr -lineinfo
 NCU_CMD=("$NCU" --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy
   --section LaunchStats --section WarpStateStats --kernel-name "regex:Forward(Split|Reg)Kernel")
 # The codes-gradient kernels that `harness --profile` launches after its
-# forwards: CodesGradSplitKernel (v2 at B = 16, rows64 at B = 256) and
-# CodesGradMmaKernel (gradmma, rows64+gradmma). ncu prints the grid and the
+# forwards: CodesGradSplitKernel (v2 at B = 16, rows64 at B = 256),
+# CodesGradMmaKernel (gradmma, rows64+gradmma) and CodesGradPersistentKernel
+# (gradpersistent at B = 16). ncu prints the grid and the
 # template arguments (math mode, row tile) of each.
 NCU_GRAD_CMD=("$NCU" --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy
-  --section LaunchStats --section WarpStateStats --kernel-name "regex:CodesGrad(Split|Mma)Kernel")
+  --section LaunchStats --section WarpStateStats --kernel-name "regex:CodesGrad(Split|Mma|Persistent)Kernel")
 STEPS=(
   "build|$T_BUILD|${BUILD_CMD[*]}"
   "checks|$T_CHECK|$EXE --check-only"
@@ -187,7 +192,7 @@ run_step() {  # name limit command...
     ncu)
       note="${note:+$note; }$(tail -n +"$((from + 1))" "$LOG" | grep -cE 'Forward(Split|Reg)Kernel.*Context') kernel reports in device_check.log" ;;
     ncu-codes-grad)
-      note="${note:+$note; }$(tail -n +"$((from + 1))" "$LOG" | grep -cE 'CodesGrad(Split|Mma)Kernel.*Context') kernel reports in device_check.log" ;;
+      note="${note:+$note; }$(tail -n +"$((from + 1))" "$LOG" | grep -cE 'CodesGrad(Split|Mma|Persistent)Kernel.*Context') kernel reports in device_check.log" ;;
     memcheck|racecheck)
       note="${note:+$note; }$(tail -n +"$((from + 1))" "$LOG" | grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' | tail -n1)" ;;
   esac

@@ -26,6 +26,7 @@
 
 #include "ecoc_codes_grad.cuh"
 #include "ecoc_codes_grad_mma.cuh"
+#include "ecoc_codes_grad_persistent.cuh"
 #include "ecoc_combine.cuh"
 #include "ecoc_common.cuh"
 #include "ecoc_decode.cuh"
@@ -103,6 +104,7 @@ struct Plan {
   bool reg = false;              // forward: ForwardRegKernel (kRegSoftmax)
   int reg_warps = 4;             // its warps per block (8: kWarps8)
   bool grad_mma = false;         // codes gradient: CodesGradMmaKernel (kGradMma)
+  bool grad_persistent = false;  // codes gradient: CodesGradPersistentKernel
   int warp_splits = 1;           // partial states per (row, split) (reg: WC)
   int64_t kp = 8;                // row stride of u: k rounded up to 8 (>= 8)
   int kc = 8;                    // columns per stage
@@ -151,6 +153,10 @@ SplitKernel<detail::ForwardSplitArgs> ForwardKernelFor(const Plan& p) {
 template <int kMath>
 SplitKernel<detail::CodesGradArgs> CodesGradKernelFor(const Plan& p) {
   const bool rows64 = p.row_tile == kRowTile64;
+  if (p.grad_persistent) {
+    return {rows64 ? detail::CodesGradPersistentKernel<kMath, kRowTile64>
+                   : detail::CodesGradPersistentKernel<kMath, kRowTile>};
+  }
   if constexpr (kMath != detail::kMathFp32) {
     if (p.grad_mma) {
       return {rows64 ? detail::CodesGradMmaKernel<kMath, kRowTile64>
@@ -293,8 +299,8 @@ bool BadLabelType(IndexType t) {
 bool BadVariant(KernelVariant v) {
   const int i = static_cast<int>(v);
   // kAuto (-1); 0-5; kWarps8 only with kRegSoftmax (12, 13); kGradMma
-  // alone or with kRows64 (16, 17).
-  return i < -1 || i > 17 || (i > 5 && i < 12) || (i > 13 && i < 16);
+  // alone or with kRows64 (16, 17); kGradPersistent the same (32, 33).
+  return i < -1 || i > 33 || (i > 5 && i < 12) || (i > 13 && i < 16) || (i > 17 && i < 32);
 }
 
 cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVariant variant,
@@ -353,7 +359,24 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
     p->acc_in_smem = false;
     p->smem_bytes = detail::CodesGradMmaSmemFloats(p->row_tile, p->kc) * 4;
   }
-  if (!p->reg && !p->grad_mma && !ChooseChunks(pass, k, budget, p)) {
+  // kGradPersistent: persistent blocks where the batch is one row tile and
+  // one stage holds the padded row within the budget; otherwise the same
+  // call runs the split kernel.
+  const bool grad_persistent_wanted =
+      pass == Pass::kCodesGrad &&
+      (v & static_cast<int>(KernelVariant::kGradPersistent)) != 0;
+  if (grad_persistent_wanted && B > 0 && B <= p->row_tile && kp_reg <= INT_MAX / 2 &&
+      detail::CodesGradPersistentSmemFloats(p->row_tile, static_cast<int>(kp_reg)) * 4 <=
+          budget) {
+    p->grad_persistent = true;
+    p->kp = kp_reg;
+    p->kc = static_cast<int>(kp_reg);
+    p->nchunks = 1;
+    p->acc_in_smem = false;
+    p->smem_bytes = detail::CodesGradPersistentSmemFloats(p->row_tile, p->kc) * 4;
+  }
+  const bool fixed_stage = p->reg || p->grad_mma || p->grad_persistent;
+  if (!fixed_stage && !ChooseChunks(pass, k, budget, p)) {
     // A long code that leaves no room for 8 columns of the 64-row tile
     // still runs on the 16-row tile.
     if (p->row_tile == kRowTile) return cudaErrorInvalidValue;
@@ -362,7 +385,7 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
       return cudaErrorInvalidValue;
     }
   }
-  if (!p->reg && !p->grad_mma) {
+  if (!fixed_stage) {
     p->smem_bytes = SplitSmemFloats(pass, p->row_tile, p->fold, p->kc, k, p->acc_in_smem) * 4;
   }
   // The folded forward, and the codes gradient where one stage holds the
@@ -393,6 +416,9 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
       other, p->tiles, slots, kMaxSplits,
       pass == Pass::kCodesGrad ? 1 : launch_shape::kMaxSplitWaves);
   p->splits = static_cast<int>(splits);
+  // Persistent blocks (one batch tile, so one split): one wave of them, each
+  // looping over every gridDim.x-th class tile.
+  if (p->grad_persistent) p->grid_x = std::min(class_tiles, slots);
   if (p->grid_x > INT_MAX) return cudaErrorInvalidValue;
 
   // Workspace: u [B, kp], rowc [B], sqn [n], ct [n], then per pass.

@@ -91,6 +91,17 @@ enum class MathMode : int { kFp32 = 0, k3xTf32 = 1, kTf32 = 2 };
 //               gradient runs as kV2 (or kRows64). The forward, rank and
 //               nearest passes run kGradMma as kV2 (17 as kRows64).
 //               Not chosen by kAuto (not yet timed on a GPU).
+//   kGradPersistent: the codes gradient only (32; with kRows64 33; other
+//               combinations are invalid): where the batch is one row tile
+//               (B <= 16; B <= 64 with kRows64) and one stage holds the
+//               padded code row, one wave of persistent blocks, each with
+//               the u tile resident, streaming class tiles through
+//               double-buffered code tiles and writing s * G directly
+//               (ecoc_codes_grad_persistent.cuh); the same bits as the
+//               split kernel. Every math mode and architecture; elsewhere
+//               the gradient runs as kV2 (or kRows64). The forward, rank
+//               and nearest passes run it as kV2 (33 as kRows64). Not
+//               chosen by kAuto (not yet timed on a GPU).
 //   kAuto:      the default of every params struct: the pass picks one of
 //               the variants above from its shape, math mode and the
 //               device's compute capability (ResolveVariant below), by a
@@ -109,6 +120,8 @@ enum class KernelVariant : int {
   kRows64RegSoftmaxWarps8 = 13,
   kGradMma = 16,
   kRows64GradMma = 17,
+  kGradPersistent = 32,
+  kRows64GradPersistent = 33,
 };
 
 // The passes, for ResolveVariant.
@@ -171,7 +184,8 @@ struct CodesGradParams {
   const float* scale_ptr = nullptr;  // as in ForwardParams
   MathMode math = MathMode::k3xTf32;
   // kRows64 (and kRows64RegSoftmax): 64-row batch tiles where the batch has
-  // more than 16 rows; kGradMma: the second product on the mma engine
+  // more than 16 rows; kGradMma: the second product on the mma engine;
+  // kGradPersistent: persistent blocks where the batch is one row tile
   // (see KernelVariant); the other bits have no effect here.
   KernelVariant variant = KernelVariant::kAuto;
   const float* lse = nullptr;        // [batch]
