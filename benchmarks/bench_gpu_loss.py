@@ -81,9 +81,9 @@ precision mode) of the CUDA kernels' timing mode (kernels/cuda/harness.cu):
       "fwd_ms": 0.05, "fwdbwd_ms": 0.12, "peak_bytes": 4096}, ...]
 
 B, k, n: positive integers; mode: a non-empty string ("fp32", "3xtf32",
-"tf32", ...; the harness's launch variants add "+rows64", "+foldnorms",
-"+rows64+foldnorms", "+regsoftmax" or "+rows64+regsoftmax" to the math mode,
-today's kernels none; a mode whose
+"tf32", ...; the harness's launch variants add "+" and the variant's name
+(kVariants in kernels/cuda/harness.cu: "+rows64", "+regsoftmax+warps8",
+"+gradpersistent", ...) to the math mode, today's kernels none; a mode whose
 lower-cased name contains "tf32" but not "3x" is compared with the TF32
 rows, every other with the FP32 rows); fwd_ms,
 fwdbwd_ms: milliseconds (forward; forward + codes and z gradients) or null;
@@ -91,7 +91,8 @@ peak_bytes: device bytes beyond the inputs (workspace and outputs) or null.
 Optional: "loss_err" and "grad_err" (relative to float64, as above),
 "note", and "fwd_from": the mode of the row (same cell) whose fwd_ms this row
 repeats because it runs the same forward launch (the harness times that once:
-"+gradmma" rows take the plain rows', "+auto" rows the variant auto ran);
+"+gradmma" and "+gradpersistent" rows take the plain rows', "+auto" rows the
+variant auto ran);
 this script ignores it. A file that breaks this is refused with a ValueError naming
 the entry.
 
