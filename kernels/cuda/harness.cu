@@ -718,11 +718,6 @@ void RunEmptyBatch() {
                                                     : "grad_codes not zeroed");
 }
 
-// The scale as a device pointer (contract field scale_ptr) gives the same
-// bits as the host value, in every math mode, with one batch split of the
-// codes gradient (the split kernel scales) and with several (the combine
-// scales); a device scale that is not a finite number > 0 makes the loss
-// passes' outputs NaN.
 // The variant field of every params struct: each workspace query accepts
 // the variants of kVariants and refuses every other value with
 // cudaErrorInvalidValue (the bit combinations ecoc_kernels.h calls invalid,
@@ -766,6 +761,11 @@ void RunVariantValidation() {
   Report("variant validation [-3 .. 70, four workspace queries]", wrong == 0, detail);
 }
 
+// The scale as a device pointer (contract field scale_ptr) gives the same
+// bits as the host value, in every math mode, with one batch split of the
+// codes gradient (the split kernel scales) and with several (the combine
+// scales); a device scale that is not a finite number > 0 makes the loss
+// passes' outputs NaN.
 void RunScalePointer(int sms) {
   using namespace keras_ecoc::cuda;
   struct Shape {
