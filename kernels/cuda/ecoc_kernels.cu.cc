@@ -281,6 +281,17 @@ bool ChooseChunks(Pass pass, int64_t k, int64_t budget, Plan* p) {
   return true;
 }
 
+// The plan of a kernel that takes the whole padded row (kp columns) in one
+// stage with its accumulators out of shared memory (ForwardRegKernel,
+// CodesGradMmaKernel, CodesGradPersistentKernel), and its shared memory.
+void UseOneStage(Plan* p, int64_t kp, int64_t smem_floats) {
+  p->kp = kp;
+  p->kc = static_cast<int>(kp);
+  p->nchunks = 1;
+  p->acc_in_smem = false;
+  p->smem_bytes = smem_floats * 4;
+}
+
 bool BadSizes(const ProblemArgs& pr) {
   return pr.batch < 0 || pr.num_classes < 0 || pr.code_length < 0 ||
          pr.code_length > (int64_t{1} << 24) || pr.num_classes > (int64_t{1} << 40) ||
@@ -336,11 +347,7 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
     // kWarps8: the block merges its warps' states, one state per split.
     p->reg_warps = (v & static_cast<int>(KernelVariant::kWarps8)) != 0 ? 8 : 4;
     p->warp_splits = p->reg_warps == 8 ? 1 : detail::RegWarpSplits(p->row_tile);
-    p->kp = kp_reg;
-    p->kc = static_cast<int>(kp_reg);
-    p->nchunks = 1;
-    p->acc_in_smem = false;
-    p->smem_bytes = detail::ForwardRegSmemFloats(p->row_tile, p->kc) * 4;
+    UseOneStage(p, kp_reg, detail::ForwardRegSmemFloats(p->row_tile, static_cast<int>(kp_reg)));
   }
   const int64_t budget = std::min<int64_t>(
       info.smem_optin, p->row_tile == kRowTile64 ? kSmemTarget64 : kSmemTarget);
@@ -353,11 +360,7 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
   if (grad_mma_wanted && p->math != detail::kMathFp32 && kp_reg <= detail::kRegMaxK &&
       detail::CodesGradMmaSmemFloats(p->row_tile, static_cast<int>(kp_reg)) * 4 <= budget) {
     p->grad_mma = true;
-    p->kp = kp_reg;
-    p->kc = static_cast<int>(kp_reg);
-    p->nchunks = 1;
-    p->acc_in_smem = false;
-    p->smem_bytes = detail::CodesGradMmaSmemFloats(p->row_tile, p->kc) * 4;
+    UseOneStage(p, kp_reg, detail::CodesGradMmaSmemFloats(p->row_tile, static_cast<int>(kp_reg)));
   }
   // kGradPersistent: persistent blocks where the batch is one row tile and
   // one stage holds the padded row within the budget; otherwise the same
@@ -369,11 +372,8 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
       detail::CodesGradPersistentSmemFloats(p->row_tile, static_cast<int>(kp_reg)) * 4 <=
           budget) {
     p->grad_persistent = true;
-    p->kp = kp_reg;
-    p->kc = static_cast<int>(kp_reg);
-    p->nchunks = 1;
-    p->acc_in_smem = false;
-    p->smem_bytes = detail::CodesGradPersistentSmemFloats(p->row_tile, p->kc) * 4;
+    UseOneStage(p, kp_reg,
+                detail::CodesGradPersistentSmemFloats(p->row_tile, static_cast<int>(kp_reg)));
   }
   const bool fixed_stage = p->reg || p->grad_mma || p->grad_persistent;
   if (!fixed_stage && !ChooseChunks(pass, k, budget, p)) {

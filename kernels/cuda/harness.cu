@@ -731,24 +731,18 @@ void RunVariantValidation() {
     const KernelVariant v = static_cast<KernelVariant>(i);
     const bool valid = std::any_of(std::begin(kVariants), std::end(kVariants),
                                    [v](const VariantName& e) { return e.variant == v; });
-    ProblemArgs pr = Problem(nullptr, FloatType::kFloat32, nullptr, kEpsilon, B, n, k);
-    ForwardParams fp;
-    fp.problem = pr;
-    fp.variant = v;
-    CodesGradParams gp;
-    gp.problem = pr;
-    gp.variant = v;
-    LabelRankParams rp;
-    rp.problem = pr;
-    rp.variant = v;
-    NearestParams np;
-    np.problem = pr;
-    np.variant = v;
-    size_t bytes = 0;
-    const cudaError_t errs[4] = {EcocForwardWorkspaceSize(fp, &bytes),
-                                 EcocCodesGradWorkspaceSize(gp, &bytes),
-                                 EcocLabelRankWorkspaceSize(rp, &bytes),
-                                 EcocNearestWorkspaceSize(np, &bytes)};
+    // The workspace query of a params struct (defaults elsewhere) with
+    // this problem and variant.
+    auto query = [v](auto params, auto size_fn) {
+      params.problem = Problem(nullptr, FloatType::kFloat32, nullptr, kEpsilon, B, n, k);
+      params.variant = v;
+      size_t bytes = 0;
+      return size_fn(params, &bytes);
+    };
+    const cudaError_t errs[4] = {query(ForwardParams{}, EcocForwardWorkspaceSize),
+                                 query(CodesGradParams{}, EcocCodesGradWorkspaceSize),
+                                 query(LabelRankParams{}, EcocLabelRankWorkspaceSize),
+                                 query(NearestParams{}, EcocNearestWorkspaceSize)};
     for (const cudaError_t err : errs) {
       const bool ok = valid ? err == cudaSuccess : err == cudaErrorInvalidValue;
       (valid ? accepted : refused) += ok;
