@@ -718,6 +718,28 @@ void RunEmptyBatch() {
                                                     : "grad_codes not zeroed");
 }
 
+// A random loss problem on the device, drawn from one seed in this order:
+// z ~ N(0, 1) [B, k], codes ~ N(0, 1/k) [n, k], grad_loss ~ U(-1, 1) [B],
+// labels uniform in [0, n) [B].
+struct DeviceProblem {
+  DeviceBuffer<float> z, codes, g;
+  DeviceBuffer<int32_t> labels;
+  DeviceProblem(int64_t B, int64_t n, int64_t k, uint64_t seed)
+      : z(B * k), codes(n * k), g(B), labels(B) {
+    std::vector<float> hz(B * k), hcodes(n * k), hg(B);
+    std::vector<int32_t> hlabels(B);
+    Rng rng(seed);
+    for (auto& v : hz) v = static_cast<float>(rng.Normal());
+    for (auto& v : hcodes) v = static_cast<float>(rng.Normal() / std::sqrt(double(k)));
+    for (auto& v : hg) v = static_cast<float>(2.0 * rng.Uniform() - 1.0);
+    for (auto& y : hlabels) y = static_cast<int32_t>(rng.Below(n));
+    z.Upload(hz);
+    codes.Upload(hcodes);
+    g.Upload(hg);
+    labels.Upload(hlabels);
+  }
+};
+
 // The variant field of every params struct: each workspace query accepts
 // the variants of kVariants and refuses every other value with
 // cudaErrorInvalidValue (the bit combinations ecoc_kernels.h calls invalid,
@@ -769,19 +791,7 @@ void RunScalePointer(int sms) {
   DeviceBuffer<float> d_scale(1);
   for (const Shape& sh : shapes) {
     const int64_t B = sh.B, n = sh.n, k = sh.k;
-    std::vector<float> z(B * k), codes(n * k), g(B);
-    std::vector<int32_t> labels(B);
-    Rng rng(777 + B);
-    for (auto& v : z) v = static_cast<float>(rng.Normal());
-    for (auto& v : codes) v = static_cast<float>(rng.Normal() / std::sqrt(double(k)));
-    for (auto& v : g) v = static_cast<float>(2.0 * rng.Uniform() - 1.0);
-    for (auto& y : labels) y = static_cast<int32_t>(rng.Below(n));
-    DeviceBuffer<float> d_z(B * k), d_codes(n * k), d_g(B);
-    DeviceBuffer<int32_t> d_labels(B);
-    d_z.Upload(z);
-    d_codes.Upload(codes);
-    d_g.Upload(g);
-    d_labels.Upload(labels);
+    const DeviceProblem pb(B, n, k, 777 + B);
     for (MathMode math : {MathMode::k3xTf32, MathMode::kFp32, MathMode::kTf32}) {
       g_math = math;
       std::vector<float> out[2][5];
@@ -792,11 +802,11 @@ void RunScalePointer(int sms) {
         DeviceBuffer<float> d_loss(B), d_lse(B), d_ecode(B * k), d_esq(B), d_grad(n * k);
         // The host value is a decoy in the pointer forms: the pointer wins.
         const float host = form == 0 ? scale : 1.0f;
-        CUDA_OK(Forward(d_z.ptr, FloatType::kFloat32, d_codes.ptr, d_labels.ptr,
+        CUDA_OK(Forward(pb.z.ptr, FloatType::kFloat32, pb.codes.ptr, pb.labels.ptr,
                         IndexType::kInt32, host, kEpsilon, B, n, k, d_loss.ptr, d_lse.ptr,
                         d_ecode.ptr, d_esq.ptr, 0));
-        CUDA_OK(CodesGrad(d_z.ptr, FloatType::kFloat32, d_codes.ptr, d_labels.ptr,
-                          IndexType::kInt32, host, kEpsilon, d_lse.ptr, d_g.ptr, B, n, k,
+        CUDA_OK(CodesGrad(pb.z.ptr, FloatType::kFloat32, pb.codes.ptr, pb.labels.ptr,
+                          IndexType::kInt32, host, kEpsilon, d_lse.ptr, pb.g.ptr, B, n, k,
                           d_grad.ptr, 0));
         CUDA_OK(cudaDeviceSynchronize());
         g_scale_ptr = nullptr;
@@ -1138,33 +1148,21 @@ void RunGradPersistent(bool quick) {
   uint64_t seed = 171900;
   for (const Shape& sh : shapes) {
     const int64_t B = sh.B, n = sh.n, k = sh.k;
-    std::vector<float> z(B * k), codes(n * k), g(B);
-    std::vector<int32_t> labels(B);
-    Rng rng(seed++);
-    for (auto& v : z) v = static_cast<float>(rng.Normal());
-    for (auto& v : codes) v = static_cast<float>(rng.Normal() / std::sqrt(double(k)));
-    for (auto& v : g) v = static_cast<float>(2.0 * rng.Uniform() - 1.0);
-    for (auto& y : labels) y = static_cast<int32_t>(rng.Below(n));
-    DeviceBuffer<float> d_z(B * k), d_codes(n * k), d_g(B), d_loss(B), d_lse(B),
-        d_ecode(B * k), d_esq(B), d_grad(n * k);
-    DeviceBuffer<int32_t> d_labels(B);
-    d_z.Upload(z);
-    d_codes.Upload(codes);
-    d_g.Upload(g);
-    d_labels.Upload(labels);
+    const DeviceProblem pb(B, n, k, seed++);
+    DeviceBuffer<float> d_loss(B), d_lse(B), d_ecode(B * k), d_esq(B), d_grad(n * k);
     for (MathMode math : {MathMode::k3xTf32, MathMode::kFp32, MathMode::kTf32}) {
       // --quick: TF32 at one shape of each row tile.
       if (quick && math == MathMode::kTf32 && B != 16 && B != 33) continue;
       g_math = math;
       g_variant = sh.base;
-      CUDA_OK(Forward(d_z.ptr, FloatType::kFloat32, d_codes.ptr, d_labels.ptr,
+      CUDA_OK(Forward(pb.z.ptr, FloatType::kFloat32, pb.codes.ptr, pb.labels.ptr,
                       IndexType::kInt32, 8.0f, kEpsilon, B, n, k, d_loss.ptr, d_lse.ptr,
                       d_ecode.ptr, d_esq.ptr, 0));
       std::vector<float> grads[2];
       for (int i = 0; i < 2; ++i) {
         g_variant = i == 0 ? sh.base : sh.variant;
-        CUDA_OK(CodesGrad(d_z.ptr, FloatType::kFloat32, d_codes.ptr, d_labels.ptr,
-                          IndexType::kInt32, 8.0f, kEpsilon, d_lse.ptr, d_g.ptr, B, n, k,
+        CUDA_OK(CodesGrad(pb.z.ptr, FloatType::kFloat32, pb.codes.ptr, pb.labels.ptr,
+                          IndexType::kInt32, 8.0f, kEpsilon, d_lse.ptr, pb.g.ptr, B, n, k,
                           d_grad.ptr, 0));
         CUDA_OK(cudaDeviceSynchronize());
         grads[i] = d_grad.Download();
