@@ -96,8 +96,11 @@ HARNESS_RUNS = [
      ["--small", "--math", "3xtf32"]),
     ("sm80-a100-smem-limit", ["--arch", "80"], ["--smem-limit", "--quick"]),
     ("sm75-t4-2sms-small-fp32", ["--arch", "75", "--sms", "2"], ["--small", "--math", "fp32"]),
+    # Eager cp.async here (copies land when issued, not at their wait): the
+    # intact kernels must pass under both timings a GPU may choose.
     ("sm90-l4-like-optin-shuffled", ["--arch", "90", "--device-arch", "89", "--sms", "5",
-                                     "--shuffle-blocks", "7", "--schedule", "reverse"],
+                                     "--shuffle-blocks", "7", "--schedule", "reverse",
+                                     "--cp-async", "eager"],
      ["--small", "--math", "tf32"]),
 ]
 
@@ -137,7 +140,8 @@ def _needed_builds(test_names: set[str]) -> list[list[str]]:
                                    "test_divergent_synchronisation_aborts_with_the_call_sites"}),
         ("shared_memory.cu", ["90"], {"test_a_shared_memory_write_past_the_launch_size_trips_asan",
                                       "test_a_cp_async_read_past_a_global_buffer_trips_asan",
-                                      "test_shared_memory_limits_nan_fill_and_deferred_cp_async"}),
+                                      "test_shared_memory_limits_nan_fill_and_deferred_cp_async",
+                                      "test_eager_cp_async_lands_before_the_wait"}),
         ("mma.cu", ["80", "90"], {"test_emulated_tf32_mma_and_cvt_match_an_exact_reference",
                                   "test_emulated_mma_on_special_values_follows_ieee_with_a_"
                                   "canonical_nan",
@@ -406,7 +410,11 @@ def test_deleting_a_marked_barrier_makes_the_harness_fail():
     assert len(marked) >= 2, ("the kernel source must mark at least two barriers with "
                               f"// [barrier-mutation-test]; found {marked}")
     def mutant(index: int) -> subprocess.CompletedProcess:
-        return run_emu("--src-root", str(SRC_ROOT), "--arch", "90", "--sms", "2",
+        # A barrier that frees a cp.async target for the next staging is
+        # marked `cp-async=eager`: only copies that land when issued show
+        # its absence (deferred ones land after the next barrier).
+        timing = ["--cp-async", "eager"] if "cp-async=eager" in marked[index] else []
+        return run_emu("--src-root", str(SRC_ROOT), "--arch", "90", "--sms", "2", *timing,
                        "--delete-marked-barrier", str(index), "--", *MUTATION_ARGS)
 
     # One mutant per core: each is a single-threaded emulator run.
@@ -483,6 +491,15 @@ def test_a_cp_async_read_past_a_global_buffer_trips_asan():
 def test_shared_memory_limits_nan_fill_and_deferred_cp_async(case):
     res = run_selftest("shared_memory.cu", case)
     assert res.returncode == 0, _fail_message(res)
+
+
+def test_eager_cp_async_lands_before_the_wait():
+    # The other timing a GPU may choose (run.py --cp-async eager): the same
+    # copies, already in shared memory before their wait.
+    res = run_emu("--arch", "90", "--cp-async", "eager", "--program",
+                  str(SELFTEST / "shared_memory.cu"), "--", "cp_async_eager")
+    assert res.returncode == 0, _fail_message(res)
+    assert "cp_async_eager: 0 wrong values" in res.stdout
 
 
 # ---------------------------------------------------------------------------

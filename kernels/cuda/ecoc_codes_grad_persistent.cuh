@@ -128,7 +128,9 @@ __global__ void __launch_bounds__(kThreads) CodesGradPersistentKernel(CodesGradA
         }
       }
     }
-    __syncthreads();  // buffer `buf`, W_s and ct_s are free for the next tile
+    // Buffer `buf` (the next staging's target), W_s and ct_s are free for
+    // the next tile. The emulator sees a missing one only with eager copies.
+    __syncthreads();  // [barrier-mutation-test] cp-async=eager
   }
 }
 

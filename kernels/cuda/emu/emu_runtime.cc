@@ -147,6 +147,9 @@ struct Device {
   unsigned schedule_seed = 1;
   std::string schedule = "random";
   bool random_schedule = true;
+  // KERAS_ECOC_EMU_CP_ASYNC=eager: a cp.async copies when it is issued
+  // instead of at the wait that retires it (both are what a GPU may do).
+  bool eager_cp_async = false;
   size_t stack_bytes = 256 * kKiB;
 };
 
@@ -187,6 +190,12 @@ Device& Dev() {
       }
     }
     d->random_schedule = d->schedule == "random";
+    if (const char* c = std::getenv("KERAS_ECOC_EMU_CP_ASYNC")) {
+      const std::string v = c;
+      if (v != "deferred" && v != "eager")
+        FatalNoLaunch("KERAS_ECOC_EMU_CP_ASYNC=%s: expected deferred or eager", c);
+      d->eager_cp_async = v == "eager";
+    }
     if (const char* p = std::getenv("KERAS_ECOC_EMU_LAUNCH_LOG")) {
       d->launch_log = std::fopen(p, "a");
       if (d->launch_log == nullptr) FatalNoLaunch("cannot open KERAS_ECOC_EMU_LAUNCH_LOG=%s", p);
@@ -770,6 +779,12 @@ void CpAsync(void* dst, const void* src, int size, int src_bytes, const char* fi
     FatalInBlock("%s (%s:%d): thread %u writes %p, outside the block's %zu bytes of "
                  "dynamic shared memory",
                  what, file, line, f->tid, dst, g_launch->smem_size);
+  if (Dev().eager_cp_async) {
+    // The copy lands now; its group still counts for the waits (empty).
+    std::vector<Copy> now{Copy{dst, src, src_bytes, size}};
+    RunCopies(now);
+    return;
+  }
   f->open.push_back(Copy{dst, src, src_bytes, size});
 }
 

@@ -263,6 +263,8 @@ def run_env(args: argparse.Namespace) -> dict[str, str]:
         env["KERAS_ECOC_EMU_SCHEDULE"] = args.schedule
     if args.launch_log is not None:
         env["KERAS_ECOC_EMU_LAUNCH_LOG"] = str(Path(args.launch_log).resolve())
+    if args.cp_async is not None:
+        env["KERAS_ECOC_EMU_CP_ASYNC"] = args.cp_async
     # Sanitizer reports get their own exit codes (the harness uses 1 for a
     # failed check); leaks are not the question here.
     env["ASAN_OPTIONS"] = (f"exitcode={ASAN_EXIT}:detect_leaks=0:abort_on_error=0:"
@@ -288,6 +290,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="run the blocks of each launch in a shuffled order")
     p.add_argument("--schedule", help="fiber order per round: random[:SEED] (default), forward, reverse")
     p.add_argument("--launch-log", metavar="FILE", help="append one line per kernel launch")
+    p.add_argument("--cp-async", choices=["deferred", "eager"],
+                   help="when a cp.async copies on sm_80+: at the wait that retires it "
+                        "(deferred, the default: catches a read before the wait) or when "
+                        "issued (eager: catches a copy into a buffer other threads still read)")
     p.add_argument("--delete-marked-barrier", type=int, metavar="I",
                    help="delete the barrier on the I-th [barrier-mutation-test] line (build copy only)")
     p.add_argument("--list-marked-barriers", action="store_true",

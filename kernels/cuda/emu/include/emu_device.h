@@ -45,7 +45,9 @@ void WarpCollective(const char* what, CollectiveFn fn, const void* in, void* out
                     const char* file, int line);
 void* DynamicSharedMemory();
 // cp.async: copies are deferred until the cp_async_wait that retires their
-// group (or the thread's exit), so that data read before the wait is stale.
+// group (or the thread's exit), so that data read before the wait is stale;
+// with KERAS_ECOC_EMU_CP_ASYNC=eager they land when issued instead, so that a
+// staging into a buffer other threads still read shows.
 // size: the copy's bytes (16 for cp_async_16, 4 for cp_async_4); src_bytes in
 // [0, size] are read and the rest zero-filled.
 void CpAsync(void* dst, const void* src, int size, int src_bytes, const char* file, int line);

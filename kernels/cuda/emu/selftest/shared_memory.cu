@@ -8,6 +8,9 @@
 //   cp_async    a cp.async destination read before its wait is stale; after
 //               the wait it holds the data (zero-filled past src_bytes), for
 //               16-byte (cp_async_16) and 4-byte (cp_async_4) copies, exit 0
+//   cp_async_eager  the same kernels under KERAS_ECOC_EMU_CP_ASYNC=eager
+//               (run.py --cp-async eager): the destination holds the data
+//               already before the wait, exit 0
 //   cp_async_oob  a cp.async reads 4 bytes past its global buffer: ASan
 //               must stop it (the copy runs inside the emulator's runtime)
 #include <cuda_runtime.h>
@@ -95,13 +98,17 @@ int main(int argc, char** argv) {
     cudaMemcpy(h, d, sizeof(h), cudaMemcpyDeviceToHost);
     for (float v : h) bad += !std::isnan(v);
     std::printf("nan: %d of 32 fresh shared floats were not NaN\n", bad);
-  } else if (std::strcmp(c, "cp_async") == 0) {
+  } else if (std::strcmp(c, "cp_async") == 0 || std::strcmp(c, "cp_async_eager") == 0) {
+    // Before the wait: stale (NaN) with deferred copies, the data with eager ones.
+    const bool eager = std::strcmp(c, "cp_async_eager") == 0;
     float hs[32], ho[40];
     for (int i = 0; i < 32; ++i) hs[i] = static_cast<float>(i + 1);
     cudaMemcpy(d, hs, sizeof(hs), cudaMemcpyHostToDevice);
     CpAsyncStale<<<1, 8, 32 * sizeof(float)>>>(d, d + 64);
     cudaMemcpy(ho, d + 64, sizeof(ho), cudaMemcpyDeviceToHost);
-    for (int t = 0; t < 8; ++t) bad += !std::isnan(ho[t]);  // stale (NaN) before the wait
+    for (int t = 0; t < 8; ++t) {
+      bad += eager ? ho[t] != static_cast<float>(4 * t + 1) : !std::isnan(ho[t]);
+    }
     for (int i = 0; i < 32; ++i) {
       const float want = (i >= 30) ? 0.0f : static_cast<float>(i + 1);  // 8 of 16 bytes, zero fill
       bad += ho[8 + i] != want;
@@ -110,10 +117,11 @@ int main(int argc, char** argv) {
     CpAsync4Stale<<<1, 8, 8 * sizeof(float)>>>(d, d + 128);
     cudaMemcpy(h4, d + 128, sizeof(h4), cudaMemcpyDeviceToHost);
     for (int t = 0; t < 8; ++t) {
-      bad += !std::isnan(h4[t]);
-      bad += h4[8 + t] != (t == 7 ? 0.0f : static_cast<float>(t + 1));
+      const float want = t == 7 ? 0.0f : static_cast<float>(t + 1);
+      bad += eager ? h4[t] != want : !std::isnan(h4[t]);
+      bad += h4[8 + t] != want;
     }
-    std::printf("cp_async: %d wrong values\n", bad);
+    std::printf("%s: %d wrong values\n", c, bad);
   } else if (std::strcmp(c, "cp_async_oob") == 0) {
     float* small = nullptr;
     cudaMalloc(&small, 29 * sizeof(float));  // 116 bytes: thread 7 reads bytes 112-119
