@@ -96,10 +96,11 @@ HARNESS_RUNS = [
      ["--small", "--math", "3xtf32"]),
     ("sm80-a100-smem-limit", ["--arch", "80"], ["--smem-limit", "--quick"]),
     ("sm75-t4-2sms-small-fp32", ["--arch", "75", "--sms", "2"], ["--small", "--math", "fp32"]),
-    # Eager cp.async here (copies land when issued, not at their wait): the
-    # intact kernels must pass under both timings a GPU may choose.
+    # Eager cp.async and the warp-major schedule here (copies land when
+    # issued; one warp runs up to the next block barrier before the others):
+    # the intact kernels must pass under the timings a GPU may choose.
     ("sm90-l4-like-optin-shuffled", ["--arch", "90", "--device-arch", "89", "--sms", "5",
-                                     "--shuffle-blocks", "7", "--schedule", "reverse",
+                                     "--shuffle-blocks", "7", "--schedule", "warps-reverse",
                                      "--cp-async", "eager"],
      ["--small", "--math", "tf32"]),
 ]
@@ -413,7 +414,13 @@ def test_deleting_a_marked_barrier_makes_the_harness_fail():
         # A barrier that frees a cp.async target for the next staging is
         # marked `cp-async=eager`: only copies that land when issued show
         # its absence (deferred ones land after the next barrier).
+        # `schedule=warps` adds the emulator's warp-major schedule (one warp
+        # runs up to the next block barrier before the others start): where
+        # the warps meet at warp intrinsics, the default rounds keep them in
+        # step and no warp gets ahead to overwrite a buffer.
         timing = ["--cp-async", "eager"] if "cp-async=eager" in marked[index] else []
+        if "schedule=warps" in marked[index]:
+            timing += ["--schedule", "warps"]
         return run_emu("--src-root", str(SRC_ROOT), "--arch", "90", "--sms", "2", *timing,
                        "--delete-marked-barrier", str(index), "--", *MUTATION_ARGS)
 

@@ -186,7 +186,9 @@ __global__ void __launch_bounds__(kThreads) CodesGradMmaKernel(CodesGradArgs a) 
     ForEachGradFragment(acc, warp, kn, g, t, [&](float& v, int mt, int h, int cl, int j) {
       v = fmaf(-csum[mt][h], mtile[cl * pitch + j], v);
     });
-    __syncthreads();  // buffer q & 1, W_s and cs_s are free for the next tile
+    // Buffer q & 1, W_s and cs_s are free for the next tile. The emulator
+    // sees a missing one only with eager copies and one warp running ahead.
+    __syncthreads();  // [barrier-mutation-test] cp-async=eager schedule=warps
   }
 
   // splits == 1: s * G into grad_codes; else the unscaled G into the

@@ -340,7 +340,9 @@ __global__ void __launch_bounds__(NW * kWarpSize, NW == 8 ? 2 : 0)
     // with the same permutation.
     AccumulateExpectedCode<kSplit, NT, KN, NW == 4>(
         acc, d, cur + (wc * CW + 2 * t) * pitch + g, pitch, kn, alpha);
-    __syncthreads();  // buffer q & 1 is free for the prefetch of tile q + 2
+    // Buffer q & 1 is free for the prefetch of tile q + 2. The emulator sees
+    // a missing one only with eager copies and one warp running ahead.
+    __syncthreads();  // [barrier-mutation-test] cp-async=eager schedule=warps
   }
 
   // Epilogue: the quad's partial sums, then the warp's normalised state

@@ -6,6 +6,10 @@
 // shuffled order). Inside a block each round runs every runnable fiber until
 // it blocks on a barrier, a warp intrinsic or exits, in a seeded random order
 // per round (so that a missing barrier shows up whichever side runs first).
+// Schedule `warps` (`warps-reverse`) runs only the first (last) warp with a
+// runnable fiber in each round instead: that warp gets through its own warp
+// intrinsics up to the next block barrier before another warp starts, as
+// warps that are not in lockstep may on a GPU.
 // Then the warp intrinsics whose lanes have all arrived are completed and the
 // block barrier is released when every thread is at it. Lanes of a warp that
 // meet at different intrinsics, call sites or masks, a barrier reached by
@@ -18,6 +22,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -147,6 +152,7 @@ struct Device {
   unsigned schedule_seed = 1;
   std::string schedule = "random";
   bool random_schedule = true;
+  bool warp_major = false;  // schedule warps / warps-reverse
   // KERAS_ECOC_EMU_CP_ASYNC=eager: a cp.async copies when it is issued
   // instead of at the wait that retires it (both are what a GPU may do).
   bool eager_cp_async = false;
@@ -177,19 +183,22 @@ Device& Dev() {
     d->shuffle_blocks = EnvLong("KERAS_ECOC_EMU_SHUFFLE_BLOCKS", -1);
     d->stack_bytes = static_cast<size_t>(EnvLong("KERAS_ECOC_EMU_STACK_KB", 256)) * kKiB;
     if (const char* s = std::getenv("KERAS_ECOC_EMU_SCHEDULE")) {
-      // forward | reverse | random[:seed]
+      // forward | reverse | random[:seed] | warps | warps-reverse
       std::string v = s;
-      if (v == "forward" || v == "reverse" || v == "random") {
+      if (v == "forward" || v == "reverse" || v == "random" || v == "warps" ||
+          v == "warps-reverse") {
         d->schedule = v;
       } else if (v.rfind("random:", 0) == 0) {
         d->schedule = "random";
         d->schedule_seed = static_cast<unsigned>(std::strtoul(v.c_str() + 7, nullptr, 0));
       } else {
-        FatalNoLaunch("KERAS_ECOC_EMU_SCHEDULE=%s: expected forward, reverse, random or random:SEED",
+        FatalNoLaunch("KERAS_ECOC_EMU_SCHEDULE=%s: expected forward, reverse, random, "
+                      "random:SEED, warps or warps-reverse",
                       s);
       }
     }
     d->random_schedule = d->schedule == "random";
+    d->warp_major = d->schedule == "warps" || d->schedule == "warps-reverse";
     if (const char* c = std::getenv("KERAS_ECOC_EMU_CP_ASYNC")) {
       const std::string v = c;
       if (v != "deferred" && v != "eager")
@@ -629,12 +638,31 @@ void RunBlock(LaunchState& L, const std::vector<unsigned>& order_base, std::mt19
   const Device& d = Dev();
   for (;;) {
     if (d.random_schedule) std::shuffle(order.begin(), order.end(), rng);
+    // Warp-major: the threads of one warp only (the first in `order` with a
+    // runnable fiber); every thread otherwise.
+    unsigned only_warp = UINT_MAX;
+    if (d.warp_major) {
+      for (unsigned t : order) {
+        if (g_fibers[t]->state == State::kRunnable) {
+          only_warp = t / 32;
+          break;
+        }
+      }
+    }
     for (unsigned t : order) {
       Fiber* f = g_fibers[t];
-      if (f->state == State::kRunnable) SwitchTo(f);
+      if (f->state == State::kRunnable && (only_warp == UINT_MAX || t / 32 == only_warp)) {
+        SwitchTo(f);
+      }
     }
     std::string mismatch;
     if (ResolveWarps(L, &mismatch)) continue;
+    // Warp-major: the other warps' turns come before any barrier verdict.
+    if (only_warp != UINT_MAX &&
+        std::any_of(g_fibers.begin(), g_fibers.begin() + L.nthreads,
+                    [](const Fiber* f) { return f->state == State::kRunnable; })) {
+      continue;
+    }
     unsigned done = 0, at_block = 0;
     const Fiber* first_block = nullptr;
     for (unsigned t = 0; t < L.nthreads; ++t) {
@@ -861,7 +889,8 @@ cudaError_t LaunchKernel(const void* func, const char* name, const char* file, i
     std::shuffle(blocks.begin(), blocks.end(), brng);
   }
   std::vector<unsigned> order(L.nthreads);
-  for (unsigned t = 0; t < L.nthreads; ++t) order[t] = d.schedule == "reverse" ? L.nthreads - 1 - t : t;
+  const bool reversed = d.schedule == "reverse" || d.schedule == "warps-reverse";
+  for (unsigned t = 0; t < L.nthreads; ++t) order[t] = reversed ? L.nthreads - 1 - t : t;
   std::mt19937 rng(d.schedule_seed);
 
   LaunchState* saved = g_launch;

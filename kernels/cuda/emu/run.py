@@ -288,7 +288,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="simulated opt-in shared memory per block, bytes (default: the card's)")
     p.add_argument("--shuffle-blocks", type=int, metavar="SEED",
                    help="run the blocks of each launch in a shuffled order")
-    p.add_argument("--schedule", help="fiber order per round: random[:SEED] (default), forward, reverse")
+    p.add_argument("--schedule", help="fiber order per round: random[:SEED] (default), forward, "
+                                      "reverse; warps / warps-reverse: one warp per round, the "
+                                      "first / last with a runnable thread")
     p.add_argument("--launch-log", metavar="FILE", help="append one line per kernel launch")
     p.add_argument("--cp-async", choices=["deferred", "eager"],
                    help="when a cp.async copies on sm_80+: at the wait that retires it "
