@@ -142,7 +142,9 @@ def _needed_builds(test_names: set[str]) -> list[list[str]]:
         ("shared_memory.cu", ["90"], {"test_a_shared_memory_write_past_the_launch_size_trips_asan",
                                       "test_a_cp_async_read_past_a_global_buffer_trips_asan",
                                       "test_shared_memory_limits_nan_fill_and_deferred_cp_async",
-                                      "test_eager_cp_async_lands_before_the_wait"}),
+                                      "test_eager_cp_async_lands_before_the_wait",
+                                      "test_the_warp_major_schedule_lets_one_warp_run_ahead_to_"
+                                      "the_next_block_barrier"}),
         ("mma.cu", ["80", "90"], {"test_emulated_tf32_mma_and_cvt_match_an_exact_reference",
                                   "test_emulated_mma_on_special_values_follows_ieee_with_a_"
                                   "canonical_nan",
@@ -498,6 +500,21 @@ def test_a_cp_async_read_past_a_global_buffer_trips_asan():
 def test_shared_memory_limits_nan_fill_and_deferred_cp_async(case):
     res = run_selftest("shared_memory.cu", case)
     assert res.returncode == 0, _fail_message(res)
+
+
+@pytest.mark.parametrize("schedule,read", [("forward", "32 ones and 0 NaN"),
+                                           ("reverse", "32 ones and 0 NaN"),
+                                           ("warps", "32 ones and 0 NaN"),
+                                           ("warps-reverse", "0 ones and 32 NaN")])
+def test_the_warp_major_schedule_lets_one_warp_run_ahead_to_the_next_block_barrier(schedule, read):
+    # Warp 1 reads what warp 0 wrote after a __syncwarp, with no block
+    # barrier between: the round schedules advance both warps one intrinsic
+    # per round (warp 1 always reads after the write); warps-reverse runs
+    # warp 1 to its barrier first, so it reads the fresh (NaN) memory.
+    res = run_emu("--arch", "90", "--schedule", schedule, "--program",
+                  str(SELFTEST / "shared_memory.cu"), "--", "warp_ahead")
+    assert res.returncode == 0, _fail_message(res)
+    assert f"warp_ahead: warp 1 read {read} of 32" in res.stdout
 
 
 def test_eager_cp_async_lands_before_the_wait():

@@ -11,6 +11,11 @@
 //   cp_async_eager  the same kernels under KERAS_ECOC_EMU_CP_ASYNC=eager
 //               (run.py --cp-async eager): the destination holds the data
 //               already before the wait, exit 0
+//   warp_ahead  warp 1 reads what warp 0 wrote after a __syncwarp, with no
+//               block barrier between (a race): prints what warp 1 read; the
+//               round schedules keep the warps in step (warp 1 sees 1), the
+//               warp-major ones let warp 0 finish first (warps: 1) or warp 1
+//               (warps-reverse: NaN, the fresh shared memory), exit 0
 //   cp_async_oob  a cp.async reads 4 bytes past its global buffer: ASan
 //               must stop it (the copy runs inside the emulator's runtime)
 #include <cuda_runtime.h>
@@ -57,6 +62,18 @@ __global__ void CpAsync4Stale(const float* src, float* out) {
   out[t] = smem[t];
   keras_ecoc::cuda::ptx::cp_async_wait<0>();
   out[8 + t] = smem[t];
+}
+
+// Two warps: warp 0 writes smem after a __syncwarp, warp 1 reads it after
+// its own, with no block barrier between them.
+__global__ void WarpAhead(float* out) {
+  extern __shared__ float smem[];
+  const int t = threadIdx.x;
+  __syncwarp();
+  if (t < 32) smem[t] = 1.0f;
+  __syncwarp();
+  if (t >= 32) out[t - 32] = smem[t - 32];
+  __syncthreads();
 }
 
 int main(int argc, char** argv) {
@@ -122,6 +139,16 @@ int main(int argc, char** argv) {
       bad += h4[8 + t] != want;
     }
     std::printf("%s: %d wrong values\n", c, bad);
+  } else if (std::strcmp(c, "warp_ahead") == 0) {
+    float h[32];
+    WarpAhead<<<1, 64, 32 * sizeof(float)>>>(d);
+    cudaMemcpy(h, d, sizeof(h), cudaMemcpyDeviceToHost);
+    int ones = 0, nans = 0;
+    for (float v : h) {
+      ones += v == 1.0f;
+      nans += std::isnan(v);
+    }
+    std::printf("warp_ahead: warp 1 read %d ones and %d NaN of 32\n", ones, nans);
   } else if (std::strcmp(c, "cp_async_oob") == 0) {
     float* small = nullptr;
     cudaMalloc(&small, 29 * sizeof(float));  // 116 bytes: thread 7 reads bytes 112-119
