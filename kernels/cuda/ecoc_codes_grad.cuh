@@ -139,6 +139,23 @@ __device__ __forceinline__ float WriteTileWeights(const CodesGradArgs& a, float*
   return cs;
 }
 
+// The FP32 G update of one (class, column) of a BT-row batch tile:
+//   sum_r w_rc (u_rj - m),  w_rc = W_s[r][cc], u_rj = uv[r], m = M_cj,
+// one fma chain in increasing r; rows past the batch (r >= rows_valid) have
+// w = 0 and u = 0 and add exact zeros. CodesGradSplitKernel and
+// CodesGradPersistentKernel both sum through it: the same tile gives the
+// same bits in either.
+template <int BT>
+__device__ __forceinline__ float TileGradSum(const float* W_s, int cc, const float (&uv)[BT],
+                                             float m, int rows_valid) {
+  float t = 0.0f;
+#pragma unroll
+  for (int r = 0; r < BT; ++r) {
+    t = fmaf(W_s[r * kSPitch + cc], r < rows_valid ? uv[r] - m : 0.0f, t);
+  }
+  return t;
+}
+
 template <int kMath, int BT>
 __global__ void __launch_bounds__(kThreads) CodesGradSplitKernel(CodesGradArgs a) {
   extern __shared__ __align__(16) float smem[];
@@ -213,14 +230,7 @@ __global__ void __launch_bounds__(kThreads) CodesGradSplitKernel(CodesGradArgs a
 #pragma unroll
         for (int r = 0; r < BT; ++r) uv[r] = r < rows_valid ? usrc[r * ustride + j] : 0.0f;
         for (int cc = 0; cc < nvalid; ++cc) {
-          const float m = msrc[cc * mstride + j];
-          float t = 0.0f;
-#pragma unroll
-          for (int r = 0; r < BT; ++r) {
-            // Rows past the batch have w = 0 and u = 0: exact zeros.
-            t = fmaf(W_s[r * kSPitch + cc], r < rows_valid ? uv[r] - m : 0.0f, t);
-          }
-          g[cc * k + j] += t;
+          g[cc * k + j] += TileGradSum<BT>(W_s, cc, uv, msrc[cc * mstride + j], rows_valid);
         }
       }
     }

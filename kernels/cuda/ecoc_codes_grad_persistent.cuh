@@ -73,11 +73,16 @@ __global__ void __launch_bounds__(kThreads) CodesGradPersistentKernel(CodesGradA
   const int group = threadIdx.x / cols;
   const int col = threadIdx.x % cols;
 
+  // Stages class tile `t` of the codes into code buffer `b` (uncommitted).
+  auto stage_codes = [&](int b, int64_t t) {
+    StageTile(m_s + b * CT * pitch, pitch, a.codes, k, t * CT, n, CT, 0, kp, k, a.codes_vec);
+  };
+
   int64_t tile = blockIdx.x;
   if (tile >= class_tiles) return;  // MakePlan's grid has none; whole block
   // u and the first code tile: one cp.async group.
   StageTile(u_s, pitch, a.u, a.kp, 0, a.batch, BT, 0, kp, a.kp, true);
-  StageTile(m_s, pitch, a.codes, k, tile * CT, n, CT, 0, kp, k, a.codes_vec);
+  stage_codes(0, tile);
   ptx::cp_async_commit();
   // buf: the code buffer of this tile (a parity, not a tile counter: a
   // block may take more than 2^31 tiles of a 2^40-class problem).
@@ -85,8 +90,7 @@ __global__ void __launch_bounds__(kThreads) CodesGradPersistentKernel(CodesGradA
     float* cur = m_s + buf * CT * pitch;
     const int64_t next = tile + gridDim.x;
     if (next < class_tiles) {
-      StageTile(m_s + (buf ^ 1) * CT * pitch, pitch, a.codes, k, next * CT, n, CT, 0, kp,
-                k, a.codes_vec);
+      stage_codes(buf ^ 1, next);
       ptx::cp_async_commit();
       ptx::cp_async_wait<1>();
     } else {
@@ -115,15 +119,9 @@ __global__ void __launch_bounds__(kThreads) CodesGradPersistentKernel(CodesGradA
 #pragma unroll
         for (int r = 0; r < BT; ++r) uv[r] = r < rows_valid ? u_s[r * pitch + j] : 0.0f;
         for (int cc = group; cc < nvalid; cc += groups) {
-          const float m = cur[cc * pitch + j];
-          float t = 0.0f;
-#pragma unroll
-          for (int r = 0; r < BT; ++r) {
-            // Rows past the batch have w = 0 and u = 0: exact zeros.
-            t = fmaf(W_s[r * kSPitch + cc], r < rows_valid ? uv[r] - m : 0.0f, t);
-          }
           // 0 + t as the split kernel's zeroed G plus its one tile sum
           // (-0 becomes +0 there too).
+          const float t = TileGradSum<BT>(W_s, cc, uv, cur[cc * pitch + j], rows_valid);
           out[cc * k + j] = scale * (0.0f + t);
         }
       }
