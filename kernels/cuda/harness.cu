@@ -1480,7 +1480,7 @@ void RunGridCase(int64_t B, int64_t n, int64_t k, const std::vector<float>& code
   }
 }
 
-void RunGrid(bool small) {
+void RunGrid(bool small, int sms) {
   std::vector<int64_t> Bs = {1, 7, 16, 256}, ks = {1, 31, 128, 1000},
                        ns = {1, 33, 10000, 1000000};
   if (small) {
@@ -1520,8 +1520,6 @@ void RunGrid(bool small) {
     // code buffers) only where the tiles outnumber its one wave of blocks,
     // at most 16 blocks of 128 threads per SM on any card: one case with at
     // least two tiles per block, for the sanitizers.
-    int sms = 1;
-    CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     const int64_t n = 2 * int64_t{sms} * 16 * 32 + 33, k = 8;
     std::vector<float> codes(n * k);
     FillNormal(&codes, seed++, 1.0 / std::sqrt(double(k)));
@@ -2132,7 +2130,7 @@ int main(int argc, char** argv) {
               prop.totalGlobalMem / double(1 << 30), prop.sharedMemPerBlockOptin, runtime, driver);
 
   if (check) RunChecks(prop.multiProcessorCount, quick);
-  if (grid || small) RunGrid(small);
+  if (grid || small) RunGrid(small, prop.multiProcessorCount);
   if (smem) RunSmemLimit(static_cast<int>(prop.sharedMemPerBlockOptin), quick);
   if (profile) RunProfile();
   if (auto_table) PrintAutoTable(10 * prop.major + prop.minor);
