@@ -145,6 +145,10 @@ setup(
         # Approximate neighbour search for class_similarity(n_neighbors=...)
         # beyond 50,000 classes (checked before any work starts).
         "scale": ["faiss-cpu>=1.8"],
+        # cuobjdump and nvdisasm for kernels/cuda/sass_loop_stats.py (static
+        # SASS counts of the CUDA kernels' loops) where the CUDA toolkit has
+        # none, as on this project's CI image.
+        "sass": ["nvidia-cuda-cuobjdump>=13.0", "nvidia-cuda-nvdisasm>=13.0"],
         "test": [
             "pytest>=8",
             "pytest-xdist",
@@ -155,6 +159,10 @@ setup(
             # Bit-exact TF32 mma model the CUDA emulator is checked against
             # (tests/test_cuda_emulator.py); a 15 kB pure-Python wheel.
             "mmasim==2.1.1",
+            # cuobjdump and nvdisasm (5.5 MB): the tests that list the CUDA
+            # objects' SASS run where the CUDA toolkit has neither (CI).
+            "nvidia-cuda-cuobjdump>=13.0",
+            "nvidia-cuda-nvdisasm>=13.0",
             "tensorflow-datasets>=4.9",
             "matplotlib>=3.8",
             "scikit-learn>=1.3",

@@ -625,8 +625,9 @@ def _run_mma(tmp_path: Path, a: np.ndarray, b: np.ndarray, c: np.ndarray, x: np.
     assert res.returncode == 0, _fail_message(res)
     raw = np.fromfile(out, dtype="<u4")
     d = raw[:tiles * 128].view(np.float32).reshape(tiles, 16, 8)
-    y = raw[tiles * 128:]
-    return d, y
+    y = raw[tiles * 128:tiles * 128 + x.size]
+    split = raw[tiles * 128 + x.size:].reshape(x.size, 2)
+    return d, y, split
 
 
 MODELS = {"80": (24, 4, -132), "86": (24, 4, -132), "89": (24, 4, -132), "90": (25, 8, -133)}
@@ -653,7 +654,7 @@ def mma_inputs():
 def test_emulated_tf32_mma_and_cvt_match_an_exact_reference(tmp_path, mma_inputs, arch,
                                                             device_arch):
     a, b, c, x = mma_inputs
-    d, y = _run_mma(tmp_path, a, b, c, x, arch, device_arch)
+    d, y, _ = _run_mma(tmp_path, a, b, c, x, arch, device_arch)
     F, L, e_zero = MODELS[device_arch or arch]
     mismatches = []
     for t in range(a.shape[0]):
@@ -680,6 +681,35 @@ def test_emulated_tf32_mma_and_cvt_match_an_exact_reference(tmp_path, mma_inputs
     assert not bad, f"cvt.rna.tf32 differs on {len(bad)} of {x.size} values: {bad[:5]}"
 
 
+def test_the_finite_tf32_split_rounds_as_cvt_rna_on_every_finite_operand(tmp_path, mma_inputs):
+    """SplitTf32Finite (ecoc_tf32.cuh), which the kernels use for u and the
+    codes, against the independent cvt.rna reference: big = tf32(x) and
+    small = tf32(x - big) for finite x, rounding ties away from zero and
+    carrying into the exponent, up to infinity past the largest TF32 value.
+    A NaN is not kept (why the probabilities keep cvt.rna)."""
+    _, _, _, x = mma_inputs
+    edges = np.array([0x00000000, 0x80000000, 0x00001000, 0x00000FFF, 0x80001000,  # subnormal ties
+                      0x3FFFF000, 0xBFFFF000, 0x3FFFEFFF,  # ties carrying into the exponent
+                      0x7F7FE000, 0x7F7FEFFF, 0x7F7FF000, 0x7F7FFFFF, 0xFF7FF000,  # up to FLT_MAX
+                      0x7FFFFFFF], dtype=np.uint32)
+    values = np.concatenate([x.view(np.uint32), edges])
+    *_, split = _run_mma(tmp_path, np.zeros((1, 16, 8), np.uint32), np.zeros((1, 8, 8), np.uint32),
+                         np.zeros((1, 16, 8), np.float32), values.view(np.float32), "90")
+    finite = np.isfinite(values.view(np.float32))
+    bad = []
+    for v, (big, small) in zip(values[finite], split[finite]):
+        want_big = reference_cvt_rna_tf32(int(v))
+        rest = np.float32(np.uint32(v).view(np.float32)) - np.uint32(want_big).view(np.float32)
+        want_small = reference_cvt_rna_tf32(int(np.float32(rest).view(np.uint32)))
+        if (int(big), int(small)) != (want_big, want_small):
+            bad.append((hex(int(v)), hex(int(big)), hex(want_big), hex(int(small)), hex(want_small)))
+    assert finite.sum() >= 4000 and not bad, f"{len(bad)} of {finite.sum()} differ: {bad[:5]}"
+    # FLT_MAX's neighbourhood rounds to infinity and leaves -inf as the rest.
+    assert tuple(split[values == 0x7F7FF000][0]) == (0x7F800000, 0xFF800000)
+    # The canonical NaN wraps past the sign bit: -0, not a NaN.
+    assert tuple(split[values == 0x7FFFFFFF][0]) == (0x80000000, 0x80000000)
+
+
 def test_emulated_mma_on_special_values_follows_ieee_with_a_canonical_nan(tmp_path):
     def tile(av, bv, cv):
         a = np.zeros((1, 16, 8), np.float32)
@@ -694,7 +724,7 @@ def test_emulated_mma_on_special_values_follows_ieee_with_a_canonical_nan(tmp_pa
     a = np.concatenate([t[0] for t in arrays]).view(np.uint32)
     b = np.concatenate([t[1] for t in arrays]).view(np.uint32)
     c = np.concatenate([t[2] for t in arrays])
-    d, _ = _run_mma(tmp_path, a, b, c, np.zeros(0, np.float32), "90")
+    d, _, _ = _run_mma(tmp_path, a, b, c, np.zeros(0, np.float32), "90")
     for t, (_, _, _, want) in enumerate(cases):
         got = d[t, 0, 0]
         if np.isnan(want):
@@ -708,7 +738,7 @@ def test_emulated_mma_is_bit_exact_against_mmasim(tmp_path, mma_inputs):
     mmasim_nv = pytest.importorskip("mmasim.nv_ptx")
     a, b, c, _ = mma_inputs
     for arch, name in (("80", "Ampere"), ("90", "Hopper")):
-        d, _ = _run_mma(tmp_path, a, b, c, np.zeros(0, np.float32), arch)
+        d, _, _ = _run_mma(tmp_path, a, b, c, np.zeros(0, np.float32), arch)
         op = mmasim_nv.MMA(name, "m16n8k8.f32.tf32.tf32.f32")
         for t in range(a.shape[0]):
             ref = op(torch.from_numpy(a[t].view(np.float32).copy()),

@@ -416,6 +416,84 @@ def test_sass_loop_stats_counts_the_tile_loop_and_estimates_a_tile(tmp_path):
     assert st.per_tile == (35 - 25 - 4) + 8 * 25 + 16 * 4
 
 
+def _nvdisasm(name: str, cuobjdump_listing: str, where) -> str:
+    """The `nvdisasm -g` form of a one-function listing: a section header, a
+    source position before each instruction (where(address) -> (file, line)),
+    and labels for the branch targets."""
+    rows = [(int(a, 16), t.strip()) for a, t in
+            re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*?)\s*;", cuobjdump_listing)]
+    targets = {int(m, 16) for _, t in rows for m in re.findall(r"BRA 0x([0-9a-f]+)", t)}
+    out = [f"//--------------------- .text.{name} --------------------------",
+           f"\t.section\t.text.{name},\"ax\",@progbits", f".text.{name}:"]
+    for address, text in rows:
+        if address in targets:
+            out.append(f".L_x_{address}:")
+        path, line = where(address)
+        out.append(f'\t//## File "/src/kernels/cuda/{path}", line {line}')
+        text = re.sub(r"BRA 0x([0-9a-f]+)", lambda m: f"BRA `(.L_x_{int(m.group(1), 16)})", text)
+        out.append(f"        /*{address:04x}*/                   {text} ;")
+    return "\n".join(out) + "\n"
+
+
+def test_sass_loop_stats_attributes_the_tile_estimate_to_source_lines(tmp_path, capsys):
+    tool = _load_sass_tool()
+    listing = _reg_listing(extra_ldg=2, staging=True)
+    # HMMA lines to ecoc_ptx.cuh:52, everything else to ecoc_forward_reg.cuh:<100 + opcode kind>.
+    def where(address):
+        text = dict((int(a, 16), t) for a, t in
+                    re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*?)\s*;", listing))[address]
+        return ("ecoc_ptx.cuh", 52) if "HMMA" in text else ("ecoc_forward_reg.cuh",
+                                                            100 + len(text.split()[0]))
+    path = tmp_path / "reg.txt"
+    path.write_text(_nvdisasm(_REG_NAME, listing.split("Function : _ZN10keras_ecoc4cuda6detail17")[0],
+                              where))
+    functions = tool.parse_nvdisasm(path.read_text())
+    assert [f.name for f in functions] == [_REG_NAME]
+    st = tool.loop_stats(functions[0], 128)
+    # The labels became addresses: the same loops, the same estimate as cuobjdump's listing.
+    assert st.per_tile == (35 - 25 - 4) + 8 * 25 + 16 * 4
+    prof = tool.line_profile(functions[0], st)
+    assert sum(prof.values()) == st.per_tile
+    # 12 HMMA in the k-step loop (8 passes) and one in the tile body.
+    assert prof["ecoc_ptx.cuh:52"] == 12 * 8 + 1
+    assert tool.main([str(path), "--by-line", "--top", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "#### ForwardRegKernel<3xtf32, 16, 4>: 270 instructions (per tile)" in out
+    assert "| ecoc_ptx.cuh:52 | 97 | 35.9 % | HMMA 13 |" in out
+    with pytest.raises(SystemExit):
+        tool.main([str(path), "--by-line", "--compare", str(path)])
+    assert "--by-line takes one listing" in capsys.readouterr().err
+    # A cuobjdump listing has no source lines: refused, naming the build flag.
+    plain = tmp_path / "plain.sass"
+    plain.write_text(listing)
+    with pytest.raises(SystemExit, match="-lineinfo"):
+        tool.main([str(plain), "--by-line"])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not on the PATH")
+@pytest.mark.skipif(os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow",
+                    reason="backend-independent; runs in the TensorFlow pass of make test")
+def test_sass_loop_stats_reads_the_library_object(kernels_build):
+    """The tool on the library's own object (cuobjdump -sass, every architecture):
+    each register-softmax instantiation gets a per-tile estimate, each mma
+    kernel a k-step loop of tensor-core products."""
+    tool = _load_sass_tool()
+    _cuobjdump_or_skip()
+    obj = kernels_build.cuda_kernels_object()
+    if obj is None:
+        pytest.skip("no build left the kernels' object for these sources (kernels/build.py)")
+    stats = tool.collect(obj, "Kernel", 128)
+    reg = {name for name in stats if name.startswith("ForwardRegKernel<")}
+    assert reg == {f"ForwardRegKernel<{m}, {bt}, {nw}>"
+                   for m in ("3xtf32", "tf32") for bt in (16, 64) for nw in (4, 8)}, sorted(stats)
+    assert all(stats[name].per_tile > 0 for name in reg)
+    for kernel in ("ForwardSplitKernel", "CodesGradSplitKernel", "CodesGradMmaKernel",
+                   "CodesGradPersistentKernel"):
+        assert any(name.startswith(kernel + "<") for name in stats), sorted(stats)
+    assert all(st.kstep["HMMA"] > 0 and st.per_hmma > 1.0 for st in stats.values())
+
+
 def test_sass_loop_stats_compares_two_listings_and_refuses_a_bad_kp(tmp_path, capsys):
     tool = _load_sass_tool()
     old, new = tmp_path / "old.sass", tmp_path / "new.sass"
@@ -423,7 +501,7 @@ def test_sass_loop_stats_compares_two_listings_and_refuses_a_bad_kp(tmp_path, ca
     new.write_text(_reg_listing(extra_ldg=0))
     assert tool.main([str(new), "--compare", str(old)]) == 0
     row = [line for line in capsys.readouterr().out.splitlines() if "ForwardRegKernel" in line]
-    assert row == ["| ForwardRegKernel<3xtf32, 16, 4> | 33 → 29 (-12 %) | 25 → 25 (×2) | "
+    assert row == ["| ForwardRegKernel<3xtf32, 16, 4> | 33 → 29 (-12 %) | 25 → 25 (×2) | 2.1 → 2.1 | "
                    "208 → 204 (-2 %) | 13 → 13 | 3 → 3 | 4 → 0 (-100 %) |"]
     with pytest.raises(SystemExit):
         tool.main([str(new), "--kp", "100"])

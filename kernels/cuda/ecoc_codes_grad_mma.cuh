@@ -73,8 +73,11 @@ __device__ __forceinline__ void ForEachGradFragment(float (&acc)[2][NJ][4], int 
   }
 }
 
+// The 16-row kernel asks for 6 blocks per SM (at most 80 registers), what
+// it had by registers before u took the finite split (ptxas then chose 128
+// in 3xTF32, sm_90).
 template <int kMath, int BT>
-__global__ void __launch_bounds__(kThreads) CodesGradMmaKernel(CodesGradArgs a) {
+__global__ void __launch_bounds__(kThreads, BT == 16 ? 6 : 0) CodesGradMmaKernel(CodesGradArgs a) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   extern __shared__ __align__(16) float smem[];
   using Engine = typename EngineFor<kMath, BT>::type;
@@ -173,8 +176,8 @@ __global__ void __launch_bounds__(kThreads) CodesGradMmaKernel(CodesGradArgs a) 
         const int jn = warp + kWarps * jw;
         if (jn < kn) {
           uint32_t bb[2], bs[2];
-          SplitTf32(ub[ks * pitch + jn * 8], &bb[0], &bs[0]);
-          SplitTf32(ub[(ks + 4) * pitch + jn * 8], &bb[1], &bs[1]);
+          SplitTf32Finite(ub[ks * pitch + jn * 8], &bb[0], &bs[0]);
+          SplitTf32Finite(ub[(ks + 4) * pitch + jn * 8], &bb[1], &bs[1]);
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt) MmaMode<kSplit>(acc[mt][jw], ab[mt], as[mt], bb, bs);
         }

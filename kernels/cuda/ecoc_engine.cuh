@@ -26,6 +26,7 @@
 
 #include "ecoc_common.cuh"
 #include "ecoc_ptx.cuh"
+#include "ecoc_tf32.cuh"
 
 namespace keras_ecoc {
 namespace cuda {
@@ -173,12 +174,6 @@ struct MmaEngine {
     }
   }
 
-  __device__ __forceinline__ static void Split(float x, uint32_t* big,
-                                               uint32_t* small) {
-    *big = ptx::cvt_rna_tf32(x);
-    *small = ptx::cvt_rna_tf32(x - __uint_as_float(*big));
-  }
-
   __device__ __forceinline__ void Step(const float* R, const float* C, int pitch,
                                        int kc) {
     const int warp = threadIdx.x / kWarpSize;
@@ -188,15 +183,15 @@ struct MmaEngine {
     const float* cb = C + (warp * 8 + g) * pitch + t;
     for (int ks = 0; ks < kc; ks += 8) {
       uint32_t b_big[2], b_small[2];
-      Split(cb[ks], &b_big[0], &b_small[0]);
-      Split(cb[ks + 4], &b_big[1], &b_small[1]);
+      SplitTf32Finite(cb[ks], &b_big[0], &b_small[0]);
+      SplitTf32Finite(cb[ks + 4], &b_big[1], &b_small[1]);
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
         const float* ra = R + (mt * 16 + g) * pitch + ks + t;
         const float av[4] = {ra[0], ra[8 * pitch], ra[4], ra[8 * pitch + 4]};
         uint32_t a_big[4], a_small[4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) Split(av[e], &a_big[e], &a_small[e]);
+        for (int e = 0; e < 4; ++e) SplitTf32Finite(av[e], &a_big[e], &a_small[e]);
         if (kSplit) {
           ptx::mma_m16n8k8_tf32(d[mt], a_small, b_big, d[mt]);
           ptx::mma_m16n8k8_tf32(d[mt], a_big, b_small, d[mt]);

@@ -97,11 +97,6 @@ __host__ __device__ constexpr int RegWarpSplits(int bt, int nw = kWarps) {
 static_assert(8 * 16 * kRegMaxK + 3 * 8 * 16 <= 2 * kRegClassTile * (kRegMaxK + 4),
               "merge scratch exceeds the code buffers");
 
-__device__ __forceinline__ void SplitTf32(float x, uint32_t* big, uint32_t* small) {
-  *big = ptx::cvt_rna_tf32(x);
-  *small = ptx::cvt_rna_tf32(x - __uint_as_float(*big));
-}
-
 // d += a * b in the math mode from split operands: 3xTF32 (small products
 // first, as MmaEngine) or plain TF32 (the small halves unused).
 template <bool kSplit>
@@ -127,7 +122,7 @@ __device__ __forceinline__ void MmaMode(float d[4], const uint32_t ab[4], const 
 //    spills 4 bytes at the 8-warp kernel's 128-register bound (64-row tile),
 //    so that kernel keeps
 //  * the fragment-outer order: one P fragment split at a time, KN products.
-template <bool kSplit, int NT, int KN, bool kBlocksOuter>
+template <bool kSplit, int NT, int KN, bool kBlocksOuter, bool kFiniteSplit>
 __device__ __forceinline__ void AccumulateExpectedCode(float (&acc)[KN][4],
                                                        const float (&d)[NT][4],
                                                        const float* mb, int pitch, int kn,
@@ -140,8 +135,8 @@ __device__ __forceinline__ void AccumulateExpectedCode(float (&acc)[KN][4],
   };
   auto product = [&](int nt, int jn, const uint32_t(&b)[4], const uint32_t(&s)[4]) {
     uint32_t bb[2], bs[2];
-    SplitTf32(mb[nt * 8 * pitch + jn * 8], &bb[0], &bs[0]);
-    SplitTf32(mb[(nt * 8 + 1) * pitch + jn * 8], &bb[1], &bs[1]);
+    SplitTf32Operand<kFiniteSplit>(mb[nt * 8 * pitch + jn * 8], &bb[0], &bs[0]);
+    SplitTf32Operand<kFiniteSplit>(mb[(nt * 8 + 1) * pitch + jn * 8], &bb[1], &bs[1]);
     MmaMode<kSplit>(acc[jn], b, s, bb, bs);
   };
   auto rescale = [&](int jn) {
@@ -178,13 +173,21 @@ __device__ __forceinline__ void AccumulateExpectedCode(float (&acc)[KN][4],
 }
 
 // NW = 4 or 8 warps; with 8 the launch bound asks for 2 blocks per SM, i.e.
-// at most 128 registers per thread (65536 / 512).
+// at most 128 registers per thread (65536 / 512). The 16-row 3xTF32 kernel
+// asks for 4 (128 registers), the 4 blocks per SM by registers it had
+// before u and the codes took the finite split (ptxas then chose 141,
+// sm_90).
 template <int kMath, int BT, int NW = kWarps>
-__global__ void __launch_bounds__(NW * kWarpSize, NW == 8 ? 2 : 0)
+__global__ void __launch_bounds__(NW * kWarpSize,
+                                  NW == 8 ? 2 : (BT == 16 && kMath == kMath3xTf32 ? 4 : 0))
     ForwardRegKernel(ForwardSplitArgs a) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   extern __shared__ __align__(16) float smem[];
   constexpr bool kSplit = kMath == kMath3xTf32;
+  // u and the codes take the finite split (ecoc_tf32.cuh), except in the
+  // 8-warp 64-row TF32 kernel, where its schedule spills 20 bytes at the
+  // 128-register bound (sm_90): that one keeps cvt.rna (the same bits).
+  constexpr bool kFiniteSplit = !(NW == 8 && BT == 64 && !kSplit);
   constexpr int CT = kRegClassTile;
   constexpr int NTH = NW * kWarpSize;
   constexpr int WC = RegWarpSplits(BT, NW);
@@ -270,12 +273,12 @@ __global__ void __launch_bounds__(NW * kWarpSize, NW == 8 ? 2 : 0)
       const float av[4] = {ra[ks], ra[8 * pitch + ks], ra[ks + 4], ra[8 * pitch + ks + 4]};
       uint32_t ab[4], as[4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) SplitTf32(av[e], &ab[e], &as[e]);
+      for (int e = 0; e < 4; ++e) SplitTf32Operand<kFiniteSplit>(av[e], &ab[e], &as[e]);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         uint32_t bb[2], bs[2];
-        SplitTf32(cb[nt * 8 * pitch + ks], &bb[0], &bs[0]);
-        SplitTf32(cb[nt * 8 * pitch + ks + 4], &bb[1], &bs[1]);
+        SplitTf32Operand<kFiniteSplit>(cb[nt * 8 * pitch + ks], &bb[0], &bs[0]);
+        SplitTf32Operand<kFiniteSplit>(cb[nt * 8 * pitch + ks + 4], &bb[1], &bs[1]);
         MmaMode<kSplit>(d[nt], ab, as, bb, bs);
       }
     }
@@ -338,7 +341,7 @@ __global__ void __launch_bounds__(NW * kWarpSize, NW == 8 ? 2 : 0)
     // acc = alpha * acc + P.M, P from the fragments (A: k index t = class
     // 2t, t + 4 = class 2t + 1 of each n8 fragment), M from the staged tile
     // with the same permutation.
-    AccumulateExpectedCode<kSplit, NT, KN, NW == 4>(
+    AccumulateExpectedCode<kSplit, NT, KN, NW == 4, kFiniteSplit>(
         acc, d, cur + (wc * CW + 2 * t) * pitch + g, pitch, kn, alpha);
     // Buffer q & 1 is free for the prefetch of tile q + 2. The emulator sees
     // a missing one only with eager copies and one warp running ahead.

@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "ecoc_kernels.h"
+#include "ecoc_tf32.cuh"
 
 namespace {
 
@@ -693,6 +694,64 @@ void RunCase(const Case& c, FloatType z_type, IndexType label_type, uint64_t see
   }
 }
 
+// SplitTf32Finite (ecoc_tf32.cuh), the split the kernels use for u and the
+// codes, against the card's cvt.rna.tf32 (SplitTf32) on every finite
+// float32 pattern: out = {finite patterns compared, mismatches, first
+// mismatching pattern}. built = 0 where the device code is not compiled
+// for sm_80+ (the emulator compiles the harness as host code; its
+// self-test checks the split against an independent reference instead).
+__global__ void Tf32SplitCheckKernel(unsigned long long* out, int* built) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  using keras_ecoc::cuda::detail::SplitTf32;
+  using keras_ecoc::cuda::detail::SplitTf32Finite;
+  if (blockIdx.x == 0 && threadIdx.x == 0) *built = 1;
+  unsigned long long compared = 0, mismatches = 0;
+  const uint64_t step = uint64_t{gridDim.x} * blockDim.x;
+  for (uint64_t i = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < (uint64_t{1} << 32);
+       i += step) {
+    const float x = __uint_as_float(static_cast<uint32_t>(i));
+    if (!isfinite(x)) continue;
+    uint32_t big, small, fbig, fsmall;
+    SplitTf32(x, &big, &small);
+    SplitTf32Finite(x, &fbig, &fsmall);
+    ++compared;
+    if (big != fbig || small != fsmall) {
+      ++mismatches;
+      atomicMin(&out[2], static_cast<unsigned long long>(i));
+    }
+  }
+  atomicAdd(&out[0], compared);
+  atomicAdd(&out[1], mismatches);
+#else
+  if (blockIdx.x == 0 && threadIdx.x == 0) *built = 0;
+  (void)out;
+#endif
+}
+
+void RunTf32Split(int sms) {
+  DeviceBuffer<unsigned long long> d_out(3);
+  DeviceBuffer<int> d_built(1);
+  d_built.Fill(0);
+  const std::vector<unsigned long long> init = {0, 0, ~0ull};
+  d_out.Upload(init);
+  Tf32SplitCheckKernel<<<sms * 8, 256>>>(d_out.ptr, d_built.ptr);
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<unsigned long long> out = d_out.Download();
+  if (d_built.Download()[0] == 0) {
+    std::printf("SKIP tf32 split [every finite float32]: device code not built for sm_80+\n");
+    return;
+  }
+  char detail[160];
+  int len = std::snprintf(detail, sizeof(detail), "%llu finite patterns, %llu differ from cvt.rna.tf32",
+                          out[0], out[1]);
+  if (out[1] > 0 && len > 0 && len < static_cast<int>(sizeof(detail))) {
+    std::snprintf(detail + len, sizeof(detail) - len, ", first 0x%08llx", out[2]);
+  }
+  // 2^32 patterns less the 2 x 2^23 with an all-ones exponent.
+  Report("tf32 split [every finite float32]", out[1] == 0 && out[0] == 4278190080ull, detail);
+}
+
 // B = 0: every entry point must succeed, and the codes gradient must still
 // be overwritten with zeros.
 void RunEmptyBatch() {
@@ -1257,6 +1316,7 @@ void RunChecks(int sms, bool quick) {
   }
   g_math = MathMode::k3xTf32;
   RunEmptyBatch();
+  RunTf32Split(sms);
   RunVariantValidation();
   RunScalePointer(sms);
   RunVariants(quick);

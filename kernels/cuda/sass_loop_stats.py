@@ -2,6 +2,7 @@
 """Static SASS statistics of the kernels' tile loops: what a warp issues per tile.
 
     python kernels/cuda/sass_loop_stats.py NEW [--compare OLD] [--kernel REGEX] [--kp 128]
+    python kernels/cuda/sass_loop_stats.py NEW.cubin --by-line [--kernel REGEX] [--top 12]
 
 NEW and OLD are objects or fatbinaries built by nvcc (``cuobjdump -sass`` lists
 them; found on $CUOBJDUMP, $PATH or in the CUDA toolkit kernels/build.py finds)
@@ -22,6 +23,9 @@ For each function that has a loop holding tensor-core products (``HMMA``):
   steps ptxas unrolled into one pass of it (its ``HMMA`` count over the
   products of one k step: NT = 64 / WC / 8 fragments, three products each in
   3xTF32, one in TF32);
+* k-step loop per HMMA: its instructions over its tensor-core products,
+  for every kernel (the products' overhead: operand loads, TF32 splits,
+  addressing);
 * per tile (ForwardRegKernel only): the tile loop's instructions outside its
   inner loops, plus kp / 8 / unroll passes of the k-step loop, plus the code
   tile's 64 x kp / 4 sixteen-byte copies over the block's threads at the cost
@@ -29,6 +33,20 @@ For each function that has a loop holding tensor-core products (``HMMA``):
   loops serve widths and alignments the tile does not have and are left
   out). It overcounts code that does not run on a given tile: the setup of
   the staging paths not taken, the P.M blocks past kp / 8.
+
+--by-line attributes the same count to source lines: NEW is then a cubin
+built with ``-lineinfo`` (``nvcc -cubin -lineinfo ...``; ``nvdisasm -g``
+lists it) or a saved ``nvdisasm -g`` listing, and each function gets a table
+of its tile loop's instructions per source line (weighted as the per-tile
+estimate: the k-step loop's lines by its passes, the staging loop's by its
+copies per thread; static counts, the k-step loop once, where a function
+has no per-tile estimate). That is how the share of, say, the TF32 operand
+splits in a tile was found (kernels/cuda/README.md).
+
+The tools: $CUOBJDUMP / $NVDISASM, else on $PATH, else the pip wheels
+``nvidia-cuda-cuobjdump`` and ``nvidia-cuda-nvdisasm`` (the extra
+``keras-ecoc[sass]``; a CUDA toolkit without them, such as this project's
+CI image, gets them there), else the CUDA toolkit kernels/build.py finds.
 
 Counts are static: nothing here measures time.
 """
@@ -51,6 +69,11 @@ _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*?)\s*;")
 _BACKWARD_TARGET = re.compile(r"\bBRA\s+(?:0x)?([0-9a-f]+)\b")
 _PREDICATE = re.compile(r"^@!?U?P(?:T|\d+)\s+")
 _REG_KERNEL = re.compile(r"ForwardRegKernelILi(\d+)ELi(\d+)ELi(\d+)E")
+# nvdisasm -g: a function's section header, a source position, a label.
+_NV_SECTION = re.compile(r"^//-+ \.text\.(\S+) -+$", re.M)
+_NV_LINE = re.compile(r'//## File "([^"]+)", line (\d+)')
+_NV_LABEL = re.compile(r"^\s*(\.L_x_\d+):\s*$")
+_NV_TARGET = re.compile(r"`\((\.L_x_\d+)\)")
 _MATH = {1: "3xtf32", 2: "tf32"}  # ecoc_engine.cuh: kMath3xTf32 = 1, kMathTf32 = 2
 
 
@@ -68,6 +91,7 @@ def opcode(text: str) -> str:
 class Function:
     name: str
     instructions: list = field(default_factory=list)  # (address, text)
+    lines: dict = field(default_factory=dict)  # address -> "file:line" (nvdisasm -g)
 
     def loops(self) -> list:
         """(target, branch address) of every backward branch."""
@@ -101,6 +125,39 @@ def parse(listing: str) -> list:
     return functions
 
 
+def parse_nvdisasm(listing: str) -> list:
+    """The functions of an `nvdisasm -g` listing, with each instruction's
+    source line; branch targets (labels there) become addresses, as in
+    cuobjdump's listing, so that Function.loops works on both."""
+    functions = []
+    starts = list(_NV_SECTION.finditer(listing))
+    for i, m in enumerate(starts):
+        body = listing[m.end():starts[i + 1].start() if i + 1 < len(starts) else len(listing)]
+        labels, pending, rows, where = {}, [], [], None
+        for line in body.splitlines():
+            pos = _NV_LINE.search(line)
+            if pos:
+                where = f"{os.path.basename(pos.group(1))}:{pos.group(2)}"
+                continue
+            label = _NV_LABEL.match(line)
+            if label:
+                pending.append(label.group(1))
+                continue
+            ins = _INSTRUCTION.search(line)
+            if ins:
+                address = int(ins.group(1), 16)
+                for name in pending:
+                    labels[name] = address
+                pending = []
+                rows.append((address, ins.group(2).strip(), where))
+        f = Function(m.group(1))
+        f.instructions = [(a, _NV_TARGET.sub(lambda t: f"0x{labels.get(t.group(1), 0):x}", text))
+                          for a, text, _ in rows]
+        f.lines = {a: where or "?" for a, _, where in rows}
+        functions.append(f)
+    return functions
+
+
 @dataclass
 class LoopStats:
     tile: collections.Counter
@@ -108,6 +165,12 @@ class LoopStats:
     unroll: int | None = None        # k steps per pass of the k-step loop
     per_tile: int | None = None      # ForwardRegKernel: estimated instructions per tile
     copy_cost: float | None = None   # instructions per 16-byte copy of the code tile
+    outer: tuple = ()                # the tile loop's (first, last) address
+    inner: tuple = ()                # the k-step loop's
+    passes: int = 1                  # k-step loop passes per tile (per-tile estimate)
+    staging: tuple = ()              # the staging loop counted in the estimate, if any
+    staging_passes: float = 0.0      # its passes per tile
+    nested: list = field(default_factory=list)  # the loops directly inside the tile loop
 
     @property
     def tile_total(self) -> int:
@@ -116,6 +179,13 @@ class LoopStats:
     @property
     def kstep_total(self) -> int:
         return sum(self.kstep.values())
+
+    @property
+    def per_hmma(self) -> float:
+        """The k-step loop's instructions per tensor-core product: the
+        overhead of a product (operand loads, TF32 splits, addressing), comparable
+        across kernels and unrolls, where the per-tile estimate is not."""
+        return self.kstep_total / self.kstep["HMMA"]
 
 
 def loop_stats(f: Function, kp: int = 128) -> LoopStats | None:
@@ -127,7 +197,7 @@ def loop_stats(f: Function, kp: int = 128) -> LoopStats | None:
         return None
     outer = max(with_mma, key=lambda lp: lp[1] - lp[0])
     inner = min(with_mma, key=lambda lp: lp[1] - lp[0])
-    st = LoopStats(hist[outer], hist[inner])
+    st = LoopStats(hist[outer], hist[inner], outer=outer, inner=inner)
     m = _REG_KERNEL.search(f.name)
     if m and inner != outer:
         math, bt, nw = (int(g) for g in m.groups())
@@ -146,12 +216,62 @@ def loop_stats(f: Function, kp: int = 128) -> LoopStats | None:
         copies = {lp: f.vector_copies(*lp) for lp in nested}
         staging = [lp for lp in nested if copies[lp] and hist[lp]["HMMA"] == 0]
         body = st.tile_total - sum(size[lp] for lp in nested)
-        st.per_tile = body + (kp // 8 // st.unroll) * st.kstep_total
+        st.nested = nested
+        st.passes = kp // 8 // st.unroll
+        st.per_tile = body + st.passes * st.kstep_total
         if staging:
-            st.copy_cost = min(size[lp] / copies[lp] for lp in staging)
+            st.staging = min(staging, key=lambda lp: size[lp] / copies[lp])
+            st.copy_cost = size[st.staging] / copies[st.staging]
             per_thread = 64 * (kp // 4) // (nw * 32)
+            st.staging_passes = per_thread / copies[st.staging]
             st.per_tile += round(per_thread * st.copy_cost)
     return st
+
+
+def line_profile(f: Function, st: LoopStats) -> collections.Counter:
+    """{source line: instructions} of f's tile loop, weighted as st.per_tile
+    where the function has that estimate (each instruction once, the k-step
+    loop's st.passes times, the staging loop's st.staging_passes times, the
+    other nested loops not at all), else static (every instruction once)."""
+    def weight(a: int) -> float:
+        if st.per_tile is None:
+            return 1.0
+        if st.inner[0] <= a <= st.inner[1]:
+            return float(st.passes)
+        if st.staging and st.staging[0] <= a <= st.staging[1]:
+            return st.staging_passes
+        if any(lp[0] <= a <= lp[1] for lp in st.nested):
+            return 0.0
+        return 1.0
+    out = collections.Counter()
+    for a, _ in f.instructions:
+        if st.outer[0] <= a <= st.outer[1]:
+            out[f.lines.get(a, "?")] += weight(a)
+    return out
+
+
+def line_table(f: Function, st: LoopStats, top: int) -> str:
+    """Markdown: the tile loop's heaviest source lines with their share and
+    their three commonest opcodes, then the rest in one row."""
+    prof = line_profile(f, st)
+    total = sum(prof.values())
+    ops = collections.defaultdict(collections.Counter)
+    for a, text in f.instructions:
+        if st.outer[0] <= a <= st.outer[1]:
+            ops[f.lines.get(a, "?")][opcode(text)] += 1
+    kind = "per tile" if st.per_tile is not None else "static, k-step loop once"
+    lines = [f"#### {short_name(f.name)}: {total:,.0f} instructions ({kind})", "",
+             "| source line | instructions | share | commonest opcodes (static) |",
+             "|---|---:|---:|---|"]
+    ranked = prof.most_common()
+    for where, n in ranked[:top]:
+        mix = ", ".join(f"{op} {c}" for op, c in ops[where].most_common(3))
+        lines.append(f"| {where} | {n:,.0f} | {100.0 * n / total:.1f} % | {mix} |")
+    rest = sum(n for _, n in ranked[top:])
+    if rest:
+        lines.append(f"| {len(ranked) - top} other lines | {rest:,.0f} | "
+                     f"{100.0 * rest / total:.1f} % | |")
+    return "\n".join(lines)
 
 
 def short_name(mangled: str) -> str:
@@ -167,10 +287,16 @@ def short_name(mangled: str) -> str:
     return m.group(1) + (f"<{', '.join(a or b for a, b in args)}>" if args else "")
 
 
-def find_cuobjdump() -> str | None:
-    """$CUOBJDUMP, else cuobjdump on $PATH, else the one of the CUDA toolkit
+def find_tool(name: str) -> str | None:
+    """${NAME}, else `name` on $PATH, else the pip wheel's copy (nvidia-cuda-<name>:
+    nvidia/cu*/bin on sys.path), else the one of the CUDA toolkit
     kernels/build.py builds with (its find_cuda); None when there is none."""
-    for candidate in (os.environ.get("CUOBJDUMP"), shutil.which("cuobjdump")):
+    candidates = [os.environ.get(name.upper()), shutil.which(name)]
+    for root in sys.path:
+        nvidia = os.path.join(root or ".", "nvidia")
+        if os.path.isdir(nvidia):
+            candidates += [os.path.join(nvidia, d, "bin", name) for d in sorted(os.listdir(nvidia))]
+    for candidate in candidates:
         if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
     spec = importlib.util.spec_from_file_location(
@@ -180,20 +306,52 @@ def find_cuobjdump() -> str | None:
     sys.modules[spec.name] = build  # its dataclasses look their module up
     spec.loader.exec_module(build)
     home = build.find_cuda()[1]
-    candidate = home and os.path.join(home, "bin", "cuobjdump")
+    candidate = home and os.path.join(home, "bin", name)
     return candidate if candidate and os.path.isfile(candidate) else None
 
 
-def read_listing(path: str) -> str:
+def find_cuobjdump() -> str | None:
+    return find_tool("cuobjdump")
+
+
+def _run_tool(name: str, args: list) -> str:
+    tool = find_tool(name)
+    if tool is None:
+        raise SystemExit(f"sass_loop_stats: {name} not found (set {name.upper()}, pip install "
+                         f"nvidia-cuda-{name}, or pass a saved listing ending in .sass or .txt)")
+    # cuobjdump -sass runs nvdisasm: give it the one found here.
+    env = dict(os.environ)
+    nvdisasm = find_tool("nvdisasm") if name != "nvdisasm" else None
+    if nvdisasm:
+        env["PATH"] = os.path.dirname(nvdisasm) + os.pathsep + env.get("PATH", "")
+    return subprocess.run([tool, *args], check=True, capture_output=True, text=True,
+                          env=env).stdout
+
+
+def read_listing(path: str, line_info: bool = False) -> str:
+    """The listing of `path`: the file itself if it is one (.sass, .txt),
+    else cuobjdump -sass of it, or with line_info nvdisasm -g (a cubin)."""
     if path.endswith((".sass", ".txt")):
         with open(path) as fh:
             return fh.read()
-    tool = find_cuobjdump()
-    if tool is None:
-        raise SystemExit("sass_loop_stats: cuobjdump not found (set CUOBJDUMP, or pass a saved "
-                         "`cuobjdump -sass` listing ending in .sass or .txt)")
-    return subprocess.run([tool, "-sass", path], check=True, capture_output=True,
-                          text=True).stdout
+    if line_info:
+        return _run_tool("nvdisasm", ["-g", path])
+    return _run_tool("cuobjdump", ["-sass", path])
+
+
+def by_line(path: str, kernel: str, kp: int, top: int) -> str:
+    """The line tables of the matching functions with an HMMA loop."""
+    pattern = re.compile(kernel)
+    listing = read_listing(path, line_info=True)
+    if "//## File" not in listing:
+        raise SystemExit(f"sass_loop_stats: {path} has no line information (build the cubin "
+                         "with nvcc -lineinfo, and list it with nvdisasm -g)")
+    tables = []
+    for f in parse_nvdisasm(listing):
+        st = loop_stats(f, kp) if pattern.search(f.name) else None
+        if st is not None:
+            tables.append(line_table(f, st, top))
+    return "\n\n".join(tables)
 
 
 def collect(path: str, kernel: str, kp: int) -> dict:
@@ -220,9 +378,9 @@ def _cell(old, new, fmt="{:,}") -> str:
 
 
 def table(new: dict, old: dict | None, kp: int) -> str:
-    head = ("| kernel | tile loop | k-step loop (unroll) | per tile, kp = "
+    head = ("| kernel | tile loop | k-step loop (unroll) | k-step loop per HMMA | per tile, kp = "
             f"{kp} | HMMA in tile loop | branches | global loads |")
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, st in new.items():
         o = (old or {}).get(name)
         ks = f"{st.kstep_total}" + (f" (×{st.unroll})" if st.unroll else "")
@@ -230,6 +388,7 @@ def table(new: dict, old: dict | None, kp: int) -> str:
             ks = f"{o.kstep_total} → {ks}"
         lines.append(
             f"| {name} | {_cell(o and o.tile_total, st.tile_total)} | {ks} | "
+            f"{_cell(o and o.per_hmma, st.per_hmma, '{:.1f}')} | "
             f"{_cell(o and o.per_tile, st.per_tile)} | "
             f"{_cell(o and o.tile['HMMA'], st.tile['HMMA'])} | "
             f"{_cell(o and o.tile['BRA'], st.tile['BRA'])} | "
@@ -245,9 +404,24 @@ def main(argv=None) -> int:
                    help="regular expression on the mangled names (default: ForwardRegKernel)")
     p.add_argument("--kp", type=int, default=128,
                    help="padded code length for the per-tile estimate (multiple of 8, <= 128)")
+    p.add_argument("--by-line", action="store_true",
+                   help="per source line instead (NEW: a cubin built with -lineinfo, or a saved "
+                        "nvdisasm -g listing)")
+    p.add_argument("--top", type=int, default=12, help="--by-line: source lines per function")
     args = p.parse_args(argv)
     if args.kp <= 0 or args.kp % 8 or args.kp > 128:
         p.error(f"--kp must be a multiple of 8 in [8, 128]. Received: --kp={args.kp}")
+    if args.top < 1:
+        p.error(f"--top must be a positive integer. Received: --top={args.top}")
+    if args.by_line:
+        if args.compare:
+            p.error("--by-line takes one listing; --compare is for the loop table")
+        out = by_line(args.new, args.kernel, args.kp, args.top)
+        if not out:
+            print(f"no function matching {args.kernel!r} has a loop with HMMA", file=sys.stderr)
+            return 1
+        print(out)
+        return 0
     new = collect(args.new, args.kernel, args.kp)
     if not new:
         print(f"no function matching {args.kernel!r} has a loop with HMMA", file=sys.stderr)

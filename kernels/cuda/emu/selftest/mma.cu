@@ -2,8 +2,10 @@
 // mma.m16n8k8 TF32 operands (A 16x8, B 8x8 as uint32 bit patterns, C 16x8
 // float32, row-major, one tile after another) and V float32 values from
 // IN, runs one warp per tile through ptx::mma_m16n8k8_tf32 (fragments in the
-// PTX ISA layout of ecoc_ptx.cuh) and ptx::cvt_rna_tf32 on the values, and
-// writes D (T x 16x8 float32) then the V converted patterns to OUT.
+// PTX ISA layout of ecoc_ptx.cuh), ptx::cvt_rna_tf32 and the kernels' finite
+// 3xTF32 split (SplitTf32Finite, ecoc_tf32.cuh) on the values, and writes
+// D (T x 16x8 float32), the V converted patterns, then V (big, small) pairs
+// to OUT.
 // Usage: mma IN OUT T V
 #include <cuda_runtime.h>
 
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "ecoc_ptx.cuh"
+#include "ecoc_tf32.cuh"
 
 namespace ptx = keras_ecoc::cuda::ptx;
 
@@ -34,9 +37,11 @@ __global__ void MmaTiles(const uint32_t* a, const uint32_t* b, const float* c, f
   D[(g + 8) * 8 + 2 * t + 1] = df[3];
 }
 
-__global__ void Cvt(const float* x, uint32_t* y, int n) {
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x)
+__global__ void Cvt(const float* x, uint32_t* y, uint32_t* split, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
     y[i] = ptx::cvt_rna_tf32(x[i]);
+    keras_ecoc::cuda::detail::SplitTf32Finite(x[i], &split[2 * i], &split[2 * i + 1]);
+  }
 }
 
 int main(int argc, char** argv) {
@@ -51,7 +56,7 @@ int main(int argc, char** argv) {
                      read(c.data(), c.size()) + read(x.data(), x.size());
   std::fclose(f);
   if (got != a.size() + b.size() + c.size() + x.size()) return 3;
-  uint32_t *da, *db, *dy;
+  uint32_t *da, *db, *dy, *ds;
   float *dc, *dd, *dx;
   cudaMalloc(&da, a.size() * 4);
   cudaMalloc(&db, b.size() * 4);
@@ -59,21 +64,24 @@ int main(int argc, char** argv) {
   cudaMalloc(&dd, c.size() * 4);
   cudaMalloc(&dx, (V > 0 ? V : 1) * 4);
   cudaMalloc(&dy, (V > 0 ? V : 1) * 4);
+  cudaMalloc(&ds, (V > 0 ? V : 1) * 8);
   cudaMemcpy(da, a.data(), a.size() * 4, cudaMemcpyHostToDevice);
   cudaMemcpy(db, b.data(), b.size() * 4, cudaMemcpyHostToDevice);
   cudaMemcpy(dc, c.data(), c.size() * 4, cudaMemcpyHostToDevice);
   if (V > 0) cudaMemcpy(dx, x.data(), V * 4, cudaMemcpyHostToDevice);
   MmaTiles<<<T, 32>>>(da, db, dc, dd);
-  Cvt<<<4, 64>>>(dx, dy, V);
+  Cvt<<<4, 64>>>(dx, dy, ds, V);
   if (cudaGetLastError() != cudaSuccess) return 1;
   std::vector<float> d(c.size());
-  std::vector<uint32_t> y(V);
+  std::vector<uint32_t> y(V), split(2 * V);
   cudaMemcpy(d.data(), dd, d.size() * 4, cudaMemcpyDeviceToHost);
   if (V > 0) cudaMemcpy(y.data(), dy, V * 4, cudaMemcpyDeviceToHost);
+  if (V > 0) cudaMemcpy(split.data(), ds, V * 8, cudaMemcpyDeviceToHost);
   f = std::fopen(argv[2], "wb");
   if (f == nullptr) return 3;
   std::fwrite(d.data(), 4, d.size(), f);
   if (V > 0) std::fwrite(y.data(), 4, y.size(), f);
+  if (V > 0) std::fwrite(split.data(), 4, split.size(), f);
   std::fclose(f);
   return 0;
 }
