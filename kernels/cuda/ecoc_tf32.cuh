@@ -23,7 +23,8 @@ namespace detail {
 //    ptxas itself emits for cvt.rna on a finite input (add half a TF32 ulp
 //    to the bit pattern, clear the 13 low bits; a carry into the exponent
 //    rounds up, to infinity past the largest TF32), without its test for a
-//    non-finite input: 5 instructions per split instead of 7 (sm_90 SASS).
+//    non-finite input: 5 instructions per split instead of 7 (sm_90 SASS;
+//    ptxas merges some, kernels/cuda/README.md).
 //    For u and the codes, the operands that are read once per tile by every
 //    warp: u is finite or NaN, and a NaN row's logits are NaN through its
 //    row term rowc = -s/2 ||u||^2 (and its codes-gradient products through

@@ -324,8 +324,14 @@ def _run_tool(name: str, args: list) -> str:
     nvdisasm = find_tool("nvdisasm") if name != "nvdisasm" else None
     if nvdisasm:
         env["PATH"] = os.path.dirname(nvdisasm) + os.pathsep + env.get("PATH", "")
-    return subprocess.run([tool, *args], check=True, capture_output=True, text=True,
-                          env=env).stdout
+    proc = subprocess.run([tool, *args], capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        hint = (" (nvdisasm lists one cubin: build it with nvcc -cubin -lineinfo "
+                "-gencode=arch=compute_90,code=sm_90 ..., not a fatbinary object)"
+                if name == "nvdisasm" else "")
+        raise SystemExit(f"sass_loop_stats: {name} {' '.join(args)} failed: "
+                         f"{proc.stderr.strip()}{hint}")
+    return proc.stdout
 
 
 def read_listing(path: str, line_info: bool = False) -> str:
