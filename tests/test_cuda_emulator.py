@@ -681,7 +681,7 @@ def test_emulated_tf32_mma_and_cvt_match_an_exact_reference(tmp_path, mma_inputs
     assert not bad, f"cvt.rna.tf32 differs on {len(bad)} of {x.size} values: {bad[:5]}"
 
 
-def test_the_finite_tf32_split_rounds_as_cvt_rna_on_every_finite_operand(tmp_path, mma_inputs):
+def test_the_finite_tf32_split_rounds_as_cvt_rna_on_finite_operands(tmp_path, mma_inputs):
     """SplitTf32Finite (ecoc_tf32.cuh), which the kernels use for u and the
     codes, against the independent cvt.rna reference: big = tf32(x) and
     small = tf32(x - big) for finite x, rounding ties away from zero and
