@@ -148,7 +148,9 @@ def _needed_builds(test_names: set[str]) -> list[list[str]]:
         ("mma.cu", ["80", "90"], {"test_emulated_tf32_mma_and_cvt_match_an_exact_reference",
                                   "test_emulated_mma_on_special_values_follows_ieee_with_a_"
                                   "canonical_nan",
-                                  "test_emulated_mma_is_bit_exact_against_mmasim"}),
+                                  "test_emulated_mma_is_bit_exact_against_mmasim",
+                                  "test_the_finite_tf32_split_rounds_as_cvt_rna_on_finite_"
+                                  "operands"}),
         ("mma_random.cu", ["90"], {"test_emulated_sm90_mma_and_cvt_reproduce_a_real_h100_bit_"
                                    "for_bit"}),
     ]

@@ -439,9 +439,10 @@ def test_sass_loop_stats_attributes_the_tile_estimate_to_source_lines(tmp_path, 
     tool = _load_sass_tool()
     listing = _reg_listing(extra_ldg=2, staging=True)
     # HMMA lines to ecoc_ptx.cuh:52, everything else to ecoc_forward_reg.cuh:<100 + opcode kind>.
+    texts = {int(a, 16): t for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*?)\s*;", listing)}
+
     def where(address):
-        text = dict((int(a, 16), t) for a, t in
-                    re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*?)\s*;", listing))[address]
+        text = texts[address]
         return ("ecoc_ptx.cuh", 52) if "HMMA" in text else ("ecoc_forward_reg.cuh",
                                                             100 + len(text.split()[0]))
     path = tmp_path / "reg.txt"
