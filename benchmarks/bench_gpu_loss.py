@@ -89,11 +89,12 @@ rows, every other with the FP32 rows); fwd_ms,
 fwdbwd_ms: milliseconds (forward; forward + codes and z gradients) or null;
 peak_bytes: device bytes beyond the inputs (workspace and outputs) or null.
 Optional: "loss_err" and "grad_err" (relative to float64, as above),
-"note", and "fwd_from": the mode of the row (same cell) whose fwd_ms this row
+"note", "fwd_from": the mode of the row (same cell) whose fwd_ms this row
 repeats because it runs the same forward launch (the harness times that once:
 "+gradmma" and "+gradpersistent" rows take the plain rows', "+auto" rows the
-variant auto ran);
-this script ignores it. A file that breaks this is refused with a ValueError naming
+variant auto ran), and "fwd_host_us", "fwdbwd_host_us": the host's
+wall-clock microseconds to make the call (the harness's table has them);
+this script ignores those three. A file that breaks this is refused with a ValueError naming
 the entry.
 
 Order and time: a JAX worker (jax_default, jax_highest), then a PyTorch

@@ -376,8 +376,9 @@ def test_bench_times_each_forward_launch_once_and_names_the_column(tmp_path, mon
     # gradpersistent run v2's forward launch, rows64+gradmma rows64's (`all`
     # leaves out rows64+gradpersistent) and auto the variant of
     # ResolveVariant, in the same math mode, so those columns repeat that
-    # column's forward ms (timed once there) and say so in "fwd_from" and in
-    # the table's note; the JSON still loads in bench_gpu_loss.py.
+    # column's forward ms and host us (timed once there) and say so in
+    # "fwd_from" and in the table's note; the JSON still loads in
+    # bench_gpu_loss.py.
     out = tmp_path / "bench.json"
     monkeypatch.setenv("ECOC_HARNESS_JSON", str(out))
     res = run_emu("--src-root", str(SRC_ROOT), "--arch", "90", "--sms", "2", "--",
@@ -400,7 +401,10 @@ def test_bench_times_each_forward_launch_once_and_names_the_column(tmp_path, mon
         assert r.get("fwd_from") == expected, r
         if expected is not None:
             assert r["fwd_ms"] == rows[(expected, r["B"])]["fwd_ms"], r
+            assert r["fwd_host_us"] == rows[(expected, r["B"])]["fwd_host_us"], r
         assert r["fwd_ms"] > 0 and r["fwdbwd_ms"] > 0
+        # The host's time to make a call, from its own clock: also positive.
+        assert r["fwd_host_us"] > 0 and r["fwdbwd_host_us"] > 0, r
     assert {"foldnorms", "rows64", "v2", "rows64+regsoftmax"} <= auto_forward
     text = res.stdout
     assert text.count("forward ms: the v2 column's (the same launch, timed once there)") == 6

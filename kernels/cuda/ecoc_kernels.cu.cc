@@ -22,6 +22,9 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <type_traits>
 
 #include "ecoc_codes_grad.cuh"
@@ -64,16 +67,52 @@ constexpr int64_t kDefaultSmem = 48 * 1024;
 enum class Pass { kForward, kCodesGrad, kRank, kNearest };  // as KernelPass
 
 struct DeviceInfo {
+  int device = 0;
   int num_sms = 1;
   int smem_optin = 48 * 1024;
   int cc = 0;  // 10 * major + minor
 };
 
-cudaError_t GetDeviceInfo(DeviceInfo* info) {
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
+// What MakePlan asks the runtime, remembered per process: a device's
+// attributes and a kernel's occupancy never change while the process runs,
+// and every call plans twice (the workspace query and the entry point), so
+// that only the first call of a shape pays for the queries; later ones make
+// no runtime call but cudaGetDevice. One lock for both tables: an entry is
+// written once, read on every call, and the tables stay small (devices x
+// kernels x shared-memory sizes that occurred).
+std::mutex& PlanCacheMutex() {
+  static std::mutex* mu = new std::mutex;  // never destroyed: safe at exit
+  return *mu;
+}
+
+struct OccupancyKey {
+  int device;
+  const void* fn;
+  int threads;
+  int64_t smem_bytes;
+  bool operator<(const OccupancyKey& o) const {
+    return std::tie(device, fn, threads, smem_bytes) <
+           std::tie(o.device, o.fn, o.threads, o.smem_bytes);
+  }
+};
+
+// An unbounded workload of distinct code lengths stops adding entries here
+// (it then queries per call, as before the cache).
+constexpr size_t kMaxCachedOccupancies = 4096;
+
+std::map<int, DeviceInfo>& DeviceInfoCache() {
+  static auto* cache = new std::map<int, DeviceInfo>;
+  return *cache;
+}
+
+std::map<OccupancyKey, int>& OccupancyCache() {
+  static auto* cache = new std::map<OccupancyKey, int>;
+  return *cache;
+}
+
+cudaError_t ReadDeviceInfo(int device, DeviceInfo* info) {
   int major = 0, minor = 0;
+  cudaError_t err = cudaSuccess;
   if ((err = cudaDeviceGetAttribute(&info->num_sms, cudaDevAttrMultiProcessorCount,
                                     device)) != cudaSuccess ||
       (err = cudaDeviceGetAttribute(&info->smem_optin,
@@ -86,6 +125,26 @@ cudaError_t GetDeviceInfo(DeviceInfo* info) {
     return err;
   }
   info->cc = 10 * major + minor;
+  return cudaSuccess;
+}
+
+// The current device and its attributes (read once per device).
+cudaError_t GetDeviceInfo(DeviceInfo* info) {
+  cudaError_t err = cudaGetDevice(&info->device);
+  if (err != cudaSuccess) return err;
+  {
+    std::lock_guard<std::mutex> lock(PlanCacheMutex());
+    const auto it = DeviceInfoCache().find(info->device);
+    if (it != DeviceInfoCache().end()) {
+      *info = it->second;
+      return cudaSuccess;
+    }
+  }
+  // Outside the lock: a runtime call may take long (the first one creates
+  // the context). Two threads may both read; they store the same values.
+  if ((err = ReadDeviceInfo(info->device, info)) != cudaSuccess) return err;
+  std::lock_guard<std::mutex> lock(PlanCacheMutex());
+  DeviceInfoCache().emplace(info->device, *info);
   return cudaSuccess;
 }
 
@@ -114,6 +173,7 @@ struct Plan {
   int64_t tiles = 0;             // class tiles (grad: batch tiles) to split
   int64_t grid_x = 0;            // batch tiles (grad: class tiles)
   int64_t smem_bytes = 0;        // of the split kernel
+  int smem_optin = 0;            // the device's opt-in limit (RaiseSmemLimit)
   // Workspace byte offsets.
   size_t u = 0, rowc = 0, sqn = 0, ct = 0;
   size_t a = 0, b = 0, c = 0, d = 0;  // pass-specific regions
@@ -199,28 +259,48 @@ SplitKernel<detail::DecodeSplitArgs> DecodeKernelFor(bool rank, const Plan& p) {
                  : detail::DecodeSplitKernel<false, kRowTile>};
 }
 
+// A launch above the default 48 KiB of dynamic shared memory first raises
+// the kernel's limit, to the device's opt-in maximum rather than to this
+// launch's size: every caller then sets the same value, so a concurrent call
+// of another shape cannot lower the limit between this call's plan and its
+// launch. LaunchSplit sets it before every such launch, not once per
+// process: a cudaDeviceReset elsewhere in the process would drop it.
+template <typename Args>
+cudaError_t RaiseSmemLimit(const SplitKernel<Args>& kernel, int64_t smem_bytes, int smem_optin) {
+  if (smem_bytes <= kDefaultSmem) return cudaSuccess;
+  return cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel.fn),
+                              cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin);
+}
+
 // Blocks of a split kernel that one SM holds at once, as the runtime's
 // occupancy calculator counts them (registers, shared memory, threads, the
 // per-SM block limit); at least 1, so that a launch that cannot be resident
-// still reports its own error. A launch above the default 48 KiB first
-// raises the kernel's dynamic shared-memory limit, to the device's opt-in
-// maximum rather than to this launch's size: every caller then sets the
-// same value, so a concurrent call of another shape cannot lower the limit
-// between this call's plan and its launch.
+// still reports its own error. Asked once per (device, kernel, block size,
+// shared memory) and remembered (PlanCacheMutex).
 template <typename Args>
 cudaError_t BlocksPerSm(const SplitKernel<Args>& kernel, const Plan& p, const DeviceInfo& info,
                         int* blocks) {
   const void* fn = reinterpret_cast<const void*>(kernel.fn);
-  cudaError_t err = cudaSuccess;
-  if (p.smem_bytes > kDefaultSmem &&
-      (err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  info.smem_optin)) != cudaSuccess) {
-    return err;
+  const OccupancyKey key{info.device, fn, kernel.threads, p.smem_bytes};
+  {
+    std::lock_guard<std::mutex> lock(PlanCacheMutex());
+    const auto it = OccupancyCache().find(key);
+    if (it != OccupancyCache().end()) {
+      *blocks = it->second;
+      return cudaSuccess;
+    }
   }
+  // The calculator counts a launch above the kernel's current limit as not
+  // resident: raise it first.
+  cudaError_t err = RaiseSmemLimit(kernel, p.smem_bytes, info.smem_optin);
+  if (err != cudaSuccess) return err;
   err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, fn, kernel.threads,
                                                       static_cast<size_t>(p.smem_bytes));
+  if (err != cudaSuccess) return err;
   *blocks = std::max(*blocks, 1);
-  return err;
+  std::lock_guard<std::mutex> lock(PlanCacheMutex());
+  if (OccupancyCache().size() < kMaxCachedOccupancies) OccupancyCache().emplace(key, *blocks);
+  return cudaSuccess;
 }
 
 cudaError_t SplitBlocksPerSm(Pass pass, const Plan& p, const DeviceInfo& info, int* blocks) {
@@ -320,6 +400,7 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
   DeviceInfo info;
   cudaError_t err = GetDeviceInfo(&info);
   if (err != cudaSuccess) return err;
+  p->smem_optin = info.smem_optin;
   const int64_t B = pr.batch, n = pr.num_classes, k = pr.code_length;
   if (variant == KernelVariant::kAuto) {
     variant = ResolveVariant(static_cast<KernelPass>(pass), B, n, k, math, info.cc);
@@ -469,10 +550,11 @@ unsigned GridFor(int64_t items, int64_t per_block, int64_t cap) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min(CeilDiv(items, per_block), cap)));
 }
 
-// The plan has set the kernel's shared-memory limit (BlocksPerSm).
 template <typename Args>
 cudaError_t LaunchSplit(const SplitKernel<Args>& kernel, const Plan& p, const Args& args,
                         cudaStream_t stream) {
+  const cudaError_t err = RaiseSmemLimit(kernel, p.smem_bytes, p.smem_optin);
+  if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(p.grid_x), static_cast<unsigned>(p.splits));
   void (*const fn)(Args) = kernel.fn;  // a plain name: the emulator rewrites `name<<<`
   fn<<<grid, kernel.threads, static_cast<size_t>(p.smem_bytes), stream>>>(args);

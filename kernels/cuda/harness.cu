@@ -32,6 +32,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -799,6 +800,70 @@ struct DeviceProblem {
   }
 };
 
+// A repeated call asks the runtime nothing but cudaGetDevice and, where a
+// split kernel takes more than the default 48 KiB of shared memory, one
+// cudaFuncSetAttribute before its launch: the device's attributes and each
+// kernel's occupancy are read by the first call of a shape and remembered
+// (ecoc_kernels.cu.cc, PlanCacheMutex), although every call plans twice (its
+// workspace query and its entry point). The repeat's outputs have the first
+// call's bits. Counted by the CPU emulator only (on a GPU: SKIP).
+void RunPlanQueries() {
+#ifdef KERAS_ECOC_EMULATOR
+  struct Shape {
+    const char* name;
+    int64_t B, n, k;
+    KernelVariant variant;
+    bool big_smem;  // a split kernel above 48 KiB (k = 130: accumulators in shared memory)
+  };
+  const Shape shapes[] = {{"B=16 n=70 k=32 v2", 16, 70, 32, KernelVariant::kV2, false},
+                          {"B=3 n=33 k=130 v2", 3, 33, 130, KernelVariant::kV2, true},
+                          {"B=5 n=70 k=32 auto", 5, 70, 32, KernelVariant::kAuto, false}};
+  const char* kQueries[] = {"cudaDeviceGetAttribute",
+                            "cudaOccupancyMaxActiveBlocksPerMultiprocessor",
+                            "cudaFuncSetAttribute"};
+  const KernelVariant saved = g_variant;
+  for (const Shape& sh : shapes) {
+    g_variant = sh.variant;
+    DeviceProblem pb(sh.B, sh.n, sh.k, 4242 + sh.k);
+    DeviceBuffer<float> loss(sh.B), lse(sh.B), ecode(sh.B * sh.k), esq(sh.B),
+        grad(sh.n * sh.k);
+    auto call = [&]() {
+      CUDA_OK(Forward(pb.z.ptr, FloatType::kFloat32, pb.codes.ptr, pb.labels.ptr,
+                      IndexType::kInt32, 6.0f, kEpsilon, sh.B, sh.n, sh.k, loss.ptr, lse.ptr,
+                      ecode.ptr, esq.ptr, 0));
+      CUDA_OK(CodesGrad(pb.z.ptr, FloatType::kFloat32, pb.codes.ptr, pb.labels.ptr,
+                        IndexType::kInt32, 6.0f, kEpsilon, lse.ptr, pb.g.ptr, sh.B, sh.n, sh.k,
+                        grad.ptr, 0));
+      CUDA_OK(cudaDeviceSynchronize());
+      return std::make_pair(ecode.Download(), grad.Download());
+    };
+    const auto first = call();
+    long before[3];
+    for (int i = 0; i < 3; ++i) before[i] = keras_ecoc_emu_runtime_calls(kQueries[i]);
+    const auto again = call();
+    long delta[3];
+    for (int i = 0; i < 3; ++i) delta[i] = keras_ecoc_emu_runtime_calls(kQueries[i]) - before[i];
+    const bool same =
+        first.first.size() == again.first.size() && first.second.size() == again.second.size() &&
+        std::memcmp(first.first.data(), again.first.data(), first.first.size() * 4) == 0 &&
+        std::memcmp(first.second.data(), again.second.data(), first.second.size() * 4) == 0;
+    // Two split launches (forward, codes gradient): at most one raise each.
+    const bool set_ok = sh.big_smem ? delta[2] >= 1 && delta[2] <= 2 : delta[2] == 0;
+    char detail[200];
+    std::snprintf(detail, sizeof(detail),
+                  "repeat of forward + codes gradient: %ld attribute, %ld occupancy, %ld "
+                  "set-attribute calls (want 0, 0, %s); outputs %s",
+                  delta[0], delta[1], delta[2], sh.big_smem ? "1-2" : "0",
+                  same ? "bit-identical" : "DIFFER");
+    Report(std::string("plan queries once [") + sh.name + "]",
+           delta[0] == 0 && delta[1] == 0 && set_ok && same, detail);
+  }
+  g_variant = saved;
+#else
+  std::printf("SKIP plan queries once: counted by the CPU emulator only\n");
+#endif
+}
+
 // The variant field of every params struct: each workspace query accepts
 // the variants of kVariants and refuses every other value with
 // cudaErrorInvalidValue (the bit combinations ecoc_kernels.h calls invalid,
@@ -1317,6 +1382,7 @@ void RunChecks(int sms, bool quick) {
   g_math = MathMode::k3xTf32;
   RunEmptyBatch();
   RunTf32Split(sms);
+  RunPlanQueries();
   RunVariantValidation();
   RunScalePointer(sms);
   RunVariants(quick);
@@ -1656,26 +1722,40 @@ float MedianMs(std::vector<float> v) {
   return v[v.size() / 2];
 }
 
+// One call's time: `ms` between CUDA events around it, and `host_us`, the
+// host's wall-clock time to make the call (planning, workspace, launches;
+// the call returns once its kernels are queued). Medians over the repeats.
+// Where host_us is close to ms x 1000 the GPU waited on the host: the call
+// is bound by its host-side cost (the launches and the plan), not by its
+// kernels.
+struct CallTime {
+  float ms = 0.0f;
+  float host_us = 0.0f;
+};
+
 template <typename F>
-float TimeMs(F&& launch, int warmup, int repeats) {
+CallTime TimeMs(F&& launch, int warmup, int repeats) {
   cudaEvent_t start, stop;
   CUDA_OK(cudaEventCreate(&start));
   CUDA_OK(cudaEventCreate(&stop));
   for (int i = 0; i < warmup; ++i) CUDA_OK(launch());
   CUDA_OK(cudaDeviceSynchronize());
-  std::vector<float> times;
+  std::vector<float> times, host;
   for (int i = 0; i < repeats; ++i) {
     CUDA_OK(cudaEventRecord(start));
+    const auto t0 = std::chrono::steady_clock::now();
     CUDA_OK(launch());
+    const auto t1 = std::chrono::steady_clock::now();
     CUDA_OK(cudaEventRecord(stop));
     CUDA_OK(cudaEventSynchronize(stop));
     float ms = 0.0f;
     CUDA_OK(cudaEventElapsedTime(&ms, start, stop));
     times.push_back(ms);
+    host.push_back(std::chrono::duration<float, std::micro>(t1 - t0).count());
   }
   CUDA_OK(cudaEventDestroy(start));
   CUDA_OK(cudaEventDestroy(stop));
-  return MedianMs(times);
+  return {MedianMs(times), MedianMs(host)};
 }
 
 // Dense peaks of the card from its SM count and clock: FP32 FMA lanes and
@@ -1780,6 +1860,8 @@ void RunBench(bool quick, bool tiny, const cudaDeviceProp& prop) {
   std::printf("FLOPs counted: forward 4Bnk (logits + expected code), codes gradient 4Bnk. "
               "Peaks: FP32 %.1f TFLOP/s, TF32 %.1f TFLOP/s (SM count x clock x per-SM rate).\n",
               peaks.fp32, peaks.tf32);
+  std::printf("host us: the host's wall-clock time to make the call (plan, workspace, "
+              "launches), median; near ms x 1000 the GPU waited on the host.\n");
   long long worst_delta = 0;
   const MathMode modes[3] = {MathMode::kFp32, MathMode::k3xTf32, MathMode::kTf32};
   // One column per (variant, math mode), variant-major.
@@ -1790,6 +1872,7 @@ void RunBench(bool quick, bool tiny, const cudaDeviceProp& prop) {
   struct Row {
     int64_t B, k, n;
     std::vector<float> fwd, both;
+    std::vector<float> fwd_host, both_host;  // host microseconds per call (CallTime)
     // The forward of column c at one cell is timed once: a column whose
     // forward is another column's launch (kGradMma and kGradPersistent run
     // their forward as v2, their rows64 forms as rows64, auto as the variant ResolveVariant names, in
@@ -1832,7 +1915,8 @@ void RunBench(bool quick, bool tiny, const cudaDeviceProp& prop) {
                            d_grad.ptr, 0);
         };
         Row row{B, k, n, std::vector<float>(ncols), std::vector<float>(ncols),
-                std::vector<int>(ncols), std::vector<size_t>(ncols)};
+                std::vector<float>(ncols), std::vector<float>(ncols), std::vector<int>(ncols),
+                std::vector<size_t>(ncols)};
         for (int m = 0; m < ncols; ++m) {
           row.fwd_src[m] = BenchForwardSource(g_bench_variants, m, B, n, k, cc);
         }
@@ -1849,14 +1933,23 @@ void RunBench(bool quick, bool tiny, const cudaDeviceProp& prop) {
           CUDA_OK(cudaDeviceSynchronize());
           size_t free_before = 0, free_after = 0, total = 0;
           CUDA_OK(cudaMemGetInfo(&free_before, &total));
-          if (own_forward) row.fwd[m] = TimeMs(forward, warmup, repeats);
-          row.both[m] = TimeMs(both, warmup, repeats);
+          if (own_forward) {
+            const CallTime t = TimeMs(forward, warmup, repeats);
+            row.fwd[m] = t.ms;
+            row.fwd_host[m] = t.host_us;
+          }
+          const CallTime t = TimeMs(both, warmup, repeats);
+          row.both[m] = t.ms;
+          row.both_host[m] = t.host_us;
           CUDA_OK(cudaMemGetInfo(&free_after, &total));
           worst_delta = std::max(worst_delta, static_cast<long long>(free_before) -
                                                   static_cast<long long>(free_after));
         }
         // After every column: a source column may come later in the list.
-        for (int m = 0; m < ncols; ++m) row.fwd[m] = row.fwd[row.fwd_src[m]];
+        for (int m = 0; m < ncols; ++m) {
+          row.fwd[m] = row.fwd[row.fwd_src[m]];
+          row.fwd_host[m] = row.fwd_host[row.fwd_src[m]];
+        }
         rows.push_back(row);
       }
     }
@@ -1891,17 +1984,18 @@ void RunBench(bool quick, bool tiny, const cudaDeviceProp& prop) {
                   from.c_str());
     }
     std::printf("| B | k | n | forward ms | forward + codes grad ms | TFLOP/s | %% of FP32 peak "
-                "| %% of TF32 peak |%s\n|---:|---:|---:|---:|---:|---:|---:|---:|%s\n",
+                "| %% of TF32 peak | forward host us | fwd + grad host us |%s\n"
+                "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|%s\n",
                 is_auto ? " auto ran |" : "", is_auto ? "---|" : "");
     for (const Row& r : rows) {
       const double tflops = 8.0 * r.B * r.n * r.k / (r.both[m] * 1e-3) * 1e-12;
       char fp32[32] = "n/a", tf32[32] = "n/a";
       if (peaks.fp32 > 0) std::snprintf(fp32, sizeof(fp32), "%.1f", 100 * tflops / peaks.fp32);
       if (peaks.tf32 > 0) std::snprintf(tf32, sizeof(tf32), "%.1f", 100 * tflops / peaks.tf32);
-      std::printf("| %lld | %lld | %lld | %.4f | %.4f | %.2f | %s | %s |%s%s\n",
+      std::printf("| %lld | %lld | %lld | %.4f | %.4f | %.2f | %s | %s | %.1f | %.1f |%s%s\n",
                   static_cast<long long>(r.B), static_cast<long long>(r.k),
                   static_cast<long long>(r.n), r.fwd[m], r.both[m], tflops, fp32, tf32,
-                  is_auto ? AutoChoice(col_mode(m), r.B, r.n, r.k, cc).c_str() : "",
+                  r.fwd_host[m], r.both_host[m], is_auto ? AutoChoice(col_mode(m), r.B, r.n, r.k, cc).c_str() : "",
                   is_auto ? " |" : "");
     }
   }
@@ -1925,11 +2019,12 @@ void RunBench(bool quick, bool tiny, const cudaDeviceProp& prop) {
             note += ", \"fwd_from\": \"" + src + "\"";
           }
           std::fprintf(f, "%s\n {\"B\": %lld, \"k\": %lld, \"n\": %lld, \"mode\": \"%s\", "
-                       "\"fwd_ms\": %.6g, \"fwdbwd_ms\": %.6g, \"peak_bytes\": %zu%s}",
+                       "\"fwd_ms\": %.6g, \"fwdbwd_ms\": %.6g, \"peak_bytes\": %zu, "
+                       "\"fwd_host_us\": %.6g, \"fwdbwd_host_us\": %.6g%s}",
                        first ? "" : ",", static_cast<long long>(r.B),
                        static_cast<long long>(r.k), static_cast<long long>(r.n),
                        ModeLabel(col_mode(m), col_variant(m)).c_str(), r.fwd[m], r.both[m],
-                       r.peak[m], note.c_str());
+                       r.peak[m], r.fwd_host[m], r.both_host[m], note.c_str());
           first = false;
         }
       }

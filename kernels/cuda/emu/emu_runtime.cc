@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cstdarg>
@@ -732,6 +733,14 @@ int ResidentBlocks(const DeviceModel& m, int threads, size_t smem) {
   return blocks;
 }
 
+// The runtime queries a test may count (keras_ecoc_emu_runtime_calls).
+enum class CountedCall { kDeviceGetAttribute, kFuncSetAttribute, kOccupancy, kCount };
+constexpr const char* kCountedNames[] = {"cudaDeviceGetAttribute", "cudaFuncSetAttribute",
+                                         "cudaOccupancyMaxActiveBlocksPerMultiprocessor"};
+std::atomic<long> g_calls[static_cast<int>(CountedCall::kCount)];
+
+void CountCall(CountedCall c) { g_calls[static_cast<int>(c)].fetch_add(1); }
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -946,6 +955,16 @@ struct CUevent_st {
   bool recorded = false;
 };
 
+long keras_ecoc_emu_runtime_calls(const char* name) {
+  using keras_ecoc_emu::CountedCall;
+  for (int i = 0; i < static_cast<int>(CountedCall::kCount); ++i) {
+    if (name != nullptr && std::strcmp(name, keras_ecoc_emu::kCountedNames[i]) == 0) {
+      return keras_ecoc_emu::g_calls[i].load();
+    }
+  }
+  return 0;
+}
+
 cudaError_t cudaGetDeviceCount(int* count) {
   if (count == nullptr) return SetError(cudaErrorInvalidValue);
   Dev();
@@ -991,6 +1010,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
 }
 
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  keras_ecoc_emu::CountCall(keras_ecoc_emu::CountedCall::kDeviceGetAttribute);
   if (value == nullptr) return SetError(cudaErrorInvalidValue);
   if (CheckDevice(device) != cudaSuccess) return cudaErrorInvalidDevice;
   cudaDeviceProp p;
@@ -1224,6 +1244,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 
 cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* num_blocks, const void* func,
                                                           int block_size, size_t dynamic_smem) {
+  keras_ecoc_emu::CountCall(keras_ecoc_emu::CountedCall::kOccupancy);
   if (num_blocks == nullptr) return SetError(cudaErrorInvalidValue);
   if (func == nullptr) return SetError(cudaErrorInvalidDeviceFunction);
   if (block_size < 1 || block_size > 1024) return SetError(cudaErrorInvalidValue);
@@ -1236,6 +1257,7 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* num_blocks, const
 }
 
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  keras_ecoc_emu::CountCall(keras_ecoc_emu::CountedCall::kFuncSetAttribute);
   if (func == nullptr) return SetError(cudaErrorInvalidDeviceFunction);
   auto& d = Dev();
   switch (attr) {

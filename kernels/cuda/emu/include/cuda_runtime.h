@@ -207,6 +207,12 @@ inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* num_blocks
       num_blocks, reinterpret_cast<const void*>(func), block_size, dynamic_smem);
 }
 
+// Emulator only: how many times this process has called the runtime
+// function `name` (one of cudaDeviceGetAttribute, cudaFuncSetAttribute,
+// cudaOccupancyMaxActiveBlocksPerMultiprocessor; 0 for any other), so that a
+// test can pin which queries a call makes.
+long keras_ecoc_emu_runtime_calls(const char* name);
+
 // ---------------------------------------------------------------------------
 // Device side: the emulator's scheduler, built-ins and intrinsics.
 #include "emu_device.h"
