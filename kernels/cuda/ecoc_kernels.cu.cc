@@ -174,6 +174,11 @@ struct Plan {
   int64_t grid_x = 0;            // batch tiles (grad: class tiles)
   int64_t smem_bytes = 0;        // of the split kernel
   int smem_optin = 0;            // the device's opt-in limit (RaiseSmemLimit)
+  // Forward combine (ForwardCombineKernel): columns per block, threads per
+  // block, column-tile blocks per row.
+  int combine_cols = 1;
+  int combine_threads = kThreads;
+  unsigned combine_grid_y = 1;
   // Workspace byte offsets.
   size_t u = 0, rowc = 0, sqn = 0, ct = 0;
   size_t a = 0, b = 0, c = 0, d = 0;  // pass-specific regions
@@ -501,6 +506,19 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
   // looping over every gridDim.x-th class tile.
   if (p->grad_persistent) p->grid_x = std::min(class_tiles, slots);
   if (p->grid_x > INT_MAX) return cudaErrorInvalidValue;
+  if (pass == Pass::kForward) {
+    // The combine: a block per row and column tile (ForwardCombineKernel),
+    // column tiles only while the rows alone leave SMs idle: at least two
+    // blocks per SM where the columns allow (B = 16, k = 128 on an H100:
+    // 16 x 4 blocks), one block per row where the batch fills the card.
+    const int64_t states = int64_t{p->splits} * p->warp_splits;
+    p->combine_cols = detail::ForwardCombineColumns(k);
+    p->combine_threads = detail::ForwardCombineThreads(states, p->combine_cols);
+    const int64_t col_tiles = CeilDiv(k, p->combine_cols);
+    const int64_t per_row = B > 0 ? CeilDiv(2 * int64_t{info.num_sms}, B) : 1;
+    p->combine_grid_y =
+        static_cast<unsigned>(std::max<int64_t>(1, std::min({col_tiles, per_row, int64_t{65535}})));
+  }
 
   // Workspace: u [B, kp], rowc [B], sqn [n], ct [n], then per pass.
   size_t off = 0;
@@ -785,18 +803,15 @@ cudaError_t EcocCrossEntropyForward(const ForwardParams& params, cudaStream_t st
   c.num_classes = pr.num_classes;
   c.code_length = pr.code_length;
   c.splits = p.splits * p.warp_splits;  // each warp's state in the reg kernel
+  c.cols = p.combine_cols;
   c.loss = params.loss;
   c.lse = params.lse;
   c.expected_code = params.expected_code;
   c.expected_sqnorm = params.expected_sqnorm;
-  // The weights take `splits` floats; the allocation is rounded up to whole
-  // 16-byte vectors because compute-sanitizer memcheck on an H100 (sm_90,
-  // nvcc 13.0) reported a 12-byte shared read at the start of a 4- or 8-byte
-  // allocation in the weight-sum loop: the SASS reads the remainder as one
-  // wider load, whose unused lanes must still be in bounds.
-  const size_t combine_smem = static_cast<size_t>((c.splits + 3) / 4) * 16;
-  detail::ForwardCombineKernel<<<GridFor(pr.batch, 1, INT_MAX), kThreads, combine_smem,
-                                 stream>>>(c);
+  const dim3 combine_grid(GridFor(pr.batch, 1, INT_MAX), p.combine_grid_y);
+  const size_t combine_smem = static_cast<size_t>(
+      detail::ForwardCombineSmemFloats(c.splits, p.combine_threads) * 4);
+  detail::ForwardCombineKernel<<<combine_grid, p.combine_threads, combine_smem, stream>>>(c);
   return cudaGetLastError();
 }
 

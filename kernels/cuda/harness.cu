@@ -1154,6 +1154,30 @@ void RunRegSoftmax(bool quick) {
   g_variant = KernelVariant::kV2;
 }
 
+// The forward combine with many partial states per row, whatever the
+// simulated SM count: B = 1-3 rows over thousands of classes give tens of
+// class splits (times 4 warp states with the register softmax), so that
+// the combine runs blocks of up to 1024 threads, several column tiles (a
+// partial one at k = 40 and 100) and, with one row, a grid of column-tile
+// blocks; k = 1 puts every thread of a block on the states of one column.
+void RunCombine() {
+  struct Shape {
+    const char* name;
+    int64_t B, n, k;
+    KernelVariant variant;
+  };
+  const Shape shapes[] = {{"combine, many states", 2, 12807, 40, KernelVariant::kRegSoftmax},
+                          {"combine, many states", 3, 12807, 1, KernelVariant::kRegSoftmax},
+                          {"combine, many states", 1, 6401, 100, KernelVariant::kV2}};
+  uint64_t seed = 919000;
+  for (const Shape& sh : shapes) {
+    g_variant = sh.variant;
+    RunCase({sh.name, sh.B, sh.n, sh.k, 8.0f, false, false, false}, FloatType::kFloat32,
+            IndexType::kInt32, seed++);
+  }
+  g_variant = KernelVariant::kV2;
+}
+
 struct SweepShape {
   int64_t B, k, n;
 };
@@ -1387,6 +1411,7 @@ void RunChecks(int sms, bool quick) {
   RunScalePointer(sms);
   RunVariants(quick);
   RunRegSoftmax(quick);
+  RunCombine();
   RunRegSoftmaxWarps8(quick);
   RunGradMma(quick);
   RunGradPersistent(quick);
