@@ -99,7 +99,7 @@ __device__ __forceinline__ void LoadClassTerms(const CodesGradArgs& a, const flo
                                                int pitch, float scale, int64_t c0, int warp,
                                                int lane, float* ct_s) {
   if (a.nchunks == 1) {
-    float fold[kFoldClassesPerWarp] = {};
+    float fold = 0.0f;
     AccumulateFoldedNorms(fold, mt, pitch, 0, a.kc, warp, lane);
     FinishFoldedNorms(fold, scale, warp, lane, nullptr, ct_s);
   } else if (threadIdx.x < kClassTile) {
@@ -157,7 +157,8 @@ __device__ __forceinline__ float TileGradSum(const float* W_s, int cc, const flo
 }
 
 template <int kMath, int BT>
-__global__ void __launch_bounds__(kThreads) CodesGradSplitKernel(CodesGradArgs a) {
+__global__ void __launch_bounds__(kThreads, BT == 16 ? (kMath == kMath3xTf32 ? 8 : 6) : 0)
+    CodesGradSplitKernel(CodesGradArgs a) {
   extern __shared__ __align__(16) float smem[];
   using Engine = typename EngineFor<kMath, BT>::type;
   constexpr int CT = kClassTile;

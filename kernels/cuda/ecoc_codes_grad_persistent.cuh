@@ -46,7 +46,7 @@ __host__ __device__ constexpr int64_t CodesGradPersistentSmemFloats(int bt, int 
 }
 
 template <int kMath, int BT>
-__global__ void __launch_bounds__(kThreads) CodesGradPersistentKernel(CodesGradArgs a) {
+__global__ void __launch_bounds__(kThreads, BT == 64 ? 5 : 0) CodesGradPersistentKernel(CodesGradArgs a) {
   extern __shared__ __align__(16) float smem[];
   using Engine = typename EngineFor<kMath, BT>::type;
   constexpr int CT = kClassTile;

@@ -198,60 +198,82 @@ __global__ void __launch_bounds__(kThreads) PrepRowsKernel(PrepArgs a) {
   }
 }
 
-// ||M_c||^2 of the classes of a staged code tile (row pitch `pitch`), in
-// PrepClassesKernel's chain, so that a split kernel can skip that pass and
-// keep its bits: warp w owns the CW = kClassTile / kWarps classes w*CW ..
-// w*CW + CW - 1 of the tile, and its lane l adds, stage after stage, the
-// squares of the columns j = l (mod 32) in increasing j
-// (AccumulateFoldedNorms, `fold` zeroed before the first stage); after the
-// last stage one WarpSum per class (FinishFoldedNorms) gives ||M||^2 and its
-// logit term ct, written by lane 0 to sq_s (if not null) and ct_s. The
-// tile's zero padding past k adds exact zeros. Used by the kFoldNorms
-// forward and by both codes-gradient kernels.
+// ||M_i||^2: the chain every kernel uses, so that all passes see the same
+// ct and ||M||^2 bits. Four threads (a "quad", t = 0..3) share a class:
+// thread t adds the squares of the columns j = t (mod 4) in increasing j,
+// one fma each from +0 (NormChainStep), then the quad adds its four partial
+// sums as (s0 + s1) + (s2 + s3) by a butterfly (NormQuadSum: commutative
+// steps, so the four threads end with the same bits). A tile's zero padding
+// past k adds exact zeros. The mma fragments of the register-softmax
+// forward load exactly these columns of their class per thread (t and
+// t + 4 of every 8-column step), so that kernel folds the norms from the
+// codes its logits load anyway (ecoc_forward_reg.cuh).
+__device__ __forceinline__ float NormChainStep(float v, float acc) {
+  return __fmaf_rn(v, v, acc);
+}
+
+__device__ __forceinline__ float NormQuadSum(float v) {
+  v += __shfl_xor_sync(kFullMask, v, 1);
+  v += __shfl_xor_sync(kFullMask, v, 2);
+  return v;
+}
+
+// The same chain on a staged code tile (row pitch `pitch`), so that a split
+// kernel can skip PrepClassesKernel and keep its bits: warp w owns the
+// kFoldClassesPerWarp = 8 classes w*8 .. w*8 + 7 of the tile, lane l the
+// class w*8 + l/4 and the columns j = l (mod 4); AccumulateFoldedNorms adds
+// the lane's columns of one stage [j0, j0 + kc) to `fold` (zeroed before the
+// first stage), FinishFoldedNorms after the last stage gives ||M||^2 and
+// its logit term ct, written by the quad's first lane to sq_s (if not null)
+// and ct_s. Used by the kFoldNorms forward and by the codes-gradient
+// kernels.
 constexpr int kFoldClassesPerWarp = kClassTile / kWarps;
+static_assert(kFoldClassesPerWarp * 4 == kWarpSize, "a quad per class of the warp");
 
-__device__ __forceinline__ void AccumulateFoldedNorms(float (&fold)[kFoldClassesPerWarp],
-                                                      const float* tile, int pitch, int j0,
-                                                      int kc, int warp, int lane) {
-  constexpr int CW = kFoldClassesPerWarp;
-  const float* mt = tile + warp * CW * pitch;
-  // First column of this stage owned by the lane: j0 + jj = lane mod 32.
-  for (int jj = ((lane - j0) % kWarpSize + kWarpSize) % kWarpSize; jj < kc; jj += kWarpSize) {
+__device__ __forceinline__ void AccumulateFoldedNorms(float& fold, const float* tile, int pitch,
+                                                      int j0, int kc, int warp, int lane) {
+  const float* m = tile + (warp * kFoldClassesPerWarp + lane / 4) * pitch;
+  // First column of this stage owned by the lane: j0 + jj = lane mod 4;
+  // 8 of them per pass while they last (ptxas, sm_90: the fewest spills
+  // of the loop forms tried in the codes-gradient kernels).
+  int jj = ((lane - j0) % 4 + 4) % 4;
+  for (; jj + 28 < kc; jj += 32) {
 #pragma unroll
-    for (int i = 0; i < CW; ++i) {
-      const float v = mt[i * pitch + jj];
-      fold[i] = __fmaf_rn(v, v, fold[i]);
-    }
+    for (int i = 0; i < 8; ++i) fold = NormChainStep(m[jj + 4 * i], fold);
+  }
+  for (; jj < kc; jj += 4) fold = NormChainStep(m[jj], fold);
+}
+
+__device__ __forceinline__ void FinishFoldedNorms(float fold, float scale, int warp, int lane,
+                                                  float* sq_s, float* ct_s) {
+  const float ss = NormQuadSum(fold);
+  if (lane % 4 == 0) {
+    const int c = warp * kFoldClassesPerWarp + lane / 4;
+    if (sq_s != nullptr) sq_s[c] = ss;
+    ct_s[c] = ClassTerm(scale, ss);
   }
 }
 
-__device__ __forceinline__ void FinishFoldedNorms(const float (&fold)[kFoldClassesPerWarp],
-                                                  float scale, int warp, int lane, float* sq_s,
-                                                  float* ct_s) {
-  constexpr int CW = kFoldClassesPerWarp;
-#pragma unroll
-  for (int i = 0; i < CW; ++i) {
-    const float ss = WarpSum(fold[i]);
-    if (lane == 0) {
-      if (sq_s != nullptr) sq_s[warp * CW + i] = ss;
-      ct_s[warp * CW + i] = ClassTerm(scale, ss);
-    }
-  }
-}
+// Classes per warp of PrepClassesKernel: one per quad.
+constexpr int kPrepClassesPerWarp = kWarpSize / 4;
 
-// One warp per class (grid-stride): ||M_i||^2 and its logit term.
+// A quad per class (grid-stride): ||M_i||^2 and its logit term.
 __global__ void __launch_bounds__(kThreads) PrepClassesKernel(PrepArgs a) {
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   const int64_t k = a.code_length;
   const float scale = a.keys ? 1.0f : ReadScale(a.scale_ptr, a.scale);
-  for (int64_t i = int64_t{blockIdx.x} * kWarps + warp; i < a.num_classes;
-       i += int64_t{gridDim.x} * kWarps) {
-    const float* m = a.codes + i * k;
+  const int64_t stride = int64_t{gridDim.x} * kWarps * kPrepClassesPerWarp;
+  for (int64_t i0 = (int64_t{blockIdx.x} * kWarps + warp) * kPrepClassesPerWarp;
+       i0 < a.num_classes; i0 += stride) {
+    const int64_t i = i0 + lane / 4;  // the whole warp runs NormQuadSum
     float ss = 0.0f;
-    for (int64_t j = lane; j < k; j += kWarpSize) ss = __fmaf_rn(m[j], m[j], ss);
-    ss = WarpSum(ss);
-    if (lane == 0) {
+    if (i < a.num_classes) {
+      const float* m = a.codes + i * k;
+      for (int64_t j = lane % 4; j < k; j += 4) ss = NormChainStep(m[j], ss);
+    }
+    ss = NormQuadSum(ss);
+    if (lane % 4 == 0 && i < a.num_classes) {
       a.sqn[i] = ss;
       a.ct[i] = ClassTerm(scale, ss);
     }

@@ -58,10 +58,11 @@ __host__ __device__ constexpr int64_t ForwardSmemFloats(int bt, int kc, int64_t 
 // kFold: ||M_i||^2 and ct_i of each class tile are computed here, from the
 // staged code tiles, instead of being read from the workspace (where
 // PrepClassesKernel, not launched then, would have put them). Warp w owns
-// classes 8w .. 8w + 7 of the tile; lane l sums the squares of the columns
-// j = l (mod 32) in increasing j across the column stages, then WarpSum:
-// exactly PrepClassesKernel's chain (the zero padding past k adds exact
-// zeros), so the bits, the label's logit and the ties are those of v2.
+// classes 8w .. 8w + 7 of the tile, a quad per class; lane l sums the
+// squares of the columns j = l (mod 4) in increasing j across the column
+// stages, then the quad's butterfly: exactly PrepClassesKernel's chain
+// (ecoc_common.cuh; the zero padding past k adds exact zeros), so the bits,
+// the label's logit and the ties are those of v2.
 template <int kMath, int BT, bool kFold>
 __global__ void __launch_bounds__(kThreads) ForwardSplitKernel(ForwardSplitArgs a) {
   extern __shared__ __align__(16) float smem[];
@@ -112,7 +113,7 @@ __global__ void __launch_bounds__(kThreads) ForwardSplitKernel(ForwardSplitArgs 
 
   Engine engine;
   engine.Init();
-  float fold[kFoldClassesPerWarp];  // kFold: lane's partial ||M||^2 of the warp's classes
+  float fold = 0.0f;  // kFold: the lane's partial ||M||^2 of its class
   if (num_stages > 0) {
     StageTile(smem, pitch, a.u, a.kp, b0, a.batch, BT, 0, a.kc, a.kp, true);
     StageTile(smem + BT * pitch, pitch, a.codes, k, t_begin * CT, a.num_classes, CT,
@@ -141,10 +142,7 @@ __global__ void __launch_bounds__(kThreads) ForwardSplitKernel(ForwardSplitArgs 
     if (chunk == 0) engine.Init();
     engine.Step(cur, cur + BT * pitch, pitch, a.kc);
     if (kFold) {
-      if (chunk == 0) {
-#pragma unroll
-        for (int i = 0; i < kFoldClassesPerWarp; ++i) fold[i] = 0.0f;
-      }
+      if (chunk == 0) fold = 0.0f;
       AccumulateFoldedNorms(fold, cur + BT * pitch, pitch, chunk * a.kc, a.kc, warp, lane);
       if (chunk == a.nchunks - 1) FinishFoldedNorms(fold, scale, warp, lane, fsq_s, fct_s);
     }

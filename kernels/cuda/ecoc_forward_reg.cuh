@@ -177,7 +177,16 @@ __device__ __forceinline__ void AccumulateExpectedCode(float (&acc)[KN][4],
 // asks for 4 (128 registers), the 4 blocks per SM by registers it had
 // before u and the codes took the finite split (ptxas then chose 141,
 // sm_90).
-template <int kMath, int BT, int NW = kWarps>
+//
+// kFold (4 warps only; the launcher sets it where the batch is one row tile,
+// so that the forward reads the codes once): ||M||^2 and ct of the warp's
+// classes come from the code fragments the logits load anyway, not from
+// PrepClassesKernel: thread (g, t) loads the columns t and t + 4 of every
+// 8-column step of class g of each n8 fragment, which is the norm chain's
+// share of thread t (ecoc_common.cuh: columns j = t mod 4 in increasing j,
+// then the quad's butterfly), so the bits are PrepClassesKernel's. Two fmas
+// per loaded code, a butterfly and two shuffles per fragment and tile.
+template <int kMath, int BT, int NW = kWarps, bool kFold = false>
 __global__ void __launch_bounds__(NW * kWarpSize,
                                   NW == 8 ? 2 : (BT == 16 && kMath == kMath3xTf32 ? 4 : 0))
     ForwardRegKernel(ForwardSplitArgs a) {
@@ -196,6 +205,7 @@ __global__ void __launch_bounds__(NW * kWarpSize,
   constexpr int KN = kRegMaxK / 8;
   static_assert(BT == 16 || BT == 64, "row tile 16 or 64");
   static_assert(NW == 4 || NW == 8, "4 or 8 warps");
+  static_assert(!kFold || NW == 4, "folded norms with 4 warps only");
   // In-block merge of the warps' states (8 warps) or one state per warp.
   constexpr bool kMerge = NW == 8 && WC > 1;
   const int warp = threadIdx.x / kWarpSize;
@@ -242,7 +252,7 @@ __global__ void __launch_bounds__(NW * kWarpSize,
   // ||M||^2) into `buf`; the caller commits.
   auto stage_code_tile = [&](float* buf, int64_t c0) {
     StageTile(buf, pitch, a.codes, k, c0, a.num_classes, CT, 0, kp, k, a.codes_vec, NTH);
-    StageClassTerms(buf, pitch, kp, a.ct, a.sqn, c0, a.num_classes);
+    if (!kFold) StageClassTerms(buf, pitch, kp, a.ct, a.sqn, c0, a.num_classes);
   };
   StageTile(u_s, pitch, a.u, a.kp, b0, a.batch, BT, 0, kp, a.kp, true, NTH);
   if (ntiles > 0) stage_code_tile(m_s, t_begin * CT);
@@ -269,6 +279,11 @@ __global__ void __launch_bounds__(NW * kWarpSize,
     }
     const float* ra = u_s + (wr * 16 + g) * pitch + t;
     const float* cb = cur + (wc * CW + g) * pitch + t;
+    float fold[kFold ? NT : 1];  // kFold: thread t's share of ||M||^2, class g of fragment nt
+    if (kFold) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) fold[nt] = 0.0f;
+    }
     for (int ks = 0; ks < kp; ks += 8) {
       const float av[4] = {ra[ks], ra[8 * pitch + ks], ra[ks + 4], ra[8 * pitch + ks + 4]};
       uint32_t ab[4], as[4];
@@ -276,17 +291,32 @@ __global__ void __launch_bounds__(NW * kWarpSize,
       for (int e = 0; e < 4; ++e) SplitTf32Operand<kFiniteSplit>(av[e], &ab[e], &as[e]);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
+        const float m0 = cb[nt * 8 * pitch + ks], m1 = cb[nt * 8 * pitch + ks + 4];
+        if (kFold) fold[nt] = NormChainStep(m1, NormChainStep(m0, fold[nt]));
         uint32_t bb[2], bs[2];
-        SplitTf32Operand<kFiniteSplit>(cb[nt * 8 * pitch + ks], &bb[0], &bs[0]);
-        SplitTf32Operand<kFiniteSplit>(cb[nt * 8 * pitch + ks + 4], &bb[1], &bs[1]);
+        SplitTf32Operand<kFiniteSplit>(m0, &bb[0], &bs[0]);
+        SplitTf32Operand<kFiniteSplit>(m1, &bb[1], &bs[1]);
         MmaMode<kSplit>(d[nt], ab, as, bb, bs);
+      }
+    }
+    // kFold: the quad of class g holds ||M||^2 after the butterfly; thread
+    // (g, t) needs those of its accumulator classes 2t and 2t + 1 of each
+    // fragment, held by the quads 2t and 2t + 1.
+    float fsq[kFold ? NT : 1][2];
+    if (kFold) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const float ss = NormQuadSum(fold[nt]);
+        fsq[nt][0] = __shfl_sync(kFullMask, ss, 4 * (2 * t));
+        fsq[nt][1] = __shfl_sync(kFullMask, ss, 4 * (2 * t + 1));
       }
     }
 
     // Online softmax on the fragments: logits, quad row max, p in place.
     // Class indices are tile-local ints from here on (class tile0 + cl), and
-    // ct / ||M||^2 come from the code rows' padding (zero past n), so that no
-    // element waits on a global load or takes a branch.
+    // ct / ||M||^2 come from the code rows' padding (zero past n) or, kFold,
+    // from the fold above, so that no element waits on a global load or
+    // takes a branch.
     const int64_t tile0 = (t_begin + q) * CT;
     const int nvalid =
         static_cast<int>(a.num_classes - tile0 < CT ? a.num_classes - tile0 : CT);
@@ -307,8 +337,10 @@ __global__ void __launch_bounds__(NW * kWarpSize,
         const int cl = clbase + nt * 8 + (e & 1);
         const bool valid = cl < nvalid;
         const float* terms = cur + cl * pitch + kp;  // ct, ||M||^2 (StageClassTerms)
-        if (h == 0) sq[nt][e & 1] = terms[1];
-        const float x = valid ? Logit(d[nt][e], scale, terms[0], rowc[h]) : -INFINITY;
+        const float msq = kFold ? fsq[nt][e & 1] : terms[1];
+        const float ct = kFold ? ClassTerm(scale, msq) : terms[0];
+        if (h == 0) sq[nt][e & 1] = msq;
+        const float x = valid ? Logit(d[nt][e], scale, ct, rowc[h]) : -INFINITY;
         if (cl == label_cl[h]) a.label_logit[row[h]] = x;
         d[nt][e] = x;
         tile_max[h] = NanMax(tile_max[h], x);

@@ -12,6 +12,7 @@
 //
 // Every pass of a call runs on `stream` as:
 //   1. PrepClassesKernel: ||M_i||^2 and its logit term      -> workspace
+//      (not where the split kernel folds the same chain: MakePlan)
 //   2. PrepRowsKernel:    u_b, -s/2 ||u_b||^2 (label keys)  -> workspace
 //   3. the split kernel on a (tiles x splits) grid           -> partial states
 //   4. a combine kernel merging the splits in a fixed order  -> outputs
@@ -162,6 +163,7 @@ struct Plan {
   bool prep_classes = true;      // PrepClassesKernel fills ||M||^2, ct in the workspace
   bool reg = false;              // forward: ForwardRegKernel (kRegSoftmax)
   int reg_warps = 4;             // its warps per block (8: kWarps8)
+  bool reg_fold = false;         // its ||M||^2 from the logits' code fragments
   bool grad_mma = false;         // codes gradient: CodesGradMmaKernel (kGradMma)
   bool grad_persistent = false;  // codes gradient: CodesGradPersistentKernel
   int warp_splits = 1;           // partial states per (row, split) (reg: WC)
@@ -202,6 +204,10 @@ SplitKernel<detail::ForwardSplitArgs> ForwardKernelFor(const Plan& p) {
     if (p.reg && p.reg_warps == 8) {
       return {rows64 ? ForwardRegKernel<kMath, kRowTile64, 8> : ForwardRegKernel<kMath, kRowTile, 8>,
               8 * detail::kWarpSize};
+    }
+    if (p.reg && p.reg_fold) {
+      return {rows64 ? ForwardRegKernel<kMath, kRowTile64, detail::kWarps, true>
+                     : ForwardRegKernel<kMath, kRowTile, detail::kWarps, true>};
     }
     if (p.reg) {
       return {rows64 ? ForwardRegKernel<kMath, kRowTile64> : ForwardRegKernel<kMath, kRowTile>};
@@ -433,6 +439,12 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
     // kWarps8: the block merges its warps' states, one state per split.
     p->reg_warps = (v & static_cast<int>(KernelVariant::kWarps8)) != 0 ? 8 : 4;
     p->warp_splits = p->reg_warps == 8 ? 1 : detail::RegWarpSplits(p->row_tile);
+    // One row tile: the forward would read the codes twice, once in
+    // PrepClassesKernel and once here; the kernel folds the norms from the
+    // fragments it loads instead (ecoc_forward_reg.cuh, kFold: the same
+    // bits). With more row tiles the fold's work repeats per tile while the
+    // prep pass stays one read, so those keep the prep.
+    p->reg_fold = p->reg_warps == 4 && B <= p->row_tile;
     UseOneStage(p, kp_reg, detail::ForwardRegSmemFloats(p->row_tile, static_cast<int>(kp_reg)));
   }
   const int64_t budget = std::min<int64_t>(
@@ -478,7 +490,8 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
   // whole code row, compute ||M||^2 of their class tiles from the staged
   // tiles (AccumulateFoldedNorms; the codes-gradient kernels decide the same
   // way, on nchunks == 1).
-  p->prep_classes = !p->fold && !(pass == Pass::kCodesGrad && p->nchunks == 1);
+  p->prep_classes =
+      !p->fold && !p->reg_fold && !(pass == Pass::kCodesGrad && p->nchunks == 1);
 
   // Splits: launch_shape::ChooseSplits has the rule and the reason; the
   // codes gradient keeps to one wave, since each of its splits takes a
@@ -603,7 +616,9 @@ cudaError_t LaunchPrep(const ProblemArgs& pr, const Plan& p, void* ws, float sca
   a.label_key = label_keys ? At<float>(ws, p.a) : nullptr;
   const unsigned cap = 65535;
   if (pr.num_classes > 0 && p.prep_classes) {
-    detail::PrepClassesKernel<<<GridFor(pr.num_classes, detail::kWarps, cap), kThreads, 0,
+    detail::PrepClassesKernel<<<GridFor(pr.num_classes,
+                                        detail::kWarps * detail::kPrepClassesPerWarp, cap),
+                                kThreads, 0,
                                 stream>>>(a);
   }
   if (pr.batch > 0) {

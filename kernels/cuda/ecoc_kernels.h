@@ -75,7 +75,10 @@ enum class MathMode : int { kFp32 = 0, k3xTf32 = 1, kTf32 = 2 };
 //               the TF32 math modes on sm_80+ with k <= 128; elsewhere the
 //               forward runs as kV2 (or kRows64). No effect on rank and
 //               nearest beyond the kRows64 bit. Does not combine with
-//               kFoldNorms (values 6 and 7 are invalid).
+//               kFoldNorms (values 6 and 7 are invalid): with 4 warps it
+//               folds ||M_i||^2 itself where the batch is one row tile
+//               (B <= 16; B <= 64 with kRows64), from the code fragments
+//               its logits load (the prep kernel's chain, the same bits).
 //   kWarps8:    with kRegSoftmax only (12, 13; 8 to 11 are invalid): the
 //               register-softmax forward with 8 warps (256 threads) per
 //               block on the same staged tiles (16-row tiles: 8 classes of

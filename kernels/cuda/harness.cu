@@ -1070,6 +1070,68 @@ void RunVariants(bool quick) {
   g_variant = KernelVariant::kV2;
 }
 
+// The register-softmax forward folds ||M||^2 from its code fragments where
+// the batch is one row tile (B <= 16; B <= 64 with kRows64) and takes
+// PrepClassesKernel's values otherwise: the same chain, so the first R rows
+// of a batch of 2R rows (prep) have the bits of a batch of R rows (fold).
+// Rows are independent given the splits, and n = 119 (2 class tiles of 64)
+// gives one class tile per split for both batches wherever the device holds
+// 4 blocks at once (the emulated 2-SM H100 holds 4 of the 64-row kernel at
+// k = 100: with 5 tiles the larger batch got fewer splits); different
+// splits would show as different bits (a failure, never a false pass).
+// k = 100 leaves 4 zero padding columns in the chain.
+void RunRegFold() {
+  if (DeviceCc() < 80) {
+    std::printf("SKIP register-softmax folded norms: the register softmax needs sm_80+\n");
+    return;
+  }
+  const KernelVariant variants[2] = {KernelVariant::kRegSoftmax,
+                                     KernelVariant::kRows64RegSoftmax};
+  const int64_t tiles[2] = {16, 64};
+  for (int vi = 0; vi < 2; ++vi) {
+    const int64_t R = tiles[vi];
+    for (int64_t k : {32, 100}) {
+      const int64_t n = 119;
+      DeviceProblem pb(2 * R, n, k, 5150 + R + k);
+      for (MathMode math : {MathMode::k3xTf32, MathMode::kTf32}) {
+        g_math = math;
+        g_variant = variants[vi];
+        std::vector<float> out[2][4];
+        for (int f = 0; f < 2; ++f) {
+          const int64_t B = f == 0 ? R : 2 * R;
+          DeviceBuffer<float> d_loss(B), d_lse(B), d_ecode(B * k), d_esq(B);
+          CUDA_OK(Forward(pb.z.ptr, FloatType::kFloat32, pb.codes.ptr, pb.labels.ptr,
+                          IndexType::kInt32, 6.0f, kEpsilon, B, n, k, d_loss.ptr, d_lse.ptr,
+                          d_ecode.ptr, d_esq.ptr, 0));
+          CUDA_OK(cudaDeviceSynchronize());
+          out[f][0] = d_loss.Download();
+          out[f][1] = d_lse.Download();
+          out[f][2] = d_ecode.Download();
+          out[f][3] = d_esq.Download();
+        }
+        int differ = 0;
+        for (int o = 0; o < 4; ++o) {
+          differ += std::memcmp(out[0][o].data(), out[1][o].data(),
+                                out[0][o].size() * sizeof(float)) != 0;
+        }
+        char name[160], detail[120];
+        std::snprintf(name, sizeof(name),
+                      "register-softmax folded norms [math=%s variant=%s B=%lld vs %lld n=%lld "
+                      "k=%lld]",
+                      MathName(math), VariantString(variants[vi]), static_cast<long long>(R),
+                      static_cast<long long>(2 * R), static_cast<long long>(n),
+                      static_cast<long long>(k));
+        std::snprintf(detail, sizeof(detail),
+                      "%d of 4 forward outputs of the first %lld rows differ in their bits",
+                      differ, static_cast<long long>(R));
+        Report(name, differ == 0, detail);
+      }
+    }
+  }
+  g_math = MathMode::k3xTf32;
+  g_variant = KernelVariant::kV2;
+}
+
 // kAuto, the params structs' default, against float64 where its rule picks
 // the branches RunVariants' shapes (B in {7, 17, 65}, k = 130, where auto
 // runs as one more variant, in 3xTF32) do not reach on sm_80+: FP32 at
@@ -1411,6 +1473,7 @@ void RunChecks(int sms, bool quick) {
   RunScalePointer(sms);
   RunVariants(quick);
   RunRegSoftmax(quick);
+  RunRegFold();
   RunCombine();
   RunRegSoftmaxWarps8(quick);
   RunGradMma(quick);

@@ -68,7 +68,7 @@ _FUNCTION = re.compile(r"^\s*Function\s*:\s*(\S+)", re.M)
 _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*?)\s*;")
 _BACKWARD_TARGET = re.compile(r"\bBRA\s+(?:0x)?([0-9a-f]+)\b")
 _PREDICATE = re.compile(r"^@!?U?P(?:T|\d+)\s+")
-_REG_KERNEL = re.compile(r"ForwardRegKernelILi(\d+)ELi(\d+)ELi(\d+)E")
+_REG_KERNEL = re.compile(r"ForwardRegKernelILi(\d+)ELi(\d+)ELi(\d+)E(?:Lb(\d)E)?")
 # nvdisasm -g: a function's section header, a source position, a label.
 _NV_SECTION = re.compile(r"^//-+ \.text\.(\S+) -+$", re.M)
 _NV_LINE = re.compile(r'//## File "([^"]+)", line (\d+)')
@@ -200,7 +200,7 @@ def loop_stats(f: Function, kp: int = 128) -> LoopStats | None:
     st = LoopStats(hist[outer], hist[inner], outer=outer, inner=inner)
     m = _REG_KERNEL.search(f.name)
     if m and inner != outer:
-        math, bt, nw = (int(g) for g in m.groups())
+        math, bt, nw = (int(g) for g in m.groups()[:3])
         warp_splits = nw // (bt // 16)           # RegWarpSplits
         per_step = (64 // warp_splits // 8) * (3 if math == 1 else 1)
         st.unroll = max(1, st.kstep["HMMA"] // per_step)
@@ -275,11 +275,13 @@ def line_table(f: Function, st: LoopStats, top: int) -> str:
 
 
 def short_name(mangled: str) -> str:
-    """'_ZN...16ForwardRegKernelILi1ELi64ELi4EEEv...' -> 'ForwardRegKernel<3xtf32, 64, 4>'."""
+    """'_ZN...16ForwardRegKernelILi1ELi64ELi4ELb0EEEv...' -> 'ForwardRegKernel<3xtf32, 64, 4>'
+    (', fold' added for the folded-norms form, Lb1)."""
     m = _REG_KERNEL.search(mangled)
     if m:
-        math, bt, nw = (int(g) for g in m.groups())
-        return f"ForwardRegKernel<{_MATH.get(math, math)}, {bt}, {nw}>"
+        math, bt, nw = (int(g) for g in m.groups()[:3])
+        fold = ", fold" if m.group(4) == "1" else ""
+        return f"ForwardRegKernel<{_MATH.get(math, math)}, {bt}, {nw}{fold}>"
     m = re.search(r"\d+([A-Z]\w*?Kernel)(?:I(.*?)EE)?(?:Ev|E)", mangled)
     if not m:
         return mangled
