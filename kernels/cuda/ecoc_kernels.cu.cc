@@ -927,7 +927,9 @@ cudaError_t LaunchDecode(bool rank, const ProblemArgs& pr, const Plan& p, void* 
   c.part_bad = a.part_bad;
   c.rank = rank_out;
   c.index = index_out;
-  detail::DecodeCombineKernel<<<GridFor(pr.batch, kThreads, 65535), kThreads, 0, stream>>>(c);
+  // A warp per row.
+  detail::DecodeCombineKernel<<<GridFor(pr.batch, detail::kWarps, 65535), kThreads, 0, stream>>>(
+      c);
   return cudaGetLastError();
 }
 
