@@ -9,9 +9,9 @@
 // per batch tile (tile sum first, then one add). Where one stage holds the
 // whole code row (nchunks == 1), the class tile's ||M||^2 (for its logit
 // term ct) comes from the staged code tile of the first batch tile
-// (AccumulateFoldedNorms: PrepClassesKernel's chain, so the same bits) and
-// the launcher runs no PrepClassesKernel: the pass reads the codes once.
-// With several column stages ct comes from PrepClassesKernel. With one batch split the
+// (AccumulateFoldedNorms: PrepClasses' chain, so the same bits) and
+// the launcher runs no PrepClasses: the pass reads the codes once.
+// With several column stages ct comes from PrepClasses. With one batch split the
 // block writes s * G straight into grad_codes; with several, each split
 // writes its G to the workspace and CodesGradCombineKernel adds the splits
 // in a fixed order. No float atomics anywhere.
@@ -30,7 +30,7 @@ namespace detail {
 struct CodesGradArgs {
   const float* u;     // [batch, kp]
   const float* rowc;  // [batch]
-  const float* ct;    // [n]: PrepClassesKernel's, read only when nchunks > 1
+  const float* ct;    // [n]: PrepClasses', read only when nchunks > 1
   const float* codes;
   const void* labels;
   bool labels_int64;
@@ -94,7 +94,7 @@ __device__ __forceinline__ void StageGradTiles(float* stage, int pitch, const Co
 // ct_s[c] = the logit term of class c0 + c of the block's class tile, for
 // WriteTileWeights after the next barrier: folded from the staged code tile
 // `mt` when one stage holds the whole row (stage 0 is then the whole tile),
-// else PrepClassesKernel's values (0 past n, never read).
+// else PrepClasses' values (0 past n, never read).
 __device__ __forceinline__ void LoadClassTerms(const CodesGradArgs& a, const float* mt,
                                                int pitch, float scale, int64_t c0, int warp,
                                                int lane, float* ct_s) {

@@ -15,7 +15,7 @@
 //  * the code tiles are double-buffered (cp.async on sm_80 and later): the
 //    next tile loads while the block computes the current one;
 //  * ||M||^2 of each tile comes from its staged copy (AccumulateFoldedNorms),
-//    so the pass reads the codes once and runs no PrepClassesKernel;
+//    so the pass reads the codes once and runs no PrepClasses;
 //  * with one batch tile the gradient of a class needs no accumulation, so
 //    G goes straight to grad_codes as s * (0 + t): the split kernel's
 //    0-initialised G plus one tile sum, the same bits, no G in shared memory;

@@ -153,51 +153,6 @@ struct PrepArgs {
   float* label_key;        // [batch] or null: the label's logit/key (FP32 chain)
 };
 
-// One warp per batch row (grid-stride): u_b, rowc_b and, when asked, the
-// label's FP32 key. Every pass of a call reads u from here, so all of them
-// see the same bits.
-template <typename ZT>
-__global__ void __launch_bounds__(kThreads) PrepRowsKernel(PrepArgs a) {
-  const int warp = threadIdx.x / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize;
-  const int64_t k = a.code_length;
-  const ZT* z = static_cast<const ZT*>(a.z);
-  const float scale = a.keys ? 1.0f : ReadScale(a.scale_ptr, a.scale);
-  for (int64_t b = int64_t{blockIdx.x} * kWarps + warp; b < a.batch;
-       b += int64_t{gridDim.x} * kWarps) {
-    const ZT* zr = z + b * k;
-    float ss = 0.0f;
-    for (int64_t j = lane; j < k; j += kWarpSize) {
-      const float v = ToFloat(zr[j]);
-      ss = __fmaf_rn(v, v, ss);
-    }
-    ss = WarpSum(ss);
-    const float inv = 1.0f / sqrtf(fmaxf(ss, a.epsilon));
-    float* ur = a.u + b * a.kp;
-    float usq = 0.0f;
-    for (int64_t j = lane; j < a.kp; j += kWarpSize) {
-      const float v = j < k ? ToFloat(zr[j]) * inv : 0.0f;
-      ur[j] = v;
-      usq = __fmaf_rn(v, v, usq);
-    }
-    usq = WarpSum(usq);
-    if (lane == 0) a.rowc[b] = a.keys ? 0.0f : -0.5f * scale * usq;
-    if (a.label_key != nullptr) {
-      __syncwarp();  // u_b written by all lanes before lane 0 reads it
-      if (lane == 0) {
-        const int64_t y = LoadLabel(a.labels, a.labels_int64, b);
-        float key = NAN;
-        if (y >= 0 && y < a.num_classes) {
-          // ct comes from PrepClassesKernel, launched first on the stream.
-          key = Logit(DotChain(ur, a.codes + y * k, k), scale, a.ct[y],
-                      a.keys ? 0.0f : -0.5f * scale * usq);
-        }
-        a.label_key[b] = key;
-      }
-    }
-  }
-}
-
 // ||M_i||^2: the chain every kernel uses, so that all passes see the same
 // ct and ||M||^2 bits. Four threads (a "quad", t = 0..3) share a class:
 // thread t adds the squares of the columns j = t (mod 4) in increasing j,
@@ -219,7 +174,7 @@ __device__ __forceinline__ float NormQuadSum(float v) {
 }
 
 // The same chain on a staged code tile (row pitch `pitch`), so that a split
-// kernel can skip PrepClassesKernel and keep its bits: warp w owns the
+// kernel can skip PrepClasses and keep its bits: warp w owns the
 // kFoldClassesPerWarp = 8 classes w*8 .. w*8 + 7 of the tile, lane l the
 // class w*8 + l/4 and the columns j = l (mod 4); AccumulateFoldedNorms adds
 // the lane's columns of one stage [j0, j0 + kc) to `fold` (zeroed before the
@@ -254,29 +209,96 @@ __device__ __forceinline__ void FinishFoldedNorms(float fold, float scale, int w
   }
 }
 
-// Classes per warp of PrepClassesKernel: one per quad.
+// ||M_i||^2 of the class at `m` (k floats; null: none) by its quad: the
+// lane's share of the norm chain (columns j = lane mod 4; lanes with `mine`
+// false add nothing), then the quad's butterfly. Every lane of the warp
+// calls it.
+__device__ __forceinline__ float QuadClassNorm(const float* m, int64_t k, int lane, bool mine) {
+  float ss = 0.0f;
+  if (m != nullptr && mine) {
+    for (int64_t j = lane % 4; j < k; j += 4) ss = NormChainStep(m[j], ss);
+  }
+  return NormQuadSum(ss);
+}
+
+// Classes per warp of PrepClasses: one per quad.
 constexpr int kPrepClassesPerWarp = kWarpSize / 4;
 
-// A quad per class (grid-stride): ||M_i||^2 and its logit term.
-__global__ void __launch_bounds__(kThreads) PrepClassesKernel(PrepArgs a) {
+// A quad per class (warp w of `blocks` blocks from `block`, grid-stride):
+// ||M_i||^2 and its logit term.
+__device__ __forceinline__ void PrepClasses(const PrepArgs& a, int64_t block, int64_t blocks) {
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   const int64_t k = a.code_length;
   const float scale = a.keys ? 1.0f : ReadScale(a.scale_ptr, a.scale);
-  const int64_t stride = int64_t{gridDim.x} * kWarps * kPrepClassesPerWarp;
-  for (int64_t i0 = (int64_t{blockIdx.x} * kWarps + warp) * kPrepClassesPerWarp;
-       i0 < a.num_classes; i0 += stride) {
-    const int64_t i = i0 + lane / 4;  // the whole warp runs NormQuadSum
-    float ss = 0.0f;
-    if (i < a.num_classes) {
-      const float* m = a.codes + i * k;
-      for (int64_t j = lane % 4; j < k; j += 4) ss = NormChainStep(m[j], ss);
-    }
-    ss = NormQuadSum(ss);
-    if (lane % 4 == 0 && i < a.num_classes) {
+  const int64_t stride = blocks * kWarps * kPrepClassesPerWarp;
+  for (int64_t i0 = (block * kWarps + warp) * kPrepClassesPerWarp; i0 < a.num_classes;
+       i0 += stride) {
+    const int64_t i = i0 + lane / 4;  // the whole warp runs the butterfly
+    const bool valid = i < a.num_classes;
+    const float ss = QuadClassNorm(valid ? a.codes + i * k : nullptr, k, lane, true);
+    if (lane % 4 == 0 && valid) {
       a.sqn[i] = ss;
       a.ct[i] = ClassTerm(scale, ss);
     }
+  }
+}
+
+// One warp per batch row (warp w of `blocks` blocks from `block`,
+// grid-stride): u_b, rowc_b and, when asked, the label's FP32 key. Every
+// pass of a call reads u from here, so all of them see the same bits.
+template <typename ZT>
+__device__ __forceinline__ void PrepRows(const PrepArgs& a, int64_t block, int64_t blocks) {
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t k = a.code_length;
+  const ZT* z = static_cast<const ZT*>(a.z);
+  const float scale = a.keys ? 1.0f : ReadScale(a.scale_ptr, a.scale);
+  for (int64_t b = block * kWarps + warp; b < a.batch; b += blocks * kWarps) {
+    const ZT* zr = z + b * k;
+    float ss = 0.0f;
+    for (int64_t j = lane; j < k; j += kWarpSize) {
+      const float v = ToFloat(zr[j]);
+      ss = __fmaf_rn(v, v, ss);
+    }
+    ss = WarpSum(ss);
+    const float inv = 1.0f / sqrtf(fmaxf(ss, a.epsilon));
+    float* ur = a.u + b * a.kp;
+    float usq = 0.0f;
+    for (int64_t j = lane; j < a.kp; j += kWarpSize) {
+      const float v = j < k ? ToFloat(zr[j]) * inv : 0.0f;
+      ur[j] = v;
+      usq = __fmaf_rn(v, v, usq);
+    }
+    usq = WarpSum(usq);
+    if (lane == 0) a.rowc[b] = a.keys ? 0.0f : -0.5f * scale * usq;
+    if (a.label_key != nullptr) {
+      const int64_t y = LoadLabel(a.labels, a.labels_int64, b);
+      const bool valid = y >= 0 && y < a.num_classes;
+      // ct of the label's class by its own norm chain (lanes 0-3; the other
+      // quads add nothing), the bits PrepClasses writes for it, so that
+      // this launch needs nothing from the classes' blocks.
+      const float msq = QuadClassNorm(valid ? a.codes + y * k : nullptr, k, lane, lane < 4);
+      __syncwarp();  // u_b written by all lanes before lane 0 reads it
+      if (lane == 0) {
+        a.label_key[b] = valid ? Logit(DotChain(ur, a.codes + y * k, k), scale,
+                                       ClassTerm(scale, msq), a.keys ? 0.0f : -0.5f * scale * usq)
+                               : NAN;
+      }
+    }
+  }
+}
+
+// Steps 1 and 2 of a pass in one launch: blocks [0, row_blocks) prepare the
+// rows (PrepRows), blocks [row_blocks, gridDim.x) the classes (PrepClasses;
+// none where the split kernel folds the norms), so that the classes' pass
+// costs no launch of its own. Neither part reads the other's output.
+template <typename ZT>
+__global__ void __launch_bounds__(kThreads) PrepKernel(PrepArgs a, unsigned row_blocks) {
+  if (blockIdx.x < row_blocks) {
+    PrepRows<ZT>(a, blockIdx.x, row_blocks);
+  } else {
+    PrepClasses(a, blockIdx.x - row_blocks, gridDim.x - row_blocks);
   }
 }
 

@@ -57,10 +57,10 @@ __host__ __device__ constexpr int64_t ForwardSmemFloats(int bt, int kc, int64_t 
 
 // kFold: ||M_i||^2 and ct_i of each class tile are computed here, from the
 // staged code tiles, instead of being read from the workspace (where
-// PrepClassesKernel, not launched then, would have put them). Warp w owns
+// PrepClasses, not launched then, would have put them). Warp w owns
 // classes 8w .. 8w + 7 of the tile, a quad per class; lane l sums the
 // squares of the columns j = l (mod 4) in increasing j across the column
-// stages, then the quad's butterfly: exactly PrepClassesKernel's chain
+// stages, then the quad's butterfly: exactly PrepClasses' chain
 // (ecoc_common.cuh; the zero padding past k adds exact zeros), so the bits,
 // the label's logit and the ties are those of v2.
 template <int kMath, int BT, bool kFold>

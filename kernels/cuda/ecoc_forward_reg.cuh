@@ -181,10 +181,10 @@ __device__ __forceinline__ void AccumulateExpectedCode(float (&acc)[KN][4],
 // kFold (4 warps only; the launcher sets it where the batch is one row tile,
 // so that the forward reads the codes once): ||M||^2 and ct of the warp's
 // classes come from the code fragments the logits load anyway, not from
-// PrepClassesKernel: thread (g, t) loads the columns t and t + 4 of every
+// PrepClasses: thread (g, t) loads the columns t and t + 4 of every
 // 8-column step of class g of each n8 fragment, which is the norm chain's
 // share of thread t (ecoc_common.cuh: columns j = t mod 4 in increasing j,
-// then the quad's butterfly), so the bits are PrepClassesKernel's. Two fmas
+// then the quad's butterfly), so the bits are PrepClasses'. Two fmas
 // per loaded code, a butterfly and two shuffles per fragment and tile.
 template <int kMath, int BT, int NW = kWarps, bool kFold = false>
 __global__ void __launch_bounds__(NW * kWarpSize,

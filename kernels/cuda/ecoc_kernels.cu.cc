@@ -11,9 +11,9 @@
 // design, the launch-shape rules and the workspace formula.
 //
 // Every pass of a call runs on `stream` as:
-//   1. PrepClassesKernel: ||M_i||^2 and its logit term      -> workspace
-//      (not where the split kernel folds the same chain: MakePlan)
-//   2. PrepRowsKernel:    u_b, -s/2 ||u_b||^2 (label keys)  -> workspace
+//   1-2. PrepKernel, one launch: the classes' ||M_i||^2 and logit term (not
+//      where the split kernel folds the same chain: MakePlan) and the rows'
+//      u_b, -s/2 ||u_b||^2 (label keys)                    -> workspace
 //   3. the split kernel on a (tiles x splits) grid           -> partial states
 //   4. a combine kernel merging the splits in a fixed order  -> outputs
 // Nothing allocates: the workspace is the caller's, sized by the query, which
@@ -160,7 +160,7 @@ struct Plan {
   int math = detail::kMathFp32;  // effective engine
   int row_tile = kRowTile;       // rows per batch tile (16 or 64)
   bool fold = false;             // forward: ||M||^2 from the staged tiles
-  bool prep_classes = true;      // PrepClassesKernel fills ||M||^2, ct in the workspace
+  bool prep_classes = true;      // PrepClasses fills ||M||^2, ct in the workspace
   bool reg = false;              // forward: ForwardRegKernel (kRegSoftmax)
   int reg_warps = 4;             // its warps per block (8: kWarps8)
   bool reg_fold = false;         // its ||M||^2 from the logits' code fragments
@@ -440,7 +440,7 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
     p->reg_warps = (v & static_cast<int>(KernelVariant::kWarps8)) != 0 ? 8 : 4;
     p->warp_splits = p->reg_warps == 8 ? 1 : detail::RegWarpSplits(p->row_tile);
     // One row tile: the forward would read the codes twice, once in
-    // PrepClassesKernel and once here; the kernel folds the norms from the
+    // PrepClasses and once here; the kernel folds the norms from the
     // fragments it loads instead (ecoc_forward_reg.cuh, kFold: the same
     // bits). With more row tiles the fold's work repeats per tile while the
     // prep pass stays one read, so those keep the prep.
@@ -614,26 +614,25 @@ cudaError_t LaunchPrep(const ProblemArgs& pr, const Plan& p, void* ws, float sca
   a.sqn = At<float>(ws, p.sqn);
   a.ct = At<float>(ws, p.ct);
   a.label_key = label_keys ? At<float>(ws, p.a) : nullptr;
+  // One launch: the rows' blocks first, then the classes' (PrepKernel).
   const unsigned cap = 65535;
-  if (pr.num_classes > 0 && p.prep_classes) {
-    detail::PrepClassesKernel<<<GridFor(pr.num_classes,
-                                        detail::kWarps * detail::kPrepClassesPerWarp, cap),
-                                kThreads, 0,
-                                stream>>>(a);
-  }
-  if (pr.batch > 0) {
-    const unsigned grid = GridFor(pr.batch, detail::kWarps, cap);
-    switch (pr.z_type) {
-      case FloatType::kFloat32:
-        detail::PrepRowsKernel<float><<<grid, kThreads, 0, stream>>>(a);
-        break;
-      case FloatType::kFloat16:
-        detail::PrepRowsKernel<__half><<<grid, kThreads, 0, stream>>>(a);
-        break;
-      case FloatType::kBFloat16:
-        detail::PrepRowsKernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(a);
-        break;
-    }
+  const unsigned row_blocks = pr.batch > 0 ? GridFor(pr.batch, detail::kWarps, cap) : 0;
+  const unsigned class_blocks =
+      pr.num_classes > 0 && p.prep_classes
+          ? GridFor(pr.num_classes, detail::kWarps * detail::kPrepClassesPerWarp, cap)
+          : 0;
+  const unsigned grid = row_blocks + class_blocks;
+  if (grid == 0) return cudaSuccess;
+  switch (pr.z_type) {
+    case FloatType::kFloat32:
+      detail::PrepKernel<float><<<grid, kThreads, 0, stream>>>(a, row_blocks);
+      break;
+    case FloatType::kFloat16:
+      detail::PrepKernel<__half><<<grid, kThreads, 0, stream>>>(a, row_blocks);
+      break;
+    case FloatType::kBFloat16:
+      detail::PrepKernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(a, row_blocks);
+      break;
   }
   return cudaGetLastError();
 }

@@ -59,7 +59,7 @@ enum class MathMode : int { kFp32 = 0, k3xTf32 = 1, kTf32 = 2 };
 // the same function (checked against float64 by the harness), only the
 // launch shape and the order of work differ.
 //   kV2:        16-row batch tiles, ||M_i||^2 from a prep
-//               kernel (PrepClassesKernel).
+//               kernel (PrepClasses).
 //   kRows64:    64-row batch tiles (4 warps x 16 rows share each staged
 //               class tile) where the batch has more than 16 rows, so the
 //               codes are staged ceil(B/64) instead of ceil(B/16) times;

@@ -999,7 +999,7 @@ void RunVariants(bool quick) {
     g_math = MathMode::k3xTf32;
   }
   g_variant = KernelVariant::kV2;
-  // Folding ||M||^2 into the forward's split kernel keeps PrepClassesKernel's
+  // Folding ||M||^2 into the forward's split kernel keeps PrepClasses'
   // chain: with the same row tile and the same splits, every forward output
   // has the bits of the unfolded launch; k = 300 and 1000 run in several
   // column stages (the partial sums carried across stages). The splits
@@ -1072,7 +1072,7 @@ void RunVariants(bool quick) {
 
 // The register-softmax forward folds ||M||^2 from its code fragments where
 // the batch is one row tile (B <= 16; B <= 64 with kRows64) and takes
-// PrepClassesKernel's values otherwise: the same chain, so the first R rows
+// PrepClasses' values otherwise: the same chain, so the first R rows
 // of a batch of 2R rows (prep) have the bits of a batch of R rows (fold).
 // Rows are independent given the splits, and n = 119 (2 class tiles of 64)
 // gives one class tile per split for both batches wherever the device holds
