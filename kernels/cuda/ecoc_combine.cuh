@@ -144,7 +144,8 @@ __global__ void __launch_bounds__(kCombineMaxThreads) ForwardCombineKernel(Forwa
         for (int s = g; s < S; s += groups) e = fmaf(w_s[s], acc_b[s * k + j], e);
       }
       col_s[t] = e;
-      __syncthreads();
+      // Every group's sums visible to the column's first thread.
+      __syncthreads();  // [barrier-mutation-test]
       if (t < cols && j < k) {
         float sum = col_s[t];
         for (int q = 1; q < groups; ++q) sum += col_s[q * cols + t];
