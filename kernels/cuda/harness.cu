@@ -32,6 +32,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -800,6 +801,30 @@ struct DeviceProblem {
   }
 };
 
+// The four forward outputs (loss, lse, expected code, expected squared norm)
+// of one float32 / int32 call with s = 6 in the current g_math / g_variant.
+std::array<std::vector<float>, 4> ForwardOutputs(const float* z, const float* codes,
+                                                 const int32_t* labels, int64_t B, int64_t n,
+                                                 int64_t k) {
+  DeviceBuffer<float> d_loss(B), d_lse(B), d_ecode(B * k), d_esq(B);
+  CUDA_OK(Forward(z, FloatType::kFloat32, codes, labels, IndexType::kInt32, 6.0f, kEpsilon, B,
+                  n, k, d_loss.ptr, d_lse.ptr, d_ecode.ptr, d_esq.ptr, 0));
+  CUDA_OK(cudaDeviceSynchronize());
+  return {d_loss.Download(), d_lse.Download(), d_ecode.Download(), d_esq.Download()};
+}
+
+// How many of the four outputs of `a` differ in their bits from the same
+// leading entries of `b` (b may hold more rows).
+int DifferingOutputs(const std::array<std::vector<float>, 4>& a,
+                     const std::array<std::vector<float>, 4>& b) {
+  int differ = 0;
+  for (int o = 0; o < 4; ++o) {
+    differ += a[o].size() > b[o].size() ||
+              std::memcmp(a[o].data(), b[o].data(), a[o].size() * sizeof(float)) != 0;
+  }
+  return differ;
+}
+
 // A repeated call asks the runtime nothing but cudaGetDevice and, where a
 // split kernel takes more than the default 48 KiB of shared memory, one
 // cudaFuncSetAttribute before its launch: the device's attributes and each
@@ -1031,26 +1056,14 @@ void RunVariants(bool quick) {
     for (MathMode math : {MathMode::k3xTf32, MathMode::kFp32}) {
       g_math = math;
       for (const auto& pair : pairs) {
-        std::vector<float> out[2][4];
+        std::array<std::vector<float>, 4> out[2];
         size_t ws[2] = {0, 0};
         for (int f = 0; f < 2; ++f) {
           g_variant = pair[f];
-          DeviceBuffer<float> d_loss(B), d_lse(B), d_ecode(B * k), d_esq(B);
-          CUDA_OK(Forward(d_z.ptr, FloatType::kFloat32, d_codes.ptr, d_labels.ptr,
-                          IndexType::kInt32, 6.0f, kEpsilon, B, n, k, d_loss.ptr, d_lse.ptr,
-                          d_ecode.ptr, d_esq.ptr, 0));
-          CUDA_OK(cudaDeviceSynchronize());
+          out[f] = ForwardOutputs(d_z.ptr, d_codes.ptr, d_labels.ptr, B, n, k);
           ws[f] = g_ws_last;
-          out[f][0] = d_loss.Download();
-          out[f][1] = d_lse.Download();
-          out[f][2] = d_ecode.Download();
-          out[f][3] = d_esq.Download();
         }
-        int differ = 0;
-        for (int o = 0; o < 4; ++o) {
-          differ += std::memcmp(out[0][o].data(), out[1][o].data(),
-                                out[0][o].size() * sizeof(float)) != 0;
-        }
+        const int differ = DifferingOutputs(out[0], out[1]);
         char name[160], buf[96];
         std::snprintf(name, sizeof(name), "folded norms [math=%s %s vs %s B=%lld n=%lld k=%lld]",
                       MathName(math), VariantString(pair[1]), VariantString(pair[0]),
@@ -1096,24 +1109,10 @@ void RunRegFold() {
       for (MathMode math : {MathMode::k3xTf32, MathMode::kTf32}) {
         g_math = math;
         g_variant = variants[vi];
-        std::vector<float> out[2][4];
-        for (int f = 0; f < 2; ++f) {
-          const int64_t B = f == 0 ? R : 2 * R;
-          DeviceBuffer<float> d_loss(B), d_lse(B), d_ecode(B * k), d_esq(B);
-          CUDA_OK(Forward(pb.z.ptr, FloatType::kFloat32, pb.codes.ptr, pb.labels.ptr,
-                          IndexType::kInt32, 6.0f, kEpsilon, B, n, k, d_loss.ptr, d_lse.ptr,
-                          d_ecode.ptr, d_esq.ptr, 0));
-          CUDA_OK(cudaDeviceSynchronize());
-          out[f][0] = d_loss.Download();
-          out[f][1] = d_lse.Download();
-          out[f][2] = d_ecode.Download();
-          out[f][3] = d_esq.Download();
-        }
-        int differ = 0;
-        for (int o = 0; o < 4; ++o) {
-          differ += std::memcmp(out[0][o].data(), out[1][o].data(),
-                                out[0][o].size() * sizeof(float)) != 0;
-        }
+        // The first R rows of the 2R-row problem's z and labels: the R-row call.
+        const auto fold = ForwardOutputs(pb.z.ptr, pb.codes.ptr, pb.labels.ptr, R, n, k);
+        const auto prep = ForwardOutputs(pb.z.ptr, pb.codes.ptr, pb.labels.ptr, 2 * R, n, k);
+        const int differ = DifferingOutputs(fold, prep);
         char name[160], detail[120];
         std::snprintf(name, sizeof(name),
                       "register-softmax folded norms [math=%s variant=%s B=%lld vs %lld n=%lld "
