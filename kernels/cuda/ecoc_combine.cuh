@@ -26,7 +26,6 @@ struct ForwardCombineArgs {
   bool labels_int64;
   int64_t batch, num_classes, code_length;
   int splits;
-  int cols;  // expected-code columns per block: ForwardCombineColumns(k)
   float* loss;
   float* lse;
   float* expected_code;
@@ -86,7 +85,8 @@ __device__ __forceinline__ float CombineBlockReduce(float v, float* red) {
   return r;
 }
 
-// Grid: x = rows (grid-stride), y = tiles of `cols` expected-code columns
+// Grid: x = rows (grid-stride), y = tiles of cols = ForwardCombineColumns(k)
+// expected-code columns
 // (grid-stride); T = blockDim.x threads (ForwardCombineThreads), thread t =
 // (group g = t / cols, column c = t % cols). Per row, with S = splits:
 //   lse = M + log L,  L = sum_s w_s,  w_s = exp(lse_s - M),  M = max_s lse_s
@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(kCombineMaxThreads) ForwardCombineKernel(Forwa
   float* red = smem;                                  // [32]: CombineBlockReduce
   float* w_s = smem + kCombineMaxWarps;               // [S]: the weights w_s
   float* col_s = w_s + (S + 3) / 4 * 4;               // [T]: per-thread column sums
-  const int cols = a.cols;
+  const int cols = ForwardCombineColumns(k);
   const int groups = T / cols;
   const int g = t / cols;
   const int c = t % cols;

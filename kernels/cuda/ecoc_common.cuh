@@ -209,13 +209,12 @@ __device__ __forceinline__ void FinishFoldedNorms(float fold, float scale, int w
   }
 }
 
-// ||M_i||^2 of the class at `m` (k floats; null: none) by its quad: the
-// lane's share of the norm chain (columns j = lane mod 4; lanes with `mine`
-// false add nothing), then the quad's butterfly. Every lane of the warp
-// calls it.
-__device__ __forceinline__ float QuadClassNorm(const float* m, int64_t k, int lane, bool mine) {
+// ||M_i||^2 of the class at `m` (k floats) by its quad: the lane's share of
+// the norm chain (columns j = lane mod 4; a lane given null adds nothing),
+// then the quad's butterfly. Every lane of the warp calls it.
+__device__ __forceinline__ float QuadClassNorm(const float* m, int64_t k, int lane) {
   float ss = 0.0f;
-  if (m != nullptr && mine) {
+  if (m != nullptr) {
     for (int64_t j = lane % 4; j < k; j += 4) ss = NormChainStep(m[j], ss);
   }
   return NormQuadSum(ss);
@@ -236,7 +235,7 @@ __device__ __forceinline__ void PrepClasses(const PrepArgs& a, int64_t block, in
        i0 += stride) {
     const int64_t i = i0 + lane / 4;  // the whole warp runs the butterfly
     const bool valid = i < a.num_classes;
-    const float ss = QuadClassNorm(valid ? a.codes + i * k : nullptr, k, lane, true);
+    const float ss = QuadClassNorm(valid ? a.codes + i * k : nullptr, k, lane);
     if (lane % 4 == 0 && valid) {
       a.sqn[i] = ss;
       a.ct[i] = ClassTerm(scale, ss);
@@ -278,7 +277,7 @@ __device__ __forceinline__ void PrepRows(const PrepArgs& a, int64_t block, int64
       // ct of the label's class by its own norm chain (lanes 0-3; the other
       // quads add nothing), the bits PrepClasses writes for it, so that
       // this launch needs nothing from the classes' blocks.
-      const float msq = QuadClassNorm(valid ? a.codes + y * k : nullptr, k, lane, lane < 4);
+      const float msq = QuadClassNorm(valid && lane < 4 ? a.codes + y * k : nullptr, k, lane);
       __syncwarp();  // u_b written by all lanes before lane 0 reads it
       if (lane == 0) {
         a.label_key[b] = valid ? Logit(DotChain(ur, a.codes + y * k, k), scale,

@@ -248,8 +248,8 @@ __global__ void __launch_bounds__(NW * kWarpSize,
     for (int e = 0; e < 4; ++e) acc[jn][e] = 0.0f;
   }
 
-  // The code tile at class c0 (its codes and, in the padding, ct and
-  // ||M||^2) into `buf`; the caller commits.
+  // The code tile at class c0 (its codes and, unless kFold, ct and ||M||^2
+  // in the padding) into `buf`; the caller commits.
   auto stage_code_tile = [&](float* buf, int64_t c0) {
     StageTile(buf, pitch, a.codes, k, c0, a.num_classes, CT, 0, kp, k, a.codes_vec, NTH);
     if (!kFold) StageClassTerms(buf, pitch, kp, a.ct, a.sqn, c0, a.num_classes);

@@ -176,9 +176,8 @@ struct Plan {
   int64_t grid_x = 0;            // batch tiles (grad: class tiles)
   int64_t smem_bytes = 0;        // of the split kernel
   int smem_optin = 0;            // the device's opt-in limit (RaiseSmemLimit)
-  // Forward combine (ForwardCombineKernel): columns per block, threads per
-  // block, column-tile blocks per row.
-  int combine_cols = 1;
+  // Forward combine (ForwardCombineKernel; its columns per block follow
+  // from k): threads per block, column-tile blocks per row.
   int combine_threads = kThreads;
   unsigned combine_grid_y = 1;
   // Workspace byte offsets.
@@ -525,9 +524,9 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
     // blocks per SM where the columns allow (B = 16, k = 128 on an H100:
     // 16 x 4 blocks), one block per row where the batch fills the card.
     const int64_t states = int64_t{p->splits} * p->warp_splits;
-    p->combine_cols = detail::ForwardCombineColumns(k);
-    p->combine_threads = detail::ForwardCombineThreads(states, p->combine_cols);
-    const int64_t col_tiles = CeilDiv(k, p->combine_cols);
+    const int cols = detail::ForwardCombineColumns(k);
+    p->combine_threads = detail::ForwardCombineThreads(states, cols);
+    const int64_t col_tiles = CeilDiv(k, cols);
     const int64_t per_row = B > 0 ? CeilDiv(2 * int64_t{info.num_sms}, B) : 1;
     p->combine_grid_y =
         static_cast<unsigned>(std::max<int64_t>(1, std::min({col_tiles, per_row, int64_t{65535}})));
@@ -817,7 +816,6 @@ cudaError_t EcocCrossEntropyForward(const ForwardParams& params, cudaStream_t st
   c.num_classes = pr.num_classes;
   c.code_length = pr.code_length;
   c.splits = p.splits * p.warp_splits;  // each warp's state in the reg kernel
-  c.cols = p.combine_cols;
   c.loss = params.loss;
   c.lse = params.lse;
   c.expected_code = params.expected_code;
