@@ -92,9 +92,11 @@ Optional: "loss_err" and "grad_err" (relative to float64, as above),
 "note", "fwd_from": the mode of the row (same cell) whose fwd_ms this row
 repeats because it runs the same forward launch (the harness times that once:
 "+gradmma" and "+gradpersistent" rows take the plain rows', "+auto" rows the
-variant auto ran), and "fwd_host_us", "fwdbwd_host_us": the host's
-wall-clock microseconds to make the call (the harness's table has them);
-this script ignores those three. A file that breaks this is refused with a ValueError naming
+variant auto ran), "fwd_host_us", "fwdbwd_host_us": the host's
+wall-clock microseconds to make the call (the harness's table has them), and
+"launch_ms" (with "launch_ms_unstable"): the auto rows' forward + codes
+gradient split into its launches ({"forward prep": ms, ...}, the harness's
+per-launch table); this script ignores those. A file that breaks this is refused with a ValueError naming
 the entry.
 
 Order and time: a JAX worker (jax_default, jax_highest), then a PyTorch

@@ -371,7 +371,8 @@ def test_auto_variant_follows_the_h100_rule_on_each_architecture(arch, cc):
 
 
 @needs_kernels
-def test_bench_times_each_forward_launch_once_and_names_the_column(tmp_path, monkeypatch):
+def test_bench_times_each_forward_launch_once_and_splits_auto_into_launches(tmp_path,
+                                                                           monkeypatch):
     # `--bench-only --variant all` on two small cells: gradmma and
     # gradpersistent run v2's forward launch, rows64+gradmma rows64's (`all`
     # leaves out rows64+gradpersistent) and auto the variant of
@@ -411,6 +412,24 @@ def test_bench_times_each_forward_launch_once_and_names_the_column(tmp_path, mon
     assert text.count("forward ms: the rows64 column's") == 3
     assert "variant rows64+gradpersistent" not in text
     assert text.count("forward ms: per row, the column of the forward variant auto ran") == 3
+    # auto's forward + codes gradient split into its launches (an event after
+    # each, SetLaunchObserver): only the auto rows carry "launch_ms", in
+    # launch order, each launch named by its pass and step. The codes
+    # gradient combines batch splits only where the batch has several row
+    # tiles (B = 65 in 64-row tiles; B = 7 is one 16-row tile).
+    steps = ["forward prep", "forward split", "forward combine", "codes-grad prep",
+             "codes-grad split"]
+    for r in raw:
+        if not r["mode"].endswith("+auto"):
+            assert "launch_ms" not in r, r
+            continue
+        want = steps + (["codes-grad combine"] if r["B"] == 65 else [])
+        assert list(r["launch_ms"]) == want, r
+        assert all(v >= 0 for v in r["launch_ms"].values()), r
+        assert "launch_ms_unstable" not in r, r
+    assert sum("launch_ms" in r for r in raw) == 2 * 3
+    assert text.count("### Per launch: math mode") == 3
+    assert "forward combine" in text.split("### Per launch: math mode 3xtf32, variant auto")[1]
 
 
 @needs_kernels

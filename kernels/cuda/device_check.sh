@@ -21,7 +21,9 @@
 #      harness --bench-only --quick --variant all: B in
 #      {16,256,4096}, k in {32,128}, n in {1e4,1e5,1e6}; the full grid B in
 #      {1,7,16,256,4096} x k in {1,31,32,128,1000} x n in {1,33,1e4,1e5,1e6}
-#      is `harness --bench-only`, minutes);
+#      is `harness --bench-only`, minutes), then auto's call once more per
+#      cell and math mode with an event after each launch: the per-launch
+#      tables (prep, split, combine of each pass);
 #   7. profiles the forward split kernel with Nsight Compute (ncu; sections
 #      SpeedOfLight, MemoryWorkloadAnalysis, Occupancy, LaunchStats,
 #      WarpStateStats) at B = 256, n = 1e5, k = 128 and B = 16, n = 1e6,
@@ -52,7 +54,7 @@ DRY_RUN=0
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY_RUN=1 ;;
-    -h|--help) sed -n '2,45p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "device_check: unknown argument '$arg' (usage: device_check.sh [--dry-run])" >&2; exit 3 ;;
   esac
 done
@@ -92,7 +94,8 @@ fi
 # column of 2026-11-27, which reuses v2's forward: ~6 s, as each kGradMma
 # one, untimed; `all` leaves out rows64+gradpersistent, whose launches there
 # are gradpersistent's or rows64's);
-# racecheck's --small runs them all too: ~29 s), ncu 16 s. Each can be lowered (or
+# racecheck's --small runs them all too: ~29 s; the per-launch tables of
+# 2026-11-27 add three traced calls per cell to the 36 columns, ~8 %, untimed), ncu 16 s. Each can be lowered (or
 # raised) from the environment, e.g. DEVICE_CHECK_T_GRID=60, to fit a shorter
 # device lease (benchmarks/device_run.sh does); a step that runs out of time
 # is reported as failed.

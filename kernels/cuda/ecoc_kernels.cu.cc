@@ -21,6 +21,7 @@
 #include "ecoc_kernels.h"
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <map>
@@ -580,19 +581,34 @@ unsigned GridFor(int64_t items, int64_t per_block, int64_t cap) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min(CeilDiv(items, per_block), cap)));
 }
 
+// SetLaunchObserver's hook: off (null) unless the harness times launches.
+std::atomic<LaunchObserver> g_launch_observer{nullptr};
+std::atomic<void*> g_launch_context{nullptr};
+
+// After each enqueue: the launch's error, and the observer's call (only for
+// a launch that was enqueued).
+cudaError_t Launched(const char* launch, cudaError_t err, cudaStream_t stream) {
+  if (err != cudaSuccess) return err;
+  if (const LaunchObserver observer = g_launch_observer.load(std::memory_order_acquire)) {
+    observer(launch, stream, g_launch_context.load(std::memory_order_acquire));
+  }
+  return cudaSuccess;
+}
+
 template <typename Args>
-cudaError_t LaunchSplit(const SplitKernel<Args>& kernel, const Plan& p, const Args& args,
-                        cudaStream_t stream) {
+cudaError_t LaunchSplit(const char* launch, const SplitKernel<Args>& kernel, const Plan& p,
+                        const Args& args, cudaStream_t stream) {
   const cudaError_t err = RaiseSmemLimit(kernel, p.smem_bytes, p.smem_optin);
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(p.grid_x), static_cast<unsigned>(p.splits));
   void (*const fn)(Args) = kernel.fn;  // a plain name: the emulator rewrites `name<<<`
   fn<<<grid, kernel.threads, static_cast<size_t>(p.smem_bytes), stream>>>(args);
-  return cudaGetLastError();
+  return Launched(launch, cudaGetLastError(), stream);
 }
 
 // Steps 1 and 2 of every pass.
-cudaError_t LaunchPrep(const ProblemArgs& pr, const Plan& p, void* ws, float scale,
+cudaError_t LaunchPrep(const char* launch, const ProblemArgs& pr, const Plan& p, void* ws,
+                       float scale,
                        const float* scale_ptr, bool keys, const void* labels,
                        IndexType label_type, bool label_keys, cudaStream_t stream) {
   detail::PrepArgs a{};
@@ -633,7 +649,7 @@ cudaError_t LaunchPrep(const ProblemArgs& pr, const Plan& p, void* ws, float sca
       detail::PrepKernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(a, row_blocks);
       break;
   }
-  return cudaGetLastError();
+  return Launched(launch, cudaGetLastError(), stream);
 }
 
 // z and codes may be null only when they have no elements (k = 0).
@@ -688,6 +704,12 @@ cudaError_t NearestPlan(const NearestParams& params, Plan* p) {
 }
 
 }  // namespace
+
+void SetLaunchObserver(LaunchObserver observer, void* context) {
+  // The context first: a pass that sees the new observer sees its context.
+  g_launch_context.store(context, std::memory_order_release);
+  g_launch_observer.store(observer, std::memory_order_release);
+}
 
 // kAuto's rule, fitted to the H100 timings of every variant in every math
 // mode (docs/device_runs/2026-11-26-h100-variants/run2_harness_timing.json,
@@ -776,8 +798,8 @@ cudaError_t EcocCrossEntropyForward(const ForwardParams& params, cudaStream_t st
   }
   void* ws = params.workspace;
   if ((err = CheckWorkspace(p, ws, params.workspace_bytes)) != cudaSuccess) return err;
-  if ((err = LaunchPrep(pr, p, ws, params.scale, params.scale_ptr, false, nullptr,
-                        params.label_type, false, stream)) != cudaSuccess) {
+  if ((err = LaunchPrep("forward prep", pr, p, ws, params.scale, params.scale_ptr, false,
+                        nullptr, params.label_type, false, stream)) != cudaSuccess) {
     return err;
   }
   detail::ForwardSplitArgs a{};
@@ -804,7 +826,7 @@ cudaError_t EcocCrossEntropyForward(const ForwardParams& params, cudaStream_t st
   a.part_lse = At<float>(ws, p.b);
   a.part_sqn = At<float>(ws, p.c);
   a.part_acc = At<float>(ws, p.d);
-  if ((err = LaunchSplit(ForwardKernelFor(p), p, a, stream)) != cudaSuccess) return err;
+  if ((err = LaunchSplit("forward split", ForwardKernelFor(p), p, a, stream)) != cudaSuccess) return err;
   detail::ForwardCombineArgs c{};
   c.part_lse = a.part_lse;
   c.part_sqn = a.part_sqn;
@@ -824,7 +846,7 @@ cudaError_t EcocCrossEntropyForward(const ForwardParams& params, cudaStream_t st
   const size_t combine_smem = static_cast<size_t>(
       detail::ForwardCombineSmemFloats(c.splits, p.combine_threads) * 4);
   detail::ForwardCombineKernel<<<combine_grid, p.combine_threads, combine_smem, stream>>>(c);
-  return cudaGetLastError();
+  return Launched("forward combine", cudaGetLastError(), stream);
 }
 
 cudaError_t EcocCrossEntropyCodesGrad(const CodesGradParams& params, cudaStream_t stream) {
@@ -836,8 +858,11 @@ cudaError_t EcocCrossEntropyCodesGrad(const CodesGradParams& params, cudaStream_
   if (params.grad_codes == nullptr) return cudaErrorInvalidValue;
   if (pr.batch == 0) {
     // Fully overwritten, with zeros.
-    return cudaMemsetAsync(params.grad_codes, 0,
-                           static_cast<size_t>(pr.num_classes * pr.code_length) * 4, stream);
+    return Launched("codes-grad zero",
+                    cudaMemsetAsync(params.grad_codes, 0,
+                                    static_cast<size_t>(pr.num_classes * pr.code_length) * 4,
+                                    stream),
+                    stream);
   }
   if (NullInputs(pr) || params.labels == nullptr ||
       params.lse == nullptr || params.grad_loss == nullptr) {
@@ -845,8 +870,8 @@ cudaError_t EcocCrossEntropyCodesGrad(const CodesGradParams& params, cudaStream_
   }
   void* ws = params.workspace;
   if ((err = CheckWorkspace(p, ws, params.workspace_bytes)) != cudaSuccess) return err;
-  if ((err = LaunchPrep(pr, p, ws, params.scale, params.scale_ptr, false, nullptr,
-                        params.label_type, false, stream)) != cudaSuccess) {
+  if ((err = LaunchPrep("codes-grad prep", pr, p, ws, params.scale, params.scale_ptr, false,
+                        nullptr, params.label_type, false, stream)) != cudaSuccess) {
     return err;
   }
   detail::CodesGradArgs a{};
@@ -871,12 +896,12 @@ cudaError_t EcocCrossEntropyCodesGrad(const CodesGradParams& params, cudaStream_
   a.splits = p.splits;
   a.batch_tiles = p.tiles;
   a.out = p.splits > 1 ? At<float>(ws, p.a) : params.grad_codes;
-  err = LaunchSplit(CodesGradKernelFor(p), p, a, stream);
+  err = LaunchSplit("codes-grad split", CodesGradKernelFor(p), p, a, stream);
   if (err != cudaSuccess || p.splits == 1) return err;
   const int64_t elems = pr.num_classes * pr.code_length;
   detail::CodesGradCombineKernel<<<GridFor(elems, kThreads, 65535), kThreads, 0, stream>>>(
       a.out, p.splits, elems, params.scale, params.scale_ptr, params.grad_codes);
-  return cudaGetLastError();
+  return Launched("codes-grad combine", cudaGetLastError(), stream);
 }
 
 namespace {
@@ -884,8 +909,8 @@ namespace {
 cudaError_t LaunchDecode(bool rank, const ProblemArgs& pr, const Plan& p, void* ws,
                          const void* labels, IndexType label_type, int32_t* rank_out,
                          int64_t* index_out, cudaStream_t stream) {
-  cudaError_t err =
-      LaunchPrep(pr, p, ws, 1.0f, nullptr, true, labels, label_type, rank, stream);
+  cudaError_t err = LaunchPrep(rank ? "rank prep" : "nearest prep", pr, p, ws, 1.0f, nullptr,
+                               true, labels, label_type, rank, stream);
   if (err != cudaSuccess) return err;
   detail::DecodeSplitArgs a{};
   a.u = At<float>(ws, p.u);
@@ -904,12 +929,12 @@ cudaError_t LaunchDecode(bool rank, const ProblemArgs& pr, const Plan& p, void* 
   if (rank) {
     a.part_count = At<long long>(ws, p.b);
     a.part_bad = At<int>(ws, p.c);
-    err = LaunchSplit(DecodeKernelFor(true, p), p, a, stream);
+    err = LaunchSplit("rank split", DecodeKernelFor(true, p), p, a, stream);
   } else {
     a.part_key = At<float>(ws, p.a);
     a.part_index = At<long long>(ws, p.b);
     a.part_bad = At<int>(ws, p.c);
-    err = LaunchSplit(DecodeKernelFor(false, p), p, a, stream);
+    err = LaunchSplit("nearest split", DecodeKernelFor(false, p), p, a, stream);
   }
   if (err != cudaSuccess) return err;
   detail::DecodeCombineArgs c{};
@@ -927,7 +952,7 @@ cudaError_t LaunchDecode(bool rank, const ProblemArgs& pr, const Plan& p, void* 
   // A warp per row.
   detail::DecodeCombineKernel<<<GridFor(pr.batch, detail::kWarps, 65535), kThreads, 0, stream>>>(
       c);
-  return cudaGetLastError();
+  return Launched(rank ? "rank combine" : "nearest combine", cudaGetLastError(), stream);
 }
 
 }  // namespace

@@ -221,6 +221,19 @@ struct NearestParams {
   size_t workspace_bytes = 0;
 };
 
+// A diagnostic hook for timing each launch of a pass (harness --bench-only's
+// per-launch table): while set, every pass calls observer(launch, stream,
+// context) right after it enqueues each of its kernels (or its memset) on
+// `stream`, with `launch` a static string naming the step: "forward prep",
+// "forward split", "forward combine", "codes-grad prep", "codes-grad split",
+// "codes-grad combine", "codes-grad zero", "rank prep", "rank split",
+// "rank combine", "nearest prep", "nearest split", "nearest combine". Not
+// called for a launch that failed. Null (the default) turns it off; a pass
+// then pays one atomic load per launch. Process-wide: set and clear it only
+// while no other thread runs a pass.
+using LaunchObserver = void (*)(const char* launch, cudaStream_t stream, void* context);
+void SetLaunchObserver(LaunchObserver observer, void* context);
+
 // Workspace queries, for the current device. cudaErrorInvalidValue for
 // shapes the kernels cannot take (negative sizes, code_length > 2^24, ...).
 cudaError_t EcocForwardWorkspaceSize(const ForwardParams& params, size_t* bytes);

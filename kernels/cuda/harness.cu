@@ -39,6 +39,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <string>
 #include <utility>
@@ -889,6 +890,103 @@ void RunPlanQueries() {
 #endif
 }
 
+// SetLaunchObserver: every pass reports each launch it enqueued, named by
+// pass and step, in order, and nothing else; a failed call none; a cleared
+// observer is not called. Under the CPU emulator the reports are also
+// counted against the launches and memsets the runtime accepted.
+struct ObservedLaunches {
+  std::vector<std::string> names;
+};
+
+void CollectLaunch(const char* launch, cudaStream_t, void* context) {
+  static_cast<ObservedLaunches*>(context)->names.emplace_back(launch);
+}
+
+void RunLaunchObserver() {
+  const int64_t B = 16, n = 70, k = 32;
+  DeviceProblem pb(B, n, k, 5150);
+  DeviceBuffer<float> loss(B), lse(B), ecode(B * k), esq(B), grad(n * k);
+  DeviceBuffer<int32_t> rank(B);
+  DeviceBuffer<int64_t> index(B);
+  auto forward = [&](const int32_t* labels) {
+    return Forward(pb.z.ptr, FloatType::kFloat32, pb.codes.ptr, labels, IndexType::kInt32, 6.0f,
+                   kEpsilon, B, n, k, loss.ptr, lse.ptr, ecode.ptr, esq.ptr, 0);
+  };
+  auto codes_grad = [&](int64_t batch) {
+    return CodesGrad(pb.z.ptr, FloatType::kFloat32, pb.codes.ptr, pb.labels.ptr,
+                     IndexType::kInt32, 6.0f, kEpsilon, lse.ptr, pb.g.ptr, batch, n, k, grad.ptr,
+                     0);
+  };
+  using Names = std::vector<std::string>;
+  struct Case {
+    const char* name;
+    std::function<cudaError_t()> call;
+    std::vector<Names> want;  // any of these sequences
+    bool fails;
+  };
+  const std::vector<Case> cases = {
+      {"forward", [&] { return forward(pb.labels.ptr); },
+       {{"forward prep", "forward split", "forward combine"}}, false},
+      {"codes gradient", [&] { return codes_grad(B); },
+       {{"codes-grad prep", "codes-grad split"},
+        {"codes-grad prep", "codes-grad split", "codes-grad combine"}},
+       false},
+      {"codes gradient, empty batch", [&] { return codes_grad(0); }, {{"codes-grad zero"}},
+       false},
+      {"label rank",
+       [&] {
+         return LabelRank(pb.z.ptr, FloatType::kFloat32, pb.codes.ptr, pb.labels.ptr,
+                          IndexType::kInt32, kEpsilon, B, n, k, rank.ptr, 0);
+       },
+       {{"rank prep", "rank split", "rank combine"}}, false},
+      {"nearest codeword",
+       [&] {
+         return Nearest(pb.z.ptr, FloatType::kFloat32, pb.codes.ptr, kEpsilon, B, n, k,
+                        index.ptr, 0);
+       },
+       {{"nearest prep", "nearest split", "nearest combine"}}, false},
+      {"forward without labels (refused)", [&] { return forward(nullptr); }, {Names{}}, true},
+  };
+  auto counted = [] {
+#ifdef KERAS_ECOC_EMULATOR
+    return keras_ecoc_emu_runtime_calls("kernel launch") +
+           keras_ecoc_emu_runtime_calls("cudaMemsetAsync");
+#else
+    return 0L;
+#endif
+  };
+  for (const Case& c : cases) {
+    // Plans, workspace, modules: the observed call repeats this one.
+    if (!c.fails) CUDA_OK(c.call());
+    CUDA_OK(cudaDeviceSynchronize());
+    ObservedLaunches seen;
+    const long before = counted();
+    keras_ecoc::cuda::SetLaunchObserver(CollectLaunch, &seen);
+    const cudaError_t err = c.call();
+    keras_ecoc::cuda::SetLaunchObserver(nullptr, nullptr);
+    (void)cudaGetLastError();
+    const long runtime = counted() - before;
+    CUDA_OK(cudaDeviceSynchronize());
+    // Set, then cleared: the same call again reports nothing.
+    ObservedLaunches after;
+    keras_ecoc::cuda::SetLaunchObserver(CollectLaunch, &after);
+    keras_ecoc::cuda::SetLaunchObserver(nullptr, nullptr);
+    if (!c.fails) CUDA_OK(c.call());
+    CUDA_OK(cudaDeviceSynchronize());
+    bool ok = (err != cudaSuccess) == c.fails && after.names.empty() &&
+              std::find(c.want.begin(), c.want.end(), seen.names) != c.want.end();
+    std::string got;
+    for (const std::string& s : seen.names) got += (got.empty() ? "" : ", ") + s;
+#ifdef KERAS_ECOC_EMULATOR
+    ok = ok && runtime == static_cast<long>(seen.names.size());
+#endif
+    char detail[320];
+    std::snprintf(detail, sizeof(detail), "%s; observed [%s]; runtime launches %ld",
+                  err == cudaSuccess ? "ran" : cudaGetErrorName(err), got.c_str(), runtime);
+    Report(std::string("launch observer [") + c.name + "]", ok, detail);
+  }
+}
+
 // The variant field of every params struct: each workspace query accepts
 // the variants of kVariants and refuses every other value with
 // cudaErrorInvalidValue (the bit combinations ecoc_kernels.h calls invalid,
@@ -1468,6 +1566,7 @@ void RunChecks(int sms, bool quick) {
   RunEmptyBatch();
   RunTf32Split(sms);
   RunPlanQueries();
+  RunLaunchObserver();
   RunVariantValidation();
   RunScalePointer(sms);
   RunVariants(quick);
@@ -1845,6 +1944,86 @@ CallTime TimeMs(F&& launch, int warmup, int repeats) {
   return {MedianMs(times), MedianMs(host)};
 }
 
+// One call split into its launches (--bench-only's per-launch table): the
+// kernels report each launch to an observer (SetLaunchObserver), which
+// records a CUDA event on the stream right after it. Launch i's time runs
+// from the event before it (the call's start event for the first launch) to
+// its own; medians over the repeats. The first launch's time therefore also
+// holds the host's time to plan and enqueue it whenever the GPU was idle,
+// and the events themselves add a little to the call (compare `traced ms`
+// with the untimed column's ms).
+struct LaunchTimes {
+  std::vector<std::string> names;  // in launch order ("forward prep", ...)
+  std::vector<float> ms;           // median per launch
+  float total_ms = 0.0f;           // start event to the last launch's, median
+  bool stable = true;              // the same launches, in order, every repeat
+};
+
+struct LaunchTrace {
+  std::vector<cudaEvent_t> events;  // a pool: one per launch of a call
+  std::vector<std::string> names;   // the launches of the current repeat
+};
+
+void RecordLaunch(const char* launch, cudaStream_t stream, void* context) {
+  auto* trace = static_cast<LaunchTrace*>(context);
+  const size_t i = trace->names.size();
+  trace->names.emplace_back(launch);
+  if (i < trace->events.size()) CUDA_OK(cudaEventRecord(trace->events[i], stream));
+}
+
+template <typename F>
+LaunchTimes TimeLaunches(F&& call, int warmup, int repeats) {
+  constexpr size_t kMaxLaunches = 16;  // a forward + codes gradient makes at most 6
+  LaunchTrace trace;
+  trace.events.resize(kMaxLaunches);
+  for (cudaEvent_t& e : trace.events) CUDA_OK(cudaEventCreate(&e));
+  cudaEvent_t start;
+  CUDA_OK(cudaEventCreate(&start));
+  for (int i = 0; i < warmup; ++i) CUDA_OK(call());
+  CUDA_OK(cudaDeviceSynchronize());
+  LaunchTimes out;
+  std::vector<std::vector<float>> per_launch;
+  std::vector<float> totals;
+  for (int r = 0; r < repeats; ++r) {
+    trace.names.clear();
+    CUDA_OK(cudaEventRecord(start));
+    keras_ecoc::cuda::SetLaunchObserver(RecordLaunch, &trace);
+    const cudaError_t err = call();
+    keras_ecoc::cuda::SetLaunchObserver(nullptr, nullptr);
+    CUDA_OK(err);
+    if (trace.names.size() > kMaxLaunches) {
+      trace.names.resize(kMaxLaunches);
+      out.stable = false;
+    }
+    if (r == 0) {
+      out.names = trace.names;
+      per_launch.resize(out.names.size());
+    } else if (trace.names != out.names) {
+      out.stable = false;
+      continue;
+    }
+    if (out.names.empty()) continue;
+    const cudaEvent_t last = trace.events[out.names.size() - 1];
+    CUDA_OK(cudaEventSynchronize(last));
+    cudaEvent_t prev = start;
+    for (size_t i = 0; i < out.names.size(); ++i) {
+      float ms = 0.0f;
+      CUDA_OK(cudaEventElapsedTime(&ms, prev, trace.events[i]));
+      per_launch[i].push_back(ms);
+      prev = trace.events[i];
+    }
+    float total = 0.0f;
+    CUDA_OK(cudaEventElapsedTime(&total, start, last));
+    totals.push_back(total);
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  for (const std::vector<float>& v : per_launch) out.ms.push_back(MedianMs(v));
+  if (!totals.empty()) out.total_ms = MedianMs(totals);
+  for (cudaEvent_t e : trace.events) CUDA_OK(cudaEventDestroy(e));
+  CUDA_OK(cudaEventDestroy(start));
+  return out;
+}
+
 // Dense peaks of the card from its SM count and clock: FP32 FMA lanes and
 // TF32 tensor-core rate per SM per clock (datacenter parts: A100 1024, A10 /
 // L40 512, H100 2048 TF32 flops; GeForce parts have half the TF32 rate, so
@@ -1967,6 +2146,16 @@ void RunBench(bool quick, bool tiny, const cudaDeviceProp& prop) {
     // forward + codes gradient is still measured as a whole.
     std::vector<int> fwd_src;
     std::vector<size_t> peak;  // workspace + outputs, bytes
+    // The traced columns' forward + codes gradient split into its launches
+    // (TimeLaunches); empty for the others.
+    std::vector<LaunchTimes> launches;
+  };
+  // The columns split into launches: auto's (what a caller gets) where the
+  // list has it, else the first variant's; one per math mode.
+  const bool have_auto = std::find(g_bench_variants.begin(), g_bench_variants.end(),
+                                   KernelVariant::kAuto) != g_bench_variants.end();
+  auto traced = [&](int c) {
+    return have_auto ? col_variant(c) == KernelVariant::kAuto : c < 3;
   };
   std::vector<Row> rows;
   for (int64_t n : ns) {
@@ -2003,7 +2192,7 @@ void RunBench(bool quick, bool tiny, const cudaDeviceProp& prop) {
         };
         Row row{B, k, n, std::vector<float>(ncols), std::vector<float>(ncols),
                 std::vector<float>(ncols), std::vector<float>(ncols), std::vector<int>(ncols),
-                std::vector<size_t>(ncols)};
+                std::vector<size_t>(ncols), std::vector<LaunchTimes>(ncols)};
         for (int m = 0; m < ncols; ++m) {
           row.fwd_src[m] = BenchForwardSource(g_bench_variants, m, B, n, k, cc);
         }
@@ -2028,6 +2217,7 @@ void RunBench(bool quick, bool tiny, const cudaDeviceProp& prop) {
           const CallTime t = TimeMs(both, warmup, repeats);
           row.both[m] = t.ms;
           row.both_host[m] = t.host_us;
+          if (traced(m)) row.launches[m] = TimeLaunches(both, warmup, repeats);
           CUDA_OK(cudaMemGetInfo(&free_after, &total));
           worst_delta = std::max(worst_delta, static_cast<long long>(free_before) -
                                                   static_cast<long long>(free_after));
@@ -2086,6 +2276,35 @@ void RunBench(bool quick, bool tiny, const cudaDeviceProp& prop) {
                   is_auto ? " |" : "");
     }
   }
+  for (int m = 0; m < ncols; ++m) {
+    if (!traced(m)) continue;
+    const bool is_auto = col_variant(m) == KernelVariant::kAuto;
+    std::printf("\n### Per launch: math mode %s, variant %s\n\n", MathName(col_mode(m)),
+                VariantString(col_variant(m)));
+    std::printf("One forward + codes gradient call, a CUDA event after each launch; median ms "
+                "per launch. The first launch's ms include the host's planning and enqueueing "
+                "where the GPU was idle. traced ms: start to the last launch's event; "
+                "untraced ms: the same call in the table above.\n\n");
+    std::printf("| B | k | n |%s traced ms | untraced ms | launches (ms) |\n"
+                "|---:|---:|---:|%s---:|---:|---|\n",
+                is_auto ? " auto ran |" : "", is_auto ? "---|" : "");
+    for (const Row& r : rows) {
+      const LaunchTimes& lt = r.launches[m];
+      std::string parts;
+      for (size_t i = 0; i < lt.names.size(); ++i) {
+        char buf[96];
+        std::snprintf(buf, sizeof(buf), "%s%s %.4f", i ? " · " : "", lt.names[i].c_str(),
+                      lt.ms[i]);
+        parts += buf;
+      }
+      if (!lt.stable) parts += " (the launches changed between repeats: first repeat's)";
+      std::printf("| %lld | %lld | %lld |%s%s %.4f | %.4f | %s |\n",
+                  static_cast<long long>(r.B), static_cast<long long>(r.k),
+                  static_cast<long long>(r.n),
+                  is_auto ? (" " + AutoChoice(col_mode(m), r.B, r.n, r.k, cc)).c_str() : "",
+                  is_auto ? " |" : "", lt.total_ms, r.both[m], parts.c_str());
+    }
+  }
   // $ECOC_HARNESS_JSON: the same rows for benchmarks/bench_gpu_loss.py
   // --harness-json (format in its docstring; fwdbwd_ms is forward + codes
   // gradient: the z gradient is elementwise on the forward's outputs).
@@ -2104,6 +2323,19 @@ void RunBench(bool quick, bool tiny, const cudaDeviceProp& prop) {
           // repeats (the same forward launch, timed once).
           if (const std::string src = fwd_from(m, r); !src.empty()) {
             note += ", \"fwd_from\": \"" + src + "\"";
+          }
+          // "launch_ms": the traced columns' call split into its launches,
+          // {"forward prep": ms, ...} in launch order.
+          if (const LaunchTimes& lt = r.launches[m]; traced(m)) {
+            note += ", \"launch_ms\": {";
+            for (size_t i = 0; i < lt.names.size(); ++i) {
+              char buf[96];
+              std::snprintf(buf, sizeof(buf), "%s\"%s\": %.6g", i ? ", " : "",
+                            lt.names[i].c_str(), lt.ms[i]);
+              note += buf;
+            }
+            note += "}";
+            if (!lt.stable) note += ", \"launch_ms_unstable\": true";
           }
           std::fprintf(f, "%s\n {\"B\": %lld, \"k\": %lld, \"n\": %lld, \"mode\": \"%s\", "
                        "\"fwd_ms\": %.6g, \"fwdbwd_ms\": %.6g, \"peak_bytes\": %zu, "

@@ -734,9 +734,20 @@ int ResidentBlocks(const DeviceModel& m, int threads, size_t smem) {
 }
 
 // The runtime queries a test may count (keras_ecoc_emu_runtime_calls).
-enum class CountedCall { kDeviceGetAttribute, kFuncSetAttribute, kOccupancy, kCount };
+// "kernel launch" counts the launches that were accepted (ran), and
+// "cudaMemsetAsync" the stream memsets: the references of the harness's
+// launch-observer check.
+enum class CountedCall {
+  kDeviceGetAttribute,
+  kFuncSetAttribute,
+  kOccupancy,
+  kLaunch,
+  kMemsetAsync,
+  kCount
+};
 constexpr const char* kCountedNames[] = {"cudaDeviceGetAttribute", "cudaFuncSetAttribute",
-                                         "cudaOccupancyMaxActiveBlocksPerMultiprocessor"};
+                                         "cudaOccupancyMaxActiveBlocksPerMultiprocessor",
+                                         "kernel launch", "cudaMemsetAsync"};
 std::atomic<long> g_calls[static_cast<int>(CountedCall::kCount)];
 
 void CountCall(CountedCall c) { g_calls[static_cast<int>(c)].fetch_add(1); }
@@ -869,6 +880,7 @@ cudaError_t LaunchKernel(const void* func, const char* name, const char* file, i
     std::fflush(d.launch_log);
   }
   if (smem > limit) return SetError(cudaErrorInvalidValue);
+  keras_ecoc_emu::CountCall(keras_ecoc_emu::CountedCall::kLaunch);
 
   LaunchState L;
   L.name = name;
@@ -1188,6 +1200,7 @@ cudaError_t cudaMemset(void* ptr, int value, size_t bytes) {
 cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t stream) {
   if (stream != nullptr && Dev().streams.count(stream) == 0)
     return SetError(cudaErrorInvalidResourceHandle);
+  keras_ecoc_emu::CountCall(keras_ecoc_emu::CountedCall::kMemsetAsync);
   return cudaMemset(ptr, value, bytes);
 }
 

@@ -209,8 +209,9 @@ inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* num_blocks
 
 // Emulator only: how many times this process has called the runtime
 // function `name` (one of cudaDeviceGetAttribute, cudaFuncSetAttribute,
-// cudaOccupancyMaxActiveBlocksPerMultiprocessor; 0 for any other), so that a
-// test can pin which queries a call makes.
+// cudaOccupancyMaxActiveBlocksPerMultiprocessor, cudaMemsetAsync; "kernel
+// launch" for the kernel launches it accepted; 0 for any other), so that a
+// test can pin which queries and launches a call makes.
 long keras_ecoc_emu_runtime_calls(const char* name);
 
 // ---------------------------------------------------------------------------
