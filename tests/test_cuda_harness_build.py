@@ -489,12 +489,28 @@ def test_sass_loop_stats_reads_the_library_object(kernels_build):
     assert reg == ({f"ForwardRegKernel<{m}, {bt}, {nw}>"
                     for m in ("3xtf32", "tf32") for bt in (16, 64) for nw in (4, 8)}
                    | {f"ForwardRegKernel<{m}, {bt}, 4, fold>"
-                      for m in ("3xtf32", "tf32") for bt in (16, 64)}), sorted(stats)
+                      for m in ("3xtf32", "tf32") for bt in (16, 64)}
+                   # The 4-warp kernels' instantiations for kp <= 32 (KMAX = 32).
+                   | {f"ForwardRegKernel<{m}, {bt}, 4{fold}, kp ≤ 32>"
+                      for m in ("3xtf32", "tf32") for bt in (16, 64)
+                      for fold in ("", ", fold")}), sorted(stats)
     assert all(stats[name].per_tile > 0 for name in reg)
     for kernel in ("ForwardSplitKernel", "CodesGradSplitKernel", "CodesGradMmaKernel",
                    "CodesGradPersistentKernel"):
         assert any(name.startswith(kernel + "<") for name in stats), sorted(stats)
     assert all(st.kstep["HMMA"] > 0 and st.per_hmma > 1.0 for st in stats.values())
+
+
+def test_sass_loop_stats_names_each_register_softmax_instantiation():
+    tool = _load_sass_tool()
+    base = "_ZN10keras_ecoc4cuda6detail16ForwardRegKernelILi{}ELi{}ELi4E{}EEvNS1_16ForwardSplitArgsE"
+    assert tool.short_name(base.format(1, 16, "")) == "ForwardRegKernel<3xtf32, 16, 4>"
+    assert tool.short_name(base.format(1, 16, "Lb1ELi128E")) == \
+        "ForwardRegKernel<3xtf32, 16, 4, fold>"
+    assert tool.short_name(base.format(2, 64, "Lb0ELi32E")) == \
+        "ForwardRegKernel<tf32, 64, 4, kp ≤ 32>"
+    assert tool.short_name(base.format(1, 16, "Lb1ELi32E")) == \
+        "ForwardRegKernel<3xtf32, 16, 4, fold, kp ≤ 32>"
 
 
 def test_sass_loop_stats_compares_two_listings_and_refuses_a_bad_kp(tmp_path, capsys):

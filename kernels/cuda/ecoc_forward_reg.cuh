@@ -61,6 +61,9 @@ constexpr int kRegClassTile = 64;
 // Widest padded code row whose expected-code accumulators stay in registers
 // (kRegMaxK / 8 fragments of 4 floats per thread).
 constexpr int kRegMaxK = 128;
+// The 4-warp kernels' instantiation for short code rows (kp <= 32): a
+// quarter of the accumulators, so fewer registers per thread.
+constexpr int kRegShortK = 32;
 
 // Shared-memory floats of ForwardRegKernel: the resident u tile and two
 // code tiles, all at the engine's pitch kp + 4. Each code row's first two
@@ -178,6 +181,17 @@ __device__ __forceinline__ void AccumulateExpectedCode(float (&acc)[KN][4],
 // before u and the codes took the finite split (ptxas then chose 141,
 // sm_90).
 //
+// KMAX: the widest padded code row the instantiation takes, which sizes
+// the expected-code accumulators (KMAX / 8 fragments of 4 floats per
+// thread). The launcher runs the 4-warp kernels with KMAX = kRegShortK (32)
+// where kp <= 32 and with kRegMaxK otherwise: the accumulators of columns
+// past kp were registers held for nothing (the loops test jn < kp / 8), and
+// at kp <= 32 the thread needs 16 of them instead of 64. ptxas (sm_90, no
+// spills): the 16-row 3xTF32 kernels 126 -> 64 registers under a bound of
+// 8 blocks per SM (80 under 6, at 1 % fewer instructions per tile), the
+// 64-row ones 192 / 208 -> 120 / 119, plain TF32 127 -> 66 and 168 -> 119.
+// The same bits: each accumulator sees the same products in the same order.
+//
 // kFold (4 warps only; the launcher sets it where the batch is one row tile,
 // so that the forward reads the codes once): ||M||^2 and ct of the warp's
 // classes come from the code fragments the logits load anyway, not from
@@ -186,9 +200,11 @@ __device__ __forceinline__ void AccumulateExpectedCode(float (&acc)[KN][4],
 // share of thread t (ecoc_common.cuh: columns j = t mod 4 in increasing j,
 // then the quad's butterfly), so the bits are PrepClasses'. Two fmas
 // per loaded code, a butterfly and two shuffles per fragment and tile.
-template <int kMath, int BT, int NW = kWarps, bool kFold = false>
+template <int kMath, int BT, int NW = kWarps, bool kFold = false, int KMAX = kRegMaxK>
 __global__ void __launch_bounds__(NW * kWarpSize,
-                                  NW == 8 ? 2 : (BT == 16 && kMath == kMath3xTf32 ? 4 : 0))
+                                  NW == 8 ? 2
+                                  : BT == 16 && kMath == kMath3xTf32 ? (KMAX <= 32 ? 8 : 4)
+                                                                     : 0)
     ForwardRegKernel(ForwardSplitArgs a) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   extern __shared__ __align__(16) float smem[];
@@ -202,7 +218,8 @@ __global__ void __launch_bounds__(NW * kWarpSize,
   constexpr int WC = RegWarpSplits(BT, NW);
   constexpr int CW = CT / WC;  // classes per warp and tile
   constexpr int NT = CW / 8;   // n8 fragments of logits per warp
-  constexpr int KN = kRegMaxK / 8;
+  constexpr int KN = KMAX / 8;
+  static_assert(KMAX % 8 == 0 && KMAX <= kRegMaxK, "KMAX: a multiple of 8, at most kRegMaxK");
   static_assert(BT == 16 || BT == 64, "row tile 16 or 64");
   static_assert(NW == 4 || NW == 8, "4 or 8 warps");
   static_assert(!kFold || NW == 4, "folded norms with 4 warps only");

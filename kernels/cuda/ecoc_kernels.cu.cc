@@ -205,11 +205,22 @@ SplitKernel<detail::ForwardSplitArgs> ForwardKernelFor(const Plan& p) {
       return {rows64 ? ForwardRegKernel<kMath, kRowTile64, 8> : ForwardRegKernel<kMath, kRowTile, 8>,
               8 * detail::kWarpSize};
     }
+    constexpr int kW = detail::kWarps;
+    constexpr int kShort = detail::kRegShortK;
+    const bool short_row = p.kp <= kShort;
     if (p.reg && p.reg_fold) {
-      return {rows64 ? ForwardRegKernel<kMath, kRowTile64, detail::kWarps, true>
-                     : ForwardRegKernel<kMath, kRowTile, detail::kWarps, true>};
+      if (short_row) {
+        return {rows64 ? ForwardRegKernel<kMath, kRowTile64, kW, true, kShort>
+                       : ForwardRegKernel<kMath, kRowTile, kW, true, kShort>};
+      }
+      return {rows64 ? ForwardRegKernel<kMath, kRowTile64, kW, true>
+                     : ForwardRegKernel<kMath, kRowTile, kW, true>};
     }
     if (p.reg) {
+      if (short_row) {
+        return {rows64 ? ForwardRegKernel<kMath, kRowTile64, kW, false, kShort>
+                       : ForwardRegKernel<kMath, kRowTile, kW, false, kShort>};
+      }
       return {rows64 ? ForwardRegKernel<kMath, kRowTile64> : ForwardRegKernel<kMath, kRowTile>};
     }
   }

@@ -68,7 +68,10 @@ _FUNCTION = re.compile(r"^\s*Function\s*:\s*(\S+)", re.M)
 _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*?)\s*;")
 _BACKWARD_TARGET = re.compile(r"\bBRA\s+(?:0x)?([0-9a-f]+)\b")
 _PREDICATE = re.compile(r"^@!?U?P(?:T|\d+)\s+")
-_REG_KERNEL = re.compile(r"ForwardRegKernelILi(\d+)ELi(\d+)ELi(\d+)E(?:Lb(\d)E)?")
+# ForwardRegKernel<kMath, BT, NW, kFold, KMAX>; kFold and KMAX absent from
+# the names of older builds.
+_REG_KERNEL = re.compile(r"ForwardRegKernelILi(\d+)ELi(\d+)ELi(\d+)E(?:Lb(\d)E)?(?:Li(\d+)E)?")
+_REG_MAX_K = 128  # kRegMaxK: KMAX's default
 # nvdisasm -g: a function's section header, a source position, a label.
 _NV_SECTION = re.compile(r"^//-+ \.text\.(\S+) -+$", re.M)
 _NV_LINE = re.compile(r'//## File "([^"]+)", line (\d+)')
@@ -217,6 +220,8 @@ def loop_stats(f: Function, kp: int = 128) -> LoopStats | None:
         staging = [lp for lp in nested if copies[lp] and hist[lp]["HMMA"] == 0]
         body = st.tile_total - sum(size[lp] for lp in nested)
         st.nested = nested
+        # An instantiation for short rows (KMAX) never runs past its KMAX.
+        kp = min(kp, int(m.group(5) or _REG_MAX_K))
         st.passes = kp // 8 // st.unroll
         st.per_tile = body + st.passes * st.kstep_total
         if staging:
@@ -275,13 +280,16 @@ def line_table(f: Function, st: LoopStats, top: int) -> str:
 
 
 def short_name(mangled: str) -> str:
-    """'_ZN...16ForwardRegKernelILi1ELi64ELi4ELb0EEEv...' -> 'ForwardRegKernel<3xtf32, 64, 4>'
-    (', fold' added for the folded-norms form, Lb1)."""
+    """'_ZN...16ForwardRegKernelILi1ELi64ELi4ELb0ELi128EEEv...' -> 'ForwardRegKernel<3xtf32, 64, 4>'
+    (', fold' added for the folded-norms form, Lb1; ', kp ≤ 32' for an
+    instantiation for short code rows, KMAX below kRegMaxK)."""
     m = _REG_KERNEL.search(mangled)
     if m:
         math, bt, nw = (int(g) for g in m.groups()[:3])
         fold = ", fold" if m.group(4) == "1" else ""
-        return f"ForwardRegKernel<{_MATH.get(math, math)}, {bt}, {nw}{fold}>"
+        kmax = int(m.group(5) or _REG_MAX_K)
+        short = f", kp ≤ {kmax}" if kmax < _REG_MAX_K else ""
+        return f"ForwardRegKernel<{_MATH.get(math, math)}, {bt}, {nw}{fold}{short}>"
     m = re.search(r"\d+([A-Z]\w*?Kernel)(?:I(.*?)EE)?(?:Ev|E)", mangled)
     if not m:
         return mangled
