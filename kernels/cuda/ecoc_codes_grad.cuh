@@ -226,11 +226,20 @@ __global__ void __launch_bounds__(kThreads, BT == 16 ? (kMath == kMath3xTf32 ? 8
       const int64_t ustride = a.nchunks == 1 ? pitch : a.kp;
       const float* msrc = a.nchunks == 1 ? cur + BT * pitch : a.codes + c0 * k;
       const int64_t mstride = a.nchunks == 1 ? pitch : k;
-      for (int64_t j = threadIdx.x; j < k; j += kThreads) {
+      // The layout (as CodesGradPersistentKernel's): `cols` consecutive
+      // threads per group take consecutive columns, `groups` groups take
+      // every groups-th class of the tile, so that every thread works where
+      // k < kThreads (a thread per column left 3 of 4 warps idle at k = 32).
+      // Each G element has one owner and its tile sums keep their order: the
+      // bits do not depend on it.
+      const int cols = ColumnGroupWidth(k);
+      const int groups = kThreads / cols;
+      const int group = threadIdx.x / cols;
+      for (int64_t j = threadIdx.x - group * cols; group < groups && j < k; j += cols) {
         float uv[BT];
 #pragma unroll
         for (int r = 0; r < BT; ++r) uv[r] = r < rows_valid ? usrc[r * ustride + j] : 0.0f;
-        for (int cc = 0; cc < nvalid; ++cc) {
+        for (int cc = group; cc < nvalid; cc += groups) {
           g[cc * k + j] += TileGradSum<BT>(W_s, cc, uv, msrc[cc * mstride + j], rows_valid);
         }
       }

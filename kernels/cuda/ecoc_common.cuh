@@ -28,6 +28,13 @@ constexpr int kClassTile = 32;
 // fragment stores at most 2-way bank conflicted, row reads conflict-free.
 constexpr int kSPitch = kClassTile + 4;
 
+// The width of the column groups when a block's kThreads threads split
+// into groups of consecutive threads, one column of a k-wide row each:
+// min(k, kThreads), and 1 for k = 0 (no columns, and no division by 0).
+__host__ __device__ __forceinline__ int ColumnGroupWidth(int64_t k) {
+  return k < 1 ? 1 : k < kThreads ? static_cast<int>(k) : kThreads;
+}
+
 template <typename T>
 __device__ __forceinline__ float ToFloat(T v);
 template <>

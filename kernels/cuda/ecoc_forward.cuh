@@ -64,11 +64,14 @@ __host__ __device__ constexpr int64_t ForwardSmemFloats(int bt, int kc, int64_t 
 // (ecoc_common.cuh; the zero padding past k adds exact zeros), so the bits,
 // the label's logit and the ties are those of v2.
 template <int kMath, int BT, bool kFold>
-__global__ void __launch_bounds__(kThreads) ForwardSplitKernel(ForwardSplitArgs a) {
+__global__ void __launch_bounds__(kThreads, BT == 16 ? (kMath == kMathFp32 ? 4 : 5) : 0)
+    ForwardSplitKernel(ForwardSplitArgs a) {
   extern __shared__ __align__(16) float smem[];
   using Engine = typename EngineFor<kMath, BT>::type;
   constexpr int CT = kClassTile;
   constexpr int RW = BT / kWarps;  // rows per warp in the softmax phase
+  // Rows per pass of a thread in the expected-code update (below).
+  constexpr int RB = BT == 16 ? 4 : 8;
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   const int pitch = TilePitch(a.kc);
@@ -95,6 +98,7 @@ __global__ void __launch_bounds__(kThreads) ForwardSplitKernel(ForwardSplitArgs 
   // part_acc (no other block touches them).
   float* acc = a.acc_in_smem ? acc_s : a.part_acc + (b0 * a.splits + split) * k;
   const int64_t acc_stride = a.acc_in_smem ? k : a.splits * k;
+
   for (int64_t e = threadIdx.x; e < rows_valid * k; e += kThreads) {
     acc[(e / k) * acc_stride + e % k] = 0.0f;
   }
@@ -175,22 +179,50 @@ __global__ void __launch_bounds__(kThreads) ForwardSplitKernel(ForwardSplitArgs 
       __syncthreads();
       // acc_r = alpha_r * acc_r + sum_c p_rc M_c: this tile's sum first, then
       // one rescale-and-add (one rounding of the running sum per tile).
-      // Threads along j; the codes come from the staged tile when it holds
-      // all of k, else from global memory (L2).
+      // The codes come from the staged tile when it holds all of k, else from
+      // global memory (L2).
       const int nvalid =
           static_cast<int>(a.num_classes - c0 < CT ? a.num_classes - c0 : CT);
       const float* msrc = a.nchunks == 1 ? cur + BT * pitch : a.codes + c0 * k;
       const int64_t mstride = a.nchunks == 1 ? pitch : k;
-      for (int64_t j = threadIdx.x; j < k; j += kThreads) {
-        float mv[CT];
+      // Layout: `groups` groups of `cols` consecutive threads (a column
+      // each) take every groups-th row, so that every warp works where
+      // k < kThreads (a thread per column left 3 of 4 warps idle at k = 32
+      // while the fourth did all 16 rows). A thread runs its rows RB at a
+      // time, each code read once per RB rows, with RB accumulators instead
+      // of the tile's CT codes in registers. Every (row, column) is still
+      // one chain over the tile's CT classes in increasing order (codes
+      // past nvalid read as 0), then one rescale-and-add: the bits do not
+      // depend on the layout.
+      const int cols = ColumnGroupWidth(k);
+      const int groups = kThreads / cols;
+      const int group = threadIdx.x / cols;
+      for (int64_t j = threadIdx.x - group * cols; group < groups && j < k; j += cols) {
+        for (int r0 = group; r0 < rows_valid; r0 += RB * groups) {
+          // Rows past the tile (r0 + i * groups >= BT) read row BT - 1 and
+          // are not written.
+          const float* srow[RB];
+          float t[RB];
 #pragma unroll
-        for (int cc = 0; cc < CT; ++cc) mv[cc] = cc < nvalid ? msrc[cc * mstride + j] : 0.0f;
-        for (int r = 0; r < rows_valid; ++r) {
-          float t = 0.0f;
+          for (int i = 0; i < RB; ++i) {
+            const int r = r0 + i * groups;
+            srow[i] = S_s + (r < BT ? r : BT - 1) * kSPitch;
+            t[i] = 0.0f;
+          }
+#pragma unroll 8
+          for (int cc = 0; cc < CT; ++cc) {
+            const float m = cc < nvalid ? msrc[cc * mstride + j] : 0.0f;
 #pragma unroll
-          for (int cc = 0; cc < CT; ++cc) t = fmaf(S_s[r * kSPitch + cc], mv[cc], t);
-          float* dst = acc + r * acc_stride + j;
-          *dst = fmaf(*dst, alpha_s[r], t);
+            for (int i = 0; i < RB; ++i) t[i] = fmaf(srow[i][cc], m, t[i]);
+          }
+#pragma unroll
+          for (int i = 0; i < RB; ++i) {
+            const int r = r0 + i * groups;
+            if (r < rows_valid) {
+              float* dst = acc + r * acc_stride + j;
+              *dst = fmaf(*dst, alpha_s[r], t[i]);
+            }
+          }
         }
       }
     }
