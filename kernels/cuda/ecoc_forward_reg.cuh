@@ -203,7 +203,7 @@ __device__ __forceinline__ void AccumulateExpectedCode(float (&acc)[KN][4],
 template <int kMath, int BT, int NW = kWarps, bool kFold = false, int KMAX = kRegMaxK>
 __global__ void __launch_bounds__(NW * kWarpSize,
                                   NW == 8 ? 2
-                                  : BT == 16 && kMath == kMath3xTf32 ? (KMAX <= 32 ? 8 : 4)
+                                  : BT == 16 && kMath == kMath3xTf32 ? (KMAX <= kRegShortK ? 8 : 4)
                                                                      : 0)
     ForwardRegKernel(ForwardSplitArgs a) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800

@@ -619,8 +619,7 @@ cudaError_t LaunchSplit(const char* launch, const SplitKernel<Args>& kernel, con
 
 // Steps 1 and 2 of every pass.
 cudaError_t LaunchPrep(const char* launch, const ProblemArgs& pr, const Plan& p, void* ws,
-                       float scale,
-                       const float* scale_ptr, bool keys, const void* labels,
+                       float scale, const float* scale_ptr, bool keys, const void* labels,
                        IndexType label_type, bool label_keys, cudaStream_t stream) {
   detail::PrepArgs a{};
   a.z = pr.z;
