@@ -157,7 +157,7 @@ __device__ __forceinline__ float TileGradSum(const float* W_s, int cc, const flo
 }
 
 template <int kMath, int BT>
-__global__ void __launch_bounds__(kThreads, BT == 16 ? (kMath == kMath3xTf32 ? 8 : 6) : 0)
+__global__ void __launch_bounds__(kThreads, BT == 16 ? (kMath == kMath3xTf32 ? 8 : 6) : 4)
     CodesGradSplitKernel(CodesGradArgs a) {
   extern __shared__ __align__(16) float smem[];
   using Engine = typename EngineFor<kMath, BT>::type;
