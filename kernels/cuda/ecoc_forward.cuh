@@ -98,7 +98,6 @@ __global__ void __launch_bounds__(kThreads, BT == 16 ? (kMath == kMathFp32 ? 4 :
   // part_acc (no other block touches them).
   float* acc = a.acc_in_smem ? acc_s : a.part_acc + (b0 * a.splits + split) * k;
   const int64_t acc_stride = a.acc_in_smem ? k : a.splits * k;
-
   for (int64_t e = threadIdx.x; e < rows_valid * k; e += kThreads) {
     acc[(e / k) * acc_stride + e % k] = 0.0f;
   }

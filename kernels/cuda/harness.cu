@@ -890,18 +890,25 @@ void RunPlanQueries() {
 #endif
 }
 
+// The SetLaunchObserver hook of the harness: the names of a call's launches
+// and, while the event pool lasts, a CUDA event recorded right after each
+// (TimeLaunches); with no events, only the names (RunLaunchObserver).
+struct LaunchTrace {
+  std::vector<cudaEvent_t> events;  // a pool: one per launch of a call
+  std::vector<std::string> names;   // the launches of the current call
+};
+
+void RecordLaunch(const char* launch, cudaStream_t stream, void* context) {
+  auto* trace = static_cast<LaunchTrace*>(context);
+  const size_t i = trace->names.size();
+  trace->names.emplace_back(launch);
+  if (i < trace->events.size()) CUDA_OK(cudaEventRecord(trace->events[i], stream));
+}
+
 // SetLaunchObserver: every pass reports each launch it enqueued, named by
 // pass and step, in order, and nothing else; a failed call none; a cleared
 // observer is not called. Under the CPU emulator the reports are also
 // counted against the launches and memsets the runtime accepted.
-struct ObservedLaunches {
-  std::vector<std::string> names;
-};
-
-void CollectLaunch(const char* launch, cudaStream_t, void* context) {
-  static_cast<ObservedLaunches*>(context)->names.emplace_back(launch);
-}
-
 void RunLaunchObserver() {
   const int64_t B = 16, n = 70, k = 32;
   DeviceProblem pb(B, n, k, 5150);
@@ -959,17 +966,17 @@ void RunLaunchObserver() {
     // Plans, workspace, modules: the observed call repeats this one.
     if (!c.fails) CUDA_OK(c.call());
     CUDA_OK(cudaDeviceSynchronize());
-    ObservedLaunches seen;
+    LaunchTrace seen;
     const long before = counted();
-    keras_ecoc::cuda::SetLaunchObserver(CollectLaunch, &seen);
+    keras_ecoc::cuda::SetLaunchObserver(RecordLaunch, &seen);
     const cudaError_t err = c.call();
     keras_ecoc::cuda::SetLaunchObserver(nullptr, nullptr);
     (void)cudaGetLastError();
     const long runtime = counted() - before;
     CUDA_OK(cudaDeviceSynchronize());
     // Set, then cleared: the same call again reports nothing.
-    ObservedLaunches after;
-    keras_ecoc::cuda::SetLaunchObserver(CollectLaunch, &after);
+    LaunchTrace after;
+    keras_ecoc::cuda::SetLaunchObserver(RecordLaunch, &after);
     keras_ecoc::cuda::SetLaunchObserver(nullptr, nullptr);
     if (!c.fails) CUDA_OK(c.call());
     CUDA_OK(cudaDeviceSynchronize());
@@ -1958,18 +1965,6 @@ struct LaunchTimes {
   float total_ms = 0.0f;           // start event to the last launch's, median
   bool stable = true;              // the same launches, in order, every repeat
 };
-
-struct LaunchTrace {
-  std::vector<cudaEvent_t> events;  // a pool: one per launch of a call
-  std::vector<std::string> names;   // the launches of the current repeat
-};
-
-void RecordLaunch(const char* launch, cudaStream_t stream, void* context) {
-  auto* trace = static_cast<LaunchTrace*>(context);
-  const size_t i = trace->names.size();
-  trace->names.emplace_back(launch);
-  if (i < trace->events.size()) CUDA_OK(cudaEventRecord(trace->events[i], stream));
-}
 
 template <typename F>
 LaunchTimes TimeLaunches(F&& call, int warmup, int repeats) {
