@@ -232,10 +232,8 @@ __global__ void __launch_bounds__(kThreads, BT == 16 ? (kMath == kMath3xTf32 ? 8
       // k < kThreads (a thread per column left 3 of 4 warps idle at k = 32).
       // Each G element has one owner and its tile sums keep their order: the
       // bits do not depend on it.
-      const int cols = ColumnGroupWidth(k);
-      const int groups = kThreads / cols;
-      const int group = threadIdx.x / cols;
-      for (int64_t j = threadIdx.x - group * cols; group < groups && j < k; j += cols) {
+      const auto [cols, groups, group, col] = ColumnGroupsOf(k);
+      for (int64_t j = col; group < groups && j < k; j += cols) {
         float uv[BT];
 #pragma unroll
         for (int r = 0; r < BT; ++r) uv[r] = r < rows_valid ? usrc[r * ustride + j] : 0.0f;

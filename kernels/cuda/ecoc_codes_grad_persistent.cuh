@@ -68,10 +68,7 @@ __global__ void __launch_bounds__(kThreads, BT == 64 ? 5 : 0) CodesGradPersisten
   // The G update's layout: `cols` consecutive threads per group take
   // consecutive columns (coalesced stores), `groups` groups take every
   // groups-th class of the tile.
-  const int cols = ColumnGroupWidth(k);
-  const int groups = kThreads / cols;
-  const int group = threadIdx.x / cols;
-  const int col = threadIdx.x % cols;
+  const auto [cols, groups, group, col] = ColumnGroupsOf(k);
 
   // Stages class tile `t` of the codes into code buffer `b` (uncommitted).
   auto stage_codes = [&](int b, int64_t t) {

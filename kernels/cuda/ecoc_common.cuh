@@ -28,11 +28,19 @@ constexpr int kClassTile = 32;
 // fragment stores at most 2-way bank conflicted, row reads conflict-free.
 constexpr int kSPitch = kClassTile + 4;
 
-// The width of the column groups when a block's kThreads threads split
-// into groups of consecutive threads, one column of a k-wide row each:
-// min(k, kThreads), and 1 for k = 0 (no columns, and no division by 0).
-__host__ __device__ __forceinline__ int ColumnGroupWidth(int64_t k) {
-  return k < 1 ? 1 : k < kThreads ? static_cast<int>(k) : kThreads;
+// A block's kThreads threads as `groups` groups of `cols` consecutive
+// threads, one column of a k-wide row each: cols = min(k, kThreads) (1 for
+// k = 0: no columns, and no division by 0), thread = group * cols + col;
+// the threads of group >= groups (kThreads % cols of them) have no column.
+// The layout of the loops that give every warp work where k < kThreads.
+struct ColumnGroups {
+  int cols, groups, group, col;
+};
+
+__device__ __forceinline__ ColumnGroups ColumnGroupsOf(int64_t k) {
+  const int cols = k < 1 ? 1 : k < kThreads ? static_cast<int>(k) : kThreads;
+  const int group = static_cast<int>(threadIdx.x) / cols;
+  return {cols, kThreads / cols, group, static_cast<int>(threadIdx.x) - group * cols};
 }
 
 template <typename T>

@@ -193,10 +193,8 @@ __global__ void __launch_bounds__(kThreads, BT == 16 ? (kMath == kMathFp32 ? 4 :
       // one chain over the tile's CT classes in increasing order (codes
       // past nvalid read as 0), then one rescale-and-add: the bits do not
       // depend on the layout.
-      const int cols = ColumnGroupWidth(k);
-      const int groups = kThreads / cols;
-      const int group = threadIdx.x / cols;
-      for (int64_t j = threadIdx.x - group * cols; group < groups && j < k; j += cols) {
+      const auto [cols, groups, group, col] = ColumnGroupsOf(k);
+      for (int64_t j = col; group < groups && j < k; j += cols) {
         for (int r0 = group; r0 < rows_valid; r0 += RB * groups) {
           // Rows past the tile (r0 + i * groups >= BT) read row BT - 1 and
           // are not written.
