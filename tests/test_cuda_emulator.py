@@ -126,7 +126,7 @@ def _needed_builds(test_names: set[str]) -> list[list[str]]:
     if harness and test_names & {"test_harness_checks_pass_under_the_emulator",
                                  "test_harness_runs_launch_every_kernel_variant_and_the_large_"
                                  "shared_memory_path",
-                                 "test_auto_variant_follows_the_h100_rule_on_each_architecture",
+                                 "test_auto_variant_follows_the_fitted_rule_on_each_architecture",
                                  "test_bench_times_each_forward_launch_once_and_names_the_column"}:
         for _, options, _ in HARNESS_RUNS:
             if ["--src-root", str(SRC_ROOT), *options[:2]] not in builds:
@@ -321,14 +321,18 @@ def _auto_rule(pass_: str, B: int, n: int, k: int, math_mode: str, cc: int) -> s
     """kAuto's rule as kernels/cuda/README.md states it ("Launch variant choice")."""
     if pass_ in ("label_rank", "nearest"):
         return "v2"  # order decisions were not timed per variant
-    if pass_ == "codes_grad":
-        return "rows64" if B >= 64 else "v2"
     engine = math_mode if cc >= 80 else "fp32"  # no TF32 mma below sm_80
-    if engine != "fp32" and k <= 128:  # the register softmax applies
+    mma = engine != "fp32" and k <= 128  # G or the logits fit the registers
+    if pass_ == "codes_grad":
+        if mma:
+            return "rows64+gradmma" if B >= 64 else "gradmma"
+        if B <= 16:
+            return "gradpersistent"
+        return "rows64" if B >= 64 else "v2"
+    if mma:
         if B >= 64:
-            return "regsoftmax" if engine == "3xtf32" and B >= 2048 else "rows64+regsoftmax"
-        if n >= 300_000:
-            return "regsoftmax"
+            return "rows64+regsoftmax"
+        return "regsoftmax+warps8" if k <= 32 and n < 300_000 else "regsoftmax"
     if B <= 16:
         return "v2" if engine == "3xtf32" else "foldnorms"
     return "rows64" if 64 <= B < 1024 else "v2"
@@ -340,7 +344,7 @@ _AUTO_LINE = re.compile(r"auto cc=(\d+) pass=(\w+) math=(\w+) B=(\d+) n=(\d+) k=
 @needs_kernels
 @pytest.mark.parametrize("arch,cc", [("75", 75), ("80", 80), ("90", 90)],
                          ids=["sm75-t4", "sm80-a100", "sm90-h100"])
-def test_auto_variant_follows_the_h100_rule_on_each_architecture(arch, cc):
+def test_auto_variant_follows_the_fitted_rule_on_each_architecture(arch, cc):
     # The harness prints ResolveVariant's answer (what every params struct's
     # default, kAuto, runs) on the simulated card, around each threshold.
     res = run_emu("--src-root", str(SRC_ROOT), "--arch", arch, "--", "--auto-table")
@@ -354,20 +358,31 @@ def test_auto_variant_follows_the_h100_rule_on_each_architecture(arch, cc):
     assert not wrong, f"(pass, math, B, n, k): (resolved, rule): {dict(list(wrong.items())[:10])}"
     # The properties the rule is built on, spelled out.
     fwd = {key[1:]: v for key, v in got.items() if key[0] == "forward"}
+    grad = {key[1:]: v for key, v in got.items() if key[0] == "codes_grad"}
     assert all("regsoftmax" not in v for (_, _, _, k), v in fwd.items() if k > 128)
+    assert all("gradmma" not in v for (_, _, _, k), v in grad.items() if k > 128)
     assert all("rows64" not in v for (p, _, B, _, _), v in got.items() if B <= 16)
     assert all(v == "v2" for (p, *_), v in got.items() if p in ("label_rank", "nearest"))
+    # The persistent codes gradient only where the batch is one 16-row tile.
+    assert all(B <= 16 for (_, B, _, _), v in grad.items() if v == "gradpersistent")
     if cc < 80:
         assert all("regsoftmax" not in v for v in fwd.values()), "no TF32 engine below sm_80"
+        assert all("gradmma" not in v for v in grad.values()), "no TF32 engine below sm_80"
         assert fwd[("3xtf32", 16, 10000, 32)] == "foldnorms"  # runs as FP32 there
+        assert grad[("3xtf32", 16, 10000, 32)] == "gradpersistent"
     else:
         assert fwd[("3xtf32", 256, 300000, 128)] == "rows64+regsoftmax"
-        assert fwd[("3xtf32", 4096, 1000000, 32)] == "regsoftmax"
-        assert fwd[("3xtf32", 16, 10000, 32)] == "v2"
+        assert fwd[("3xtf32", 4096, 1000000, 32)] == "rows64+regsoftmax"
+        assert fwd[("3xtf32", 16, 10000, 32)] == "regsoftmax+warps8"
+        assert fwd[("3xtf32", 16, 10000, 128)] == "regsoftmax"
         assert fwd[("3xtf32", 16, 1000000, 32)] == "regsoftmax"
         assert fwd[("tf32", 4096, 1000000, 32)] == "rows64+regsoftmax"
+        assert grad[("3xtf32", 256, 10000, 32)] == "rows64+gradmma"
+        assert grad[("tf32", 16, 1000000, 128)] == "gradmma"
+        assert grad[("3xtf32", 16, 10000, 129)] == "gradpersistent"
     assert fwd[("fp32", 256, 10000, 32)] == "rows64" and fwd[("fp32", 4096, 10000, 32)] == "v2"
-    assert got[("codes_grad", "3xtf32", 256, 10000, 32)] == "rows64"
+    assert grad[("fp32", 256, 10000, 32)] == "rows64" and grad[("fp32", 16, 10000, 32)] == \
+        "gradpersistent"
 
 
 @needs_kernels
@@ -406,7 +421,7 @@ def test_bench_times_each_forward_launch_once_and_splits_auto_into_launches(tmp_
         assert r["fwd_ms"] > 0 and r["fwdbwd_ms"] > 0
         # The host's time to make a call, from its own clock: also positive.
         assert r["fwd_host_us"] > 0 and r["fwdbwd_host_us"] > 0, r
-    assert {"foldnorms", "rows64", "v2", "rows64+regsoftmax"} <= auto_forward
+    assert auto_forward == {"foldnorms", "regsoftmax+warps8", "rows64", "rows64+regsoftmax"}
     text = res.stdout
     assert text.count("forward ms: the v2 column's (the same launch, timed once there)") == 6
     assert text.count("forward ms: the rows64 column's") == 3

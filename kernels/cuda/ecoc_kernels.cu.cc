@@ -721,42 +721,56 @@ void SetLaunchObserver(LaunchObserver observer, void* context) {
   g_launch_observer.store(observer, std::memory_order_release);
 }
 
-// kAuto's rule, fitted to the H100 timings of every variant in every math
-// mode (docs/device_runs/2026-11-26-h100-variants/run2_harness_timing.json,
-// B in {16, 256, 4096}, k in {32, 128}, n in {1e4, 1e5, 1e6}; the table and
-// the gain per cell are in README.md, "Launch variant choice"). Thresholds
-// inside the gaps of that grid were NOT measured: B = 64 (a full 64-row
-// tile; the grid has 16 and 256), B = 1024 and 2048 (between 256 and 4096),
-// n = 300,000 (between 1e5 and 1e6). Other cards run the same rule
+// kAuto's rule, fitted to the H200 timings of every variant in every math
+// mode (docs/device_runs/2026-11-27-h200/run2_harness_timing.json, tree
+// fc87b08, B in {16, 256, 4096}, k in {32, 128}, n in {1e4, 1e5, 1e6}; the
+// tables and the gain per cell are in README.md, "Launch variant choice").
+// Where the TF32 engines do not apply (FP32 math, sm_75, k > 128) it keeps
+// the choices of the H100 fit of 2026-11-26 (docs/device_runs/
+// 2026-11-26-h100-variants). Thresholds inside the gaps of the grids were
+// NOT measured: B = 64 (a full 64-row tile; the grids have 16 and 256),
+// B = 1024 (between 256 and 4096), n = 300,000 (between 1e5 and 1e6); nor
+// were code lengths other than 32 and 128. Other cards run the same rule
 // untimed.
 KernelVariant ResolveVariant(KernelPass pass, int64_t batch, int64_t num_classes,
                              int64_t code_length, MathMode math, int cc) {
   // Order decisions (rank, nearest) were not timed per variant: v2 as before.
   if (pass == KernelPass::kLabelRank || pass == KernelPass::kNearest) return KernelVariant::kV2;
-  // 64-row tiles stage the codes 4 times less often: faster at B = 256 and
-  // 4096 in the codes gradient (every mode, up to 2.6x), equal at B = 16.
+  // 64-row tiles stage the codes 4 times less often: faster from B = 256 in
+  // the codes gradient (every mode and engine) and in the register-softmax
+  // forward, the same launch as 16-row tiles at B = 16.
   const bool rows64 = batch >= 64;
-  if (pass == KernelPass::kCodesGrad) return rows64 ? KernelVariant::kRows64 : KernelVariant::kV2;
-  // The forward's engine: FP32 below sm_80 whatever was asked (MakePlan).
+  // The engine of the loss passes: FP32 below sm_80 whatever was asked (MakePlan).
   const MathMode engine = cc >= 80 ? math : MathMode::kFp32;
-  if (engine != MathMode::kFp32 && code_length <= detail::kRegMaxK) {
-    // Register softmax: 1.8-4.3x faster than v2 at B = 256; at B = 16
-    // 1.6-1.7x slower for n <= 1e5 and 1.3-1.7x faster at n = 1e6.
-    if (batch < 64) {
-      if (num_classes >= 300000) return KernelVariant::kRegSoftmax;
-    } else {
-      // 3xTF32 at B = 4096: 64-row tiles cost 4-7 %; at B = 256 they gain
-      // up to 1.5x, so the switch sits near the larger measured batch.
-      const bool drop64 = engine == MathMode::k3xTf32 && batch >= 2048;
-      return drop64 ? KernelVariant::kRegSoftmax : KernelVariant::kRows64RegSoftmax;
-    }
+  // Both mma paths hold a whole padded code row (kp <= kRegMaxK).
+  const bool mma = engine != MathMode::kFp32 && code_length <= detail::kRegMaxK;
+  if (pass == KernelPass::kCodesGrad) {
+    // The second product on the mma engine: 1.1-2.6x (3xTF32) and 1.3-4.2x
+    // (TF32) faster than the FP32 second product of the same row tile.
+    if (mma) return rows64 ? KernelVariant::kRows64GradMma : KernelVariant::kGradMma;
+    // FP32 engine, one 16-row tile: the persistent kernel (the split
+    // kernel's bits) is 1.1-1.4x faster than the split kernel in every
+    // FP32 cell at B = 16.
+    if (batch <= 16) return KernelVariant::kGradPersistent;
+    return rows64 ? KernelVariant::kRows64 : KernelVariant::kV2;
+  }
+  if (mma) {
+    // Register softmax: 1.1-7.7x faster than the best split-kernel forward
+    // in every timed cell of both TF32 modes; 64-row tiles from B = 256 (at
+    // B = 4096 too: 1.25-1.6x the 16-row tiles since the k <= 32
+    // instantiations of 2026-11-27).
+    if (rows64) return KernelVariant::kRows64RegSoftmax;
+    // 8 warps on the one 16-row tile: 1.2x faster at k = 32, n = 1e5, within
+    // 5 % at 1e4, 1.3-1.5x slower at 1e6; at k = 128 1.1-1.8x slower.
+    const bool warps8 = code_length <= 32 && num_classes < 300000;
+    return warps8 ? KernelVariant::kRegSoftmaxWarps8 : KernelVariant::kRegSoftmax;
   }
   // The split kernel. One 16-row tile (B <= 16): folding ||M||^2 into the
-  // tile saves the prep pass: 3-19 % in FP32 and TF32, mixed in 3xTF32.
+  // tile saves the prep pass: 3-19 % in FP32 and TF32 (H100), mixed in 3xTF32.
   if (batch <= 16) {
     return engine == MathMode::k3xTf32 ? KernelVariant::kV2 : KernelVariant::kFoldNorms;
   }
-  // 64-row tiles: up to 1.5x faster at B = 256, up to 2x slower at 4096.
+  // 64-row tiles: up to 1.5x faster at B = 256, up to 2x slower at 4096 (H100).
   return rows64 && batch < 1024 ? KernelVariant::kRows64 : KernelVariant::kV2;
 }
 

@@ -93,7 +93,7 @@ enum class MathMode : int { kFp32 = 0, k3xTf32 = 1, kTf32 = 2 };
 //               sm_80+ with k <= 128 (one column stage); elsewhere the
 //               gradient runs as kV2 (or kRows64). The forward, rank and
 //               nearest passes run kGradMma as kV2 (17 as kRows64).
-//               Not chosen by kAuto (not yet timed on a GPU).
+//               kAuto's codes gradient wherever it applies (H200, 2026-11-27).
 //   kGradPersistent: the codes gradient only (32; with kRows64 33; other
 //               combinations are invalid): where the batch is one row tile
 //               (B <= 16; B <= 64 with kRows64) and one stage holds the
@@ -103,12 +103,13 @@ enum class MathMode : int { kFp32 = 0, k3xTf32 = 1, kTf32 = 2 };
 //               (ecoc_codes_grad_persistent.cuh); the same bits as the
 //               split kernel. Every math mode and architecture; elsewhere
 //               the gradient runs as kV2 (or kRows64). The forward, rank
-//               and nearest passes run it as kV2 (33 as kRows64). Not
-//               chosen by kAuto (not yet timed on a GPU).
+//               and nearest passes run it as kV2 (33 as kRows64).
+//               kAuto's codes gradient at B <= 16 where kGradMma does not
+//               apply (the FP32 engine, k > 128).
 //   kAuto:      the default of every params struct: the pass picks one of
 //               the variants above from its shape, math mode and the
 //               device's compute capability (ResolveVariant below), by a
-//               rule fitted to H100 timings of every variant (README.md,
+//               rule fitted to H200 timings of every variant (README.md,
 //               "Launch variant choice").
 enum class KernelVariant : int {
   kAuto = -1,

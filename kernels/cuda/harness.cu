@@ -1237,13 +1237,17 @@ void RunRegFold() {
 }
 
 // kAuto, the params structs' default, against float64 where its rule picks
-// the branches RunVariants' shapes (B in {7, 17, 65}, k = 130, where auto
-// runs as one more variant, in 3xTF32) do not reach on sm_80+: FP32 at
-// B = 7 (folded norms), FP32 at B = 1024 (the v2 forward again), 3xTF32 at
-// B = 2048 (the 16-row register softmax), TF32 at B = 2048 (still 64-row
-// tiles). The full set adds B = 5 with n = 300,000
-// (the register softmax at a small batch; minutes in the CPU emulator, so
-// not in --quick). Each check's name says what auto ran on this device.
+// the branches RunVariants' shapes (B in {7, 17, 65}, k = 32, n = 301, where
+// auto runs as one more variant in 3xTF32: 8-warp register softmax and
+// kGradMma, then both on 64-row tiles) do not reach on sm_80+: FP32 at
+// B = 7 (folded norms, the persistent codes gradient), FP32 at B = 1024 (the
+// v2 forward, 64-row codes gradient), 3xTF32 at B = 7 with k = 64 (the
+// 4-warp register softmax below n = 300,000), 3xTF32 at B = 5 with k = 130
+// (past the mma paths: the v2 forward, the persistent codes gradient), TF32
+// at B = 2048 (64-row tiles, both mma paths). The full set adds B = 5 with
+// n = 300,000 (the 4-warp register softmax at k = 8; minutes in the CPU
+// emulator, so not in --quick). Each check's name says what auto ran on
+// this device.
 void RunAuto(bool quick) {
   struct AutoCase {
     MathMode math;
@@ -1251,7 +1255,8 @@ void RunAuto(bool quick) {
   };
   std::vector<AutoCase> cases = {{MathMode::kFp32, 7, 301, 32},
                                  {MathMode::kFp32, 1024, 33, 16},
-                                 {MathMode::k3xTf32, 2048, 33, 16},
+                                 {MathMode::k3xTf32, 7, 301, 64},
+                                 {MathMode::k3xTf32, 5, 33, 130},
                                  {MathMode::kTf32, 2048, 33, 16}};
   if (!quick) cases.push_back({MathMode::k3xTf32, 5, 300000, 8});
   const int cc = DeviceCc();
@@ -2103,9 +2108,9 @@ void RunBench(bool quick, bool tiny, const cudaDeviceProp& prop) {
     ns = {10000, 100000, 1000000};
   }
   if (tiny) {
-    // Two cells on which auto runs different forward variants (v2 or
-    // foldnorms at B = 7, rows64+regsoftmax or rows64 at B = 65): the
-    // columns and the JSON under the CPU emulator, no speed.
+    // Two cells on which auto runs different forward variants (foldnorms or
+    // regsoftmax+warps8 at B = 7, rows64 or rows64+regsoftmax at B = 65):
+    // the columns and the JSON under the CPU emulator, no speed.
     Bs = {7, 65};
     ks = {8};
     ns = {33};
