@@ -2,7 +2,9 @@
 # The one command for a lent GPU machine (see /work/.library/device there):
 # issue 16's measurements in one run of at most 8 minutes.
 #
-#   bash benchmarks/device_wheels.sh               (here, once: fills .whl/)
+#   bash benchmarks/device_wheels.sh               (here, once: fills .whl/
+#                                                   with the wheels and the
+#                                                   prebuilt CUDA harness)
 #   OUT=$OUT bash benchmarks/device_run.sh         (there, from the repository
 #                                                   root; carry .whl,
 #                                                   timeout_s >= 500)
@@ -16,7 +18,8 @@
 #            benchmarks/device_wheels.txt that is missing
 #   import   `import keras, keras_ecoc` with KERAS_BACKEND=jax and =torch
 #            (keras_ecoc must import without TensorFlow; the image has none)
-#   kernels  kernels/cuda/device_check.sh: build, checks, the grid against
+#   kernels  kernels/cuda/device_check.sh: build (or the prebuilt harness of
+#            .whl/ where its stamp matches), checks, the grid against
 #            float64, memcheck, racecheck, the harness's timing mode (today's
 #            v2 kernels and every launch variant side by side, each math
 #            mode), Nsight Compute profiles of the forward split kernels and
@@ -32,7 +35,8 @@
 #            DEVICE_RUN_STREAMING_MIN (60) seconds are left
 #
 # Budget: DEVICE_RUN_BUDGET seconds in all (default 465); the last phase ends
-# at most ~15 s after it. The kernels phase gets at most 385 s and leaves at
+# at most ~15 s after it. The kernels phase gets at most its steps' caps + 10 s
+# (395 s with a prebuilt harness, 475 s without) and leaves at
 # least DEVICE_RUN_GPULOSS_MIN (110) s for gpuloss; DEVICE_RUN_IMPORT_LIMIT
 # (30) s for each import check. On the H100 (2026-11-26) the run took 450 s
 # and the device call held the machine 480 s: give the call timeout_s >= 500. DEVICE_CHECK_T_* set a
@@ -109,6 +113,7 @@ DRY_ELAPSED=0
 # --- info -------------------------------------------------------------------
 info() {
   echo "date: $(date -u +%FT%TZ); host: $(uname -a)"
+  echo "libc: $(ldd --version 2>&1 | head -n 1)"  # what a prebuilt harness needs (glibc 2.34)
   if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi; else echo "nvidia-smi: not found (no GPU driver here)"; fi
   if command -v nvcc >/dev/null 2>&1; then nvcc --version; else echo "nvcc: not found"; fi
   command -v compute-sanitizer || echo "compute-sanitizer: not on PATH"
@@ -178,30 +183,38 @@ for backend in jax torch; do
 done
 
 # --- kernels: the CUDA harness -------------------------------------------------
+# The harness binary that benchmarks/device_wheels.sh prebuilt into the wheel
+# folder (device_check.sh --prebuild), used where its stamp matches this tree
+# and this machine's nvcc: the build step then copies it and runs it once.
+case "$WHEELS" in /*) PREBUILT_DIR_DEFAULT="$WHEELS" ;; *) PREBUILT_DIR_DEFAULT="$REPO/$WHEELS" ;; esac
+export DEVICE_CHECK_PREBUILT_DIR="${DEVICE_CHECK_PREBUILT_DIR:-$PREBUILT_DIR_DEFAULT}"
+PREBUILT_LINE="$(bash kernels/cuda/device_check.sh --prebuilt-status 2>&1 | tail -n 1)"
 # Each step of device_check.sh gets NAME:NEED:CAP seconds. NEED is what the
-# H100 run of 2026-11-26 measured plus a margin (build 31 s, checks 2, grid
-# 75-81, smem-limit 1, memcheck 1, racecheck 16, the timings 47 s for six
-# launch variants, so ~86 s for the eleven of today (auto, the two kWarps8
-# and the two kGradMma ones added: 47 / 6 s each), less ~6.6 s now that the
-# bench no longer re-times the forward of gradmma, rows64+gradmma and auto
-# (they take the forward ms of the v2 / rows64 / resolved column: 4 x the
-# median forward ms over the 17 cells and 3 modes of that run = 6.0 s of
-# kernel time, x 47 / 42.8 for the host's share): ~80 s, ~86 s with the
-# gradpersistent column of 2026-11-27 (forward reused, ~6 s as each kGradMma
-# one; untimed); racecheck scaled the same
-# way for the variants that --small now includes; ncu scaled for the kWarps8
-# ones --profile includes (it skips kGradMma: a codes-gradient bit, the same
-# forward as v2); ncu 16 s for 12 forward profiles; ncu-codes-grad, since
-# 2026-11-27 five codes-gradient profiles from the same --profile run, not
-# yet timed: ~4 s of harness start + ~1 s per report, under its 13); CAP is
-# device_check.sh's default. Room for the steps above the sum of the needs
-# goes to each step in proportion to its CAP - NEED; below it (only when the
-# earlier phases ran far over their measured times) every step is scaled
-# down, so that device_check.sh always finishes (it writes device_check.md at
-# its end) and gpuloss keeps DEVICE_RUN_GPULOSS_MIN. On 2026-11-26 the
-# earlier phases took 34 s: the kernels phase then gets ~320 s and uses ~225.
-STEP_PLAN=(BUILD:35:50 CHECK:5:15 GRID:88:110 SMEM:3:10 MEMCHECK:5:15 RACECHECK:30:40 BENCH:95:115
-           NCU:26:35 NCUGRAD:13:25)
+# H100 run of 2026-11-26 and the H200 run of 2026-11-27 measured plus a
+# margin:
+# - build: 31 s on the H100, 73 s on the H200 of 2026-11-27 (eight more
+#   register-softmax instantiations since), so 80 when it compiles; a
+#   prebuilt harness is copied and started once: 5;
+# - checks 2 s on the H100, 10 s on the H200 with today's variants: 12;
+# - grid 75-81 s, smem-limit 1, memcheck 1, racecheck 16 (H100; racecheck
+#   scaled for the variants --small now includes: ~29);
+# - bench: 47 s for six launch variants on the H100; 54 s for the twelve
+#   columns and the per-launch tables on the H200 (the faster card): 95
+#   keeps the H100's estimate of ~86 s;
+# - ncu 16 s for 12 forward profiles; ncu-codes-grad, five codes-gradient
+#   profiles, not yet timed (~4 s of harness start + ~1 s per report).
+# CAP is device_check.sh's default. Room above the sum of the needs goes to
+# each step in proportion to its CAP - NEED; below it (only when the
+# earlier phases ran far over their measured times, or the harness must be
+# compiled) the build keeps its need, since nothing runs without it, and
+# every other step is scaled down, so that device_check.sh always finishes
+# (it writes device_check.md at its end) and gpuloss keeps
+# DEVICE_RUN_GPULOSS_MIN. On 2026-11-26 the earlier phases took 34 s, on
+# 2026-11-27 37 s.
+if [[ "$PREBUILT_LINE" == "prebuilt: match "* ]]; then BUILD_PLAN=BUILD:5:15
+else BUILD_PLAN=BUILD:80:95; fi
+STEP_PLAN=("$BUILD_PLAN" CHECK:12:20 GRID:88:110 SMEM:3:10 MEMCHECK:5:15 RACECHECK:30:40
+           BENCH:95:115 NCU:26:35 NCUGRAD:13:25)
 NEED_SUM=0 CAP_SUM=0
 for plan in "${STEP_PLAN[@]}"; do
   IFS=: read -r _ need cap <<<"$plan"
@@ -209,18 +222,29 @@ for plan in "${STEP_PLAN[@]}"; do
 done
 KLIMIT=$(( $(left) - GPULOSS_MIN )); ((KLIMIT > CAP_SUM + 10)) && KLIMIT=$((CAP_SUM + 10))
 STEP_ROOM=$((KLIMIT - 10))
+IFS=: read -r _ BUILD_NEED _ <<<"$BUILD_PLAN"
 for plan in "${STEP_PLAN[@]}"; do
   IFS=: read -r name need cap <<<"$plan"
   var="DEVICE_CHECK_T_$name"
   if ((STEP_ROOM >= CAP_SUM)); then t=$cap
   elif ((STEP_ROOM >= NEED_SUM)); then
     t=$(( need + (cap - need) * (STEP_ROOM - NEED_SUM) / (CAP_SUM - NEED_SUM) ))
+  elif [[ $name == BUILD ]]; then
+    t=$need
   else  # 5 s each at least, the rest in proportion to need - 5: the sum stays within STEP_ROOM
-    t=$(( 5 + (need > 5 ? need - 5 : 0) * (STEP_ROOM - 5 * ${#STEP_PLAN[@]}) / (NEED_SUM - 5 * ${#STEP_PLAN[@]}) ))
+    others=$(( ${#STEP_PLAN[@]} - 1 ))
+    t=$(( 5 + (need > 5 ? need - 5 : 0) * (STEP_ROOM - BUILD_NEED - 5 * others)
+              / (NEED_SUM - BUILD_NEED - 5 * others) ))
     ((t < 5)) && t=5
   fi
   export "$var=${!var:-$t}"
 done
+if ((DRY_RUN)); then
+  echo "kernels: ${PREBUILT_LINE}"
+  [[ "$PREBUILT_LINE" == "prebuilt: match "* ]] ||
+    echo "kernels: the harness is compiled on the device (~75 s); run benchmarks/device_wheels.sh" \
+         "(or kernels/cuda/device_check.sh --prebuild .whl) here and carry .whl to save it"
+fi
 T0=$SECONDS
 if ((DRY_RUN)); then
   bash kernels/cuda/device_check.sh --dry-run | sed 's/^/  /'
@@ -277,7 +301,7 @@ fi
 if ((DRY_RUN)); then
   echo "worst case (every phase runs to its limit): $((BUDGET - $(left))) s of the ${BUDGET} s budget;" \
        "on the H100 of 2026-11-26 the phases before kernels took 34 s (limits: $((20 + 30 + 2 * IMPORT_LIMIT)) s)," \
-       "which gives the kernels phase ~320 s (it needs ~300 with eleven variants) and gpuloss ~145 s"
+       "which gives the kernels phase ~320 s (its steps need $((NEED_SUM + 10)) s here) and gpuloss ~110 s"
   exit 0
 fi
 NFILES=$(find "$OUT" -type f | wc -l)

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Builds .whl/ for benchmarks/device_run.sh: the wheels the GPU machine lacks,
 # as listed in benchmarks/device_wheels.txt (run here, where pip reaches PyPI;
-# the GPU machine reaches nothing).
+# the GPU machine reaches nothing), and the CUDA harness for sm_90
+# (kernels/cuda/device_check.sh --prebuild: ~40 s of nvcc here instead of
+# ~75 s of the device's time; it is used there only while its stamp matches
+# the carried tree and the device's nvcc, so rerun this after editing
+# kernels/cuda).
 #
 #   bash benchmarks/device_wheels.sh [--dry-run] [CCE_MIRROR]
 #
@@ -11,8 +15,8 @@
 # the mirror has it, else its HEAD (said on stderr). PyPI wheels come as the
 # device README says (CPython 3.12, manylinux x86-64, --no-deps).
 # Env: PYTHON (default .venv/bin/python when present, else python3), WHEEL_DIR (default .whl).
-# Exit codes: 0 every wheel of the list is in WHEEL_DIR; 1 a download or
-# build failed or a wheel is missing; 3 bad command line.
+# Exit codes: 0 every wheel of the list and the harness are in WHEEL_DIR; 1 a
+# download or build failed or a wheel is missing; 3 bad command line.
 set -u -o pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 LIST="$REPO/benchmarks/device_wheels.txt"
@@ -27,7 +31,7 @@ DRY=0 MIRROR=/work/.mirror/apple+ml-cross-entropy/repo
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY=1 ;;
-    -h|--help) sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "device_wheels: unknown option '$arg' (usage: device_wheels.sh [--dry-run] [CCE_MIRROR])" >&2; exit 3 ;;
     *) MIRROR="$arg" ;;
   esac
@@ -69,5 +73,6 @@ while read -r spec source; do
     fi
   fi
 done <"$LIST"
+run bash "$REPO/kernels/cuda/device_check.sh" --prebuild "$DEST" || FAILED=1
 ((DRY)) || ls -l "$DEST"
 exit $FAILED

@@ -39,10 +39,28 @@
 # time, then the timing table) and $OUT/device_check.log (everything the
 # steps printed). Without $OUT it writes to build/device_check/.
 #
-# Usage (from anywhere):  bash kernels/cuda/device_check.sh [--dry-run]
-#   --dry-run   print the steps and commands, run nothing (exit 0)
-# Step time limits (seconds) from the environment: DEVICE_CHECK_T_BUILD (50),
-#   _T_CHECK (15), _T_GRID (110), _T_SMEM (10), _T_MEMCHECK (15),
+# Usage (from anywhere):
+#   bash kernels/cuda/device_check.sh [--dry-run]
+#   bash kernels/cuda/device_check.sh --prebuild DIR
+#   bash kernels/cuda/device_check.sh --prebuilt-status
+#   --dry-run          print the steps and commands, run nothing (exit 0)
+#   --prebuild DIR     build the harness here, without a GPU, for sm_90 (or
+#                      DEVICE_CHECK_ARCH) into DIR/ecoc_harness_sm<arch>,
+#                      with DIR/ecoc_harness_sm<arch>.stamp: a digest of the
+#                      nvcc flags, `nvcc --version` and every file of
+#                      kernels/cuda (benchmarks/device_wheels.sh does this
+#                      into .whl/, which device_run.sh carries)
+#   --prebuilt-status  print one line: "prebuilt: match <path>" where the
+#                      binary in DEVICE_CHECK_PREBUILT_DIR (default .whl) was
+#                      built from this tree by this nvcc for this card's
+#                      architecture (sm_90 without a GPU), else
+#                      "prebuilt: none (<why>)"
+# With a matching prebuilt binary the build step copies it and runs it once
+# (`--auto-table`, a second on the card) instead of compiling (73 s on the
+# H200 of 2026-11-27, whose whole kernels phase then failed at a 36-s build
+# limit); with none, or a stale one, it compiles as before.
+# Step time limits (seconds) from the environment: DEVICE_CHECK_T_BUILD (95),
+#   _T_CHECK (20), _T_GRID (110), _T_SMEM (10), _T_MEMCHECK (15),
 #   _T_RACECHECK (40), _T_BENCH (115), _T_NCU (35), _T_NCUGRAD (25).
 # Exit codes: 0 every step passed, or no GPU (says "no GPU" and runs
 # nothing); 1 a step failed; 3 bad command line.
@@ -50,13 +68,22 @@ set -u -o pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
-DRY_RUN=0
-for arg in "$@"; do
-  case "$arg" in
+DRY_RUN=0 PREBUILD_DIR="" STATUS_ONLY=0
+USAGE="usage: device_check.sh [--dry-run | --prebuild DIR | --prebuilt-status]"
+while (($#)); do
+  case "$1" in
     --dry-run) DRY_RUN=1 ;;
+    --prebuilt-status) STATUS_ONLY=1 ;;
+    --prebuild)
+      if (($# < 2)) || [[ -z "$2" || "$2" == -* ]]; then
+        echo "device_check: --prebuild needs a folder to write the harness into. $USAGE" >&2
+        exit 3
+      fi
+      PREBUILD_DIR="$2"; shift ;;
     -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "device_check: unknown argument '$arg' (usage: device_check.sh [--dry-run])" >&2; exit 3 ;;
+    *) echo "device_check: unknown argument '$1' ($USAGE)" >&2; exit 3 ;;
   esac
+  shift
 done
 
 OUT_DIR="${OUT:-$REPO/build/device_check}"
@@ -85,7 +112,9 @@ if [[ -z "$SANITIZER" ]]; then
     if [[ -n "$candidate" && -x "$candidate" ]]; then SANITIZER="$candidate"; break; fi
   done
 fi
-# Seconds per step; together 415 s. Measured on an H100 on 2026-11-26
+# Seconds per step; together 465 s. Measured on the H200 of 2026-11-27
+# (docs/device_runs/2026-11-27-h200): build 73 s, checks 10 s, bench 54 s.
+# Measured on an H100 on 2026-11-26
 # (docs/device_runs/2026-11-26-h100-variants): build 31 s, checks 2 s, grid
 # 75-81 s, smem-limit 1 s, memcheck 1 s, racecheck 16 s, bench ~47 s for six
 # launch variants (eleven now, with auto, two kWarps8 and two kGradMma: ~86 s,
@@ -99,7 +128,7 @@ fi
 # raised) from the environment, e.g. DEVICE_CHECK_T_GRID=60, to fit a shorter
 # device lease (benchmarks/device_run.sh does); a step that runs out of time
 # is reported as failed.
-T_BUILD=50 T_CHECK=15 T_GRID=110 T_SMEM=10 T_MEMCHECK=15 T_RACECHECK=40 T_BENCH=115 T_NCU=35
+T_BUILD=95 T_CHECK=20 T_GRID=110 T_SMEM=10 T_MEMCHECK=15 T_RACECHECK=40 T_BENCH=115 T_NCU=35
 T_NCUGRAD=25
 for step_var in T_BUILD T_CHECK T_GRID T_SMEM T_MEMCHECK T_RACECHECK T_BENCH T_NCU T_NCUGRAD; do
   env_var="DEVICE_CHECK_$step_var"
@@ -120,10 +149,74 @@ if command -v nvidia-smi >/dev/null 2>&1; then
 fi
 [[ "$ARCH" =~ ^[0-9]+$ ]] || ARCH=""
 
-BUILD_CMD=("$NVCC" -O2 -std=c++17 --expt-relaxed-constexpr -lineinfo
-  "-gencode=arch=compute_${ARCH:-90},code=sm_${ARCH:-90}"
-  -Xcompiler -fopenmp -I"$REPO/kernels" -x cu
-  "$HERE/harness.cu" "$HERE/ecoc_kernels.cu.cc" -o "$EXE")
+# The harness's nvcc flags: the library's device code (kernels/build.py
+# compiles the same sources with -O3 -DNDEBUG; no kernel reads NDEBUG, and
+# nvcc's -O sets the host side only) plus line info for ncu.
+BUILD_FLAGS=(-O2 -std=c++17 --expt-relaxed-constexpr -lineinfo -Xcompiler -fopenmp)
+gencode() { echo "-gencode=arch=compute_$1,code=sm_$1"; }
+build_cmd() {  # arch output -> the compile command, one word per line
+  printf '%s\n' "$NVCC" "${BUILD_FLAGS[@]}" "$(gencode "$1")" -I"$REPO/kernels" -x cu \
+    "$HERE/harness.cu" "$HERE/ecoc_kernels.cu.cc" -o "$2"
+}
+mapfile -t BUILD_CMD < <(build_cmd "${ARCH:-90}" "$EXE")
+# What a harness binary was built from: the flags, the compiler and every
+# source and header of kernels/cuda (more than the harness includes: an edit
+# anywhere there costs a build, never a stale binary).
+harness_stamp() {  # arch -> one hex digest
+  {
+    echo "flags ${BUILD_FLAGS[*]} $(gencode "$1")"
+    "$NVCC" --version 2>&1 | tail -n 1
+    (cd "$REPO" && find kernels/cuda -maxdepth 2 -type f \
+       \( -name '*.cu' -o -name '*.cc' -o -name '*.cuh' -o -name '*.h' \) | LC_ALL=C sort |
+       while read -r f; do echo "$f $(sha256sum <"$f" | cut -d' ' -f1)"; done)
+  } | sha256sum | cut -d' ' -f1
+}
+PREBUILT_DIR="${DEVICE_CHECK_PREBUILT_DIR:-$REPO/.whl}"
+PREBUILT="$PREBUILT_DIR/ecoc_harness_sm${ARCH:-90}"
+prebuilt_state() {  # -> "match" or "none (why)"
+  if ! command -v "$NVCC" >/dev/null 2>&1; then echo "none (nvcc not found)"
+  elif [[ ! -x "$PREBUILT" || ! -f "$PREBUILT.stamp" ]]; then echo "none (no $PREBUILT)"
+  elif [[ "$(cat "$PREBUILT.stamp")" != "$(harness_stamp "${ARCH:-90}")" ]]; then
+    echo "none ($PREBUILT is stale: built from other sources, flags or nvcc)"
+  else echo "match"
+  fi
+}
+
+if [[ -n "$PREBUILD_DIR" ]]; then
+  PB_ARCH="${DEVICE_CHECK_ARCH:-90}"
+  if [[ ! "$PB_ARCH" =~ ^[0-9]+$ ]]; then
+    echo "device_check: DEVICE_CHECK_ARCH must be a compute capability such as 90." \
+         "Received: DEVICE_CHECK_ARCH=$PB_ARCH" >&2
+    exit 3
+  fi
+  if ! command -v "$NVCC" >/dev/null 2>&1; then
+    echo "device_check: nvcc not found (set NVCC or put the CUDA toolkit on PATH)" >&2
+    exit 1
+  fi
+  mkdir -p "$PREBUILD_DIR" || exit 1
+  target="$PREBUILD_DIR/ecoc_harness_sm$PB_ARCH"
+  mapfile -t cmd < <(build_cmd "$PB_ARCH" "$WORK/ecoc_harness")
+  echo "device_check --prebuild: ${cmd[*]}"
+  t0=$SECONDS
+  "${cmd[@]}" || { echo "device_check --prebuild: the build failed; $target left as it was" >&2; exit 1; }
+  # The binary, then its stamp: a stamp never names a binary it does not describe.
+  rm -f "$target.stamp"
+  install -m 755 "$WORK/ecoc_harness" "$target" && harness_stamp "$PB_ARCH" >"$target.stamp" || exit 1
+  echo "device_check --prebuild: wrote $target and $target.stamp in $((SECONDS - t0)) s"
+  exit 0
+fi
+PREBUILT_STATE="$(prebuilt_state)"
+if ((STATUS_ONLY)); then
+  if [[ "$PREBUILT_STATE" == match ]]; then echo "prebuilt: match $PREBUILT"
+  else echo "prebuilt: $PREBUILT_STATE"; fi
+  exit 0
+fi
+if [[ "$PREBUILT_STATE" == match ]]; then
+  # The copy, then one run on the card: a binary that cannot start here
+  # (a missing shared library) fails this step, as a failed build would.
+  BUILD_CMD=(bash -c 'install -m 755 "$1" "$2" && "$2" --auto-table >/dev/null' prebuilt
+             "$PREBUILT" "$EXE")
+fi
 # Five sections only, the forward split kernel only (ForwardSplitKernel, or
 # ForwardRegKernel for the regsoftmax variants where they apply: 2 cells x 6
 # variants = 12 launches), so that the replays stay within about a minute.
@@ -150,6 +243,7 @@ STEPS=(
 
 if [[ $DRY_RUN == 1 ]]; then
   echo "device_check --dry-run: GPU architecture ${ARCH:-none found (sm_90 assumed)}; would write $MD and $LOG"
+  echo "prebuilt harness: $PREBUILT_STATE"
   for s in "${STEPS[@]}"; do
     IFS='|' read -r name limit cmd <<<"$s"
     echo "step $name (<= ${limit} s): $cmd"
@@ -190,6 +284,10 @@ run_step() {  # name limit command...
     status="FAIL"; note="exit code $rc"
   fi
   case "$name" in
+    build)
+      if [[ "$PREBUILT_STATE" == match ]]; then
+        note="${note:+$note; }copied the prebuilt $(basename "$PREBUILT") (stamp matches this tree and nvcc) and ran it once"
+      fi ;;
     checks|grid|smem-limit)
       note="${note:+$note; }$(tail -n +"$((from + 1))" "$LOG" | grep -E '^[0-9]+ checks, [0-9]+ failed' | tail -n1)" ;;
     ncu)
@@ -227,7 +325,7 @@ fi
   echo "# ECOC CUDA kernels: device check"
   echo
   echo "$(nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader | head -n1);" \
-       "harness built for sm_$ARCH with $("$NVCC" --version | tail -n1)"
+       "harness built for sm_$ARCH with $("$NVCC" --version | tail -n1)$([[ "$PREBUILT_STATE" == match ]] && echo " (prebuilt)")"
   echo
   echo "| step | status | seconds | result |"
   echo "|---|---|---:|---|"
