@@ -578,6 +578,14 @@ void RunCase(const Case& c, FloatType z_type, IndexType label_type, uint64_t see
     }
   }
   if (c.tie && n > 7 && B > 0) {
+    // Codeword 3 at unit norm, so that u (row 0, along it) sits on it and no
+    // other codeword can be nearer: with the 1/sqrt(k) Gaussian codes a
+    // longer or shorter one often was at small k and large n (k = 8,
+    // n = 300,000 on the H100 of 2026-11-27: 150 classes outranked it).
+    double sq = 0.0;
+    for (int64_t j = 0; j < k; ++j) sq += double(codes[3 * k + j]) * codes[3 * k + j];
+    const double inv = sq > 0.0 ? 1.0 / std::sqrt(sq) : 0.0;
+    for (int64_t j = 0; j < k; ++j) codes[3 * k + j] = static_cast<float>(codes[3 * k + j] * inv);
     for (int64_t j = 0; j < k; ++j) codes[7 * k + j] = codes[3 * k + j];
     for (int64_t j = 0; j < k; ++j) z_values[j] = 2.0f * codes[3 * k + j];
     labels[0] = 7;
