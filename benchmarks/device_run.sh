@@ -196,13 +196,16 @@ PREBUILT_LINE="$(bash kernels/cuda/device_check.sh --prebuilt-status 2>&1 | tail
 #   register-softmax instantiations since), so 80 when it compiles; a
 #   prebuilt harness is copied and started once: 5;
 # - checks 2 s on the H100, 10 s on the H200 with today's variants: 12;
-# - grid 75-81 s, smem-limit 1, memcheck 1, racecheck 16 (H100; racecheck
-#   scaled for the variants --small now includes: ~29);
-# - bench: 47 s for six launch variants on the H100; 54 s for the twelve
-#   columns and the per-launch tables on the H200 (the faster card): 95
-#   keeps the H100's estimate of ~86 s;
-# - ncu 16 s for 12 forward profiles; ncu-codes-grad, five codes-gradient
-#   profiles, not yet timed (~4 s of harness start + ~1 s per report).
+# - grid 75-81 s on the H100 of 2026-11-26, 92 s on the H100 of 2026-11-27
+#   (the default variant, kAuto, now runs other kernels); smem-limit 1,
+#   memcheck 1;
+# - racecheck 16 s on the H100 of 2026-11-26; with every variant of today
+#   in --small 32 s on the H200 of 2026-11-27 and more than 32 s (its limit)
+#   on that day's H100: 45;
+# - bench (every variant and the per-launch tables) 53 s on the H100 and
+#   54 s on the H200 of 2026-11-27: 65;
+# - ncu 16 s for 12 forward profiles on the H100 of 2026-11-26, 23 s for
+#   16 on 2026-11-27; ncu-codes-grad 8 s for its five profiles.
 # CAP is device_check.sh's default. Room above the sum of the needs goes to
 # each step in proportion to its CAP - NEED; below it (only when the
 # earlier phases ran far over their measured times, or the harness must be
@@ -213,8 +216,8 @@ PREBUILT_LINE="$(bash kernels/cuda/device_check.sh --prebuilt-status 2>&1 | tail
 # 2026-11-27 37 s.
 if [[ "$PREBUILT_LINE" == "prebuilt: match "* ]]; then BUILD_PLAN=BUILD:5:15
 else BUILD_PLAN=BUILD:80:95; fi
-STEP_PLAN=("$BUILD_PLAN" CHECK:12:20 GRID:88:110 SMEM:3:10 MEMCHECK:5:15 RACECHECK:30:40
-           BENCH:95:115 NCU:26:35 NCUGRAD:13:25)
+STEP_PLAN=("$BUILD_PLAN" CHECK:12:20 GRID:95:115 SMEM:3:10 MEMCHECK:5:15 RACECHECK:45:60
+           BENCH:65:100 NCU:26:35 NCUGRAD:13:25)
 NEED_SUM=0 CAP_SUM=0
 for plan in "${STEP_PLAN[@]}"; do
   IFS=: read -r _ need cap <<<"$plan"

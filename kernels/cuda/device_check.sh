@@ -60,8 +60,8 @@
 # H200 of 2026-11-27, whose whole kernels phase then failed at a 36-s build
 # limit); with none, or a stale one, it compiles as before.
 # Step time limits (seconds) from the environment: DEVICE_CHECK_T_BUILD (95),
-#   _T_CHECK (20), _T_GRID (110), _T_SMEM (10), _T_MEMCHECK (15),
-#   _T_RACECHECK (40), _T_BENCH (115), _T_NCU (35), _T_NCUGRAD (25).
+#   _T_CHECK (20), _T_GRID (115), _T_SMEM (10), _T_MEMCHECK (15),
+#   _T_RACECHECK (60), _T_BENCH (100), _T_NCU (35), _T_NCUGRAD (25).
 # Exit codes: 0 every step passed, or no GPU (says "no GPU" and runs
 # nothing); 1 a step failed; 3 bad command line.
 set -u -o pipefail
@@ -112,8 +112,10 @@ if [[ -z "$SANITIZER" ]]; then
     if [[ -n "$candidate" && -x "$candidate" ]]; then SANITIZER="$candidate"; break; fi
   done
 fi
-# Seconds per step; together 465 s. Measured on the H200 of 2026-11-27
-# (docs/device_runs/2026-11-27-h200): build 73 s, checks 10 s, bench 54 s.
+# Seconds per step; together 475 s. Measured on the H200 of 2026-11-27
+# (docs/device_runs/2026-11-27-h200, 2026-11-27-kauto): build 73 s, checks
+# 10 s, bench 54 s, racecheck 32 s; on that day's H100: grid 92 s, bench
+# 53 s, ncu 23 s, ncu-codes-grad 8 s, racecheck over 32 s.
 # Measured on an H100 on 2026-11-26
 # (docs/device_runs/2026-11-26-h100-variants): build 31 s, checks 2 s, grid
 # 75-81 s, smem-limit 1 s, memcheck 1 s, racecheck 16 s, bench ~47 s for six
@@ -128,7 +130,7 @@ fi
 # raised) from the environment, e.g. DEVICE_CHECK_T_GRID=60, to fit a shorter
 # device lease (benchmarks/device_run.sh does); a step that runs out of time
 # is reported as failed.
-T_BUILD=95 T_CHECK=20 T_GRID=110 T_SMEM=10 T_MEMCHECK=15 T_RACECHECK=40 T_BENCH=115 T_NCU=35
+T_BUILD=95 T_CHECK=20 T_GRID=115 T_SMEM=10 T_MEMCHECK=15 T_RACECHECK=60 T_BENCH=100 T_NCU=35
 T_NCUGRAD=25
 for step_var in T_BUILD T_CHECK T_GRID T_SMEM T_MEMCHECK T_RACECHECK T_BENCH T_NCU T_NCUGRAD; do
   env_var="DEVICE_CHECK_$step_var"
