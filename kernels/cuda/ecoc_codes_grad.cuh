@@ -42,6 +42,10 @@ struct CodesGradArgs {
   const float* grad_loss;  // [batch]
   int64_t batch, num_classes, code_length, kp;
   int kc, nchunks;
+  // Stage buffers of the double-buffered pipeline: 1 where every block runs
+  // a single stage (one batch tile, one column chunk: the next stage never
+  // exists), else 2. The launcher sizes the shared memory by it.
+  int stages;
   int splits;
   int64_t batch_tiles;
   // splits == 1: grad_codes [n, k] (scaled by s here);
@@ -50,8 +54,8 @@ struct CodesGradArgs {
 };
 
 __host__ __device__ constexpr int64_t CodesGradSmemFloats(int bt, int kc, int64_t k,
-                                                          bool g_in_smem) {
-  return 2 * int64_t{bt + kClassTile} * TilePitch(kc)  // double-buffered stages
+                                                          bool g_in_smem, int stages = 2) {
+  return stages * int64_t{bt + kClassTile} * TilePitch(kc)  // (double-buffered) stages
          + int64_t{bt} * kSPitch                       // w of a tile
          + (g_in_smem ? kClassTile * k : 0)            // G
          + kClassTile;                                 // ct of the class tile
@@ -167,7 +171,7 @@ __global__ void __launch_bounds__(kThreads, BT == 16 ? (kMath == kMath3xTf32 ? 8
   const int lane = threadIdx.x % kWarpSize;
   const int pitch = TilePitch(a.kc);
   const int stage_floats = (BT + CT) * pitch;
-  float* W_s = smem + 2 * stage_floats;
+  float* W_s = smem + a.stages * stage_floats;
   float* g_s = W_s + BT * kSPitch;
   const int64_t k = a.code_length;
   float* ct_s = g_s + (a.g_in_smem ? CT * k : 0);

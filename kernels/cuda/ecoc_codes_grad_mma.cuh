@@ -43,10 +43,11 @@ namespace detail {
 constexpr int kGradMmaTilesPerWarp = kRegMaxK / 8 / kWarps;
 
 // Shared-memory floats of CodesGradMmaKernel: the double-buffered u and
-// code tiles at the engine's pitch kp + 4, the w tile, and the warps'
+// code tiles at the engine's pitch kp + 4 (one buffer where each block has
+// one batch tile: CodesGradArgs::stages), the w tile, and the warps'
 // partial column sums (no G: it lives in registers).
-__host__ __device__ constexpr int64_t CodesGradMmaSmemFloats(int bt, int kp) {
-  return 2 * int64_t{bt + kClassTile} * TilePitch(kp) + int64_t{bt} * kSPitch +
+__host__ __device__ constexpr int64_t CodesGradMmaSmemFloats(int bt, int kp, int stages = 2) {
+  return stages * int64_t{bt + kClassTile} * TilePitch(kp) + int64_t{bt} * kSPitch +
          kWarps * kClassTile + kClassTile;  // ... partial column sums, ct of the class tile
 }
 
@@ -73,11 +74,22 @@ __device__ __forceinline__ void ForEachGradFragment(float (&acc)[2][NJ][4], int 
   }
 }
 
-// The 16-row kernel asks for 6 blocks per SM (at most 80 registers), what
-// it had by registers before u took the finite split (ptxas then chose 128
-// in 3xTF32, sm_90).
+// Blocks per SM the 16-row kernel asks for. Without a bound ptxas chose
+// 128 registers in 3xTF32 (sm_90) once u took the finite split. 6 (at most
+// 80 registers) is what it had before; on sm_90 it fits 8 (64 registers) with
+// no spill and 2-3 % more instructions in its tile loop (sass_loop_stats.py),
+// and at B = 16 the kernel is latency-bound (DRAM at 50 % of its peak, 4.2
+// cycles between a warp's instructions on the H100 of 2026-11-27), so it
+// takes the warps. sm_80 spills 12-20 B at 64 registers: 6 there and below.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr int kGradMmaMinBlocks16 = 8;
+#else
+constexpr int kGradMmaMinBlocks16 = 6;
+#endif
+
 template <int kMath, int BT>
-__global__ void __launch_bounds__(kThreads, BT == 16 ? 6 : 0) CodesGradMmaKernel(CodesGradArgs a) {
+__global__ void __launch_bounds__(kThreads, BT == 16 ? kGradMmaMinBlocks16 : 0)
+    CodesGradMmaKernel(CodesGradArgs a) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   extern __shared__ __align__(16) float smem[];
   using Engine = typename EngineFor<kMath, BT>::type;
@@ -95,7 +107,7 @@ __global__ void __launch_bounds__(kThreads, BT == 16 ? 6 : 0) CodesGradMmaKernel
   const int pitch = TilePitch(kp);
   const int kn = kp / 8;
   const int stage_floats = (BT + CT) * pitch;
-  float* W_s = smem + 2 * stage_floats;
+  float* W_s = smem + a.stages * stage_floats;
   float* cs_s = W_s + BT * kSPitch;  // [kWarps][CT] partial column sums
   float* ct_s = cs_s + kWarps * CT;  // [CT] the class tile's logit terms
 

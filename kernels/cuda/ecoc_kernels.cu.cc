@@ -167,6 +167,7 @@ struct Plan {
   bool reg_fold = false;         // its ||M||^2 from the logits' code fragments
   bool grad_mma = false;         // codes gradient: CodesGradMmaKernel (kGradMma)
   bool grad_persistent = false;  // codes gradient: CodesGradPersistentKernel
+  int grad_stages = 2;           // codes gradient: stage buffers (CodesGradArgs::stages)
   int warp_splits = 1;           // partial states per (row, split) (reg: WC)
   int64_t kp = 8;                // row stride of u: k rounded up to 8 (>= 8)
   int kc = 8;                    // columns per stage
@@ -496,6 +497,20 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
   }
   if (!fixed_stage) {
     p->smem_bytes = SplitSmemFloats(pass, p->row_tile, p->fold, p->kc, k, p->acc_in_smem) * 4;
+  }
+  // A codes gradient whose batch is one row tile and whose row is one stage
+  // runs one stage per block: its second stage buffer would never be filled.
+  // Half the staging memory per block, so more blocks per SM (the 16-row
+  // kGradMma launch of B = 16, k = 128 held 53.6 KiB, 4 blocks by shared
+  // memory on the H100 of 2026-11-27, with DRAM at 50 % of its peak). The
+  // column chunks were chosen for two stages and stay: the same bits.
+  if (pass == Pass::kCodesGrad && !p->grad_persistent && B <= p->row_tile &&
+      p->nchunks == 1) {
+    p->grad_stages = 1;
+    p->smem_bytes =
+        4 * (p->grad_mma
+                 ? detail::CodesGradMmaSmemFloats(p->row_tile, p->kc, 1)
+                 : detail::CodesGradSmemFloats(p->row_tile, p->kc, k, p->acc_in_smem, 1));
   }
   // The folded forward, and the codes gradient where one stage holds the
   // whole code row, compute ||M||^2 of their class tiles from the staged
@@ -917,6 +932,7 @@ cudaError_t EcocCrossEntropyCodesGrad(const CodesGradParams& params, cudaStream_
   a.kp = p.kp;
   a.kc = p.kc;
   a.nchunks = p.nchunks;
+  a.stages = p.grad_stages;
   a.splits = p.splits;
   a.batch_tiles = p.tiles;
   a.out = p.splits > 1 ? At<float>(ws, p.a) : params.grad_codes;
