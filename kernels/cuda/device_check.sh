@@ -200,10 +200,13 @@ if [[ -n "$PREBUILD_DIR" ]]; then
   mapfile -t cmd < <(build_cmd "$PB_ARCH" "$WORK/ecoc_harness")
   echo "device_check --prebuild: ${cmd[*]}"
   t0=$SECONDS
+  # The stamp of the sources as the build reads them (an edit during the
+  # build then makes the binary stale, never wrongly current).
+  stamp="$(harness_stamp "$PB_ARCH")"
   "${cmd[@]}" || { echo "device_check --prebuild: the build failed; $target left as it was" >&2; exit 1; }
   # The binary, then its stamp: a stamp never names a binary it does not describe.
   rm -f "$target.stamp"
-  install -m 755 "$WORK/ecoc_harness" "$target" && harness_stamp "$PB_ARCH" >"$target.stamp" || exit 1
+  install -m 755 "$WORK/ecoc_harness" "$target" && echo "$stamp" >"$target.stamp" || exit 1
   echo "device_check --prebuild: wrote $target and $target.stamp in $((SECONDS - t0)) s"
   exit 0
 fi

@@ -29,9 +29,10 @@ VARIANTS = ["v2", "rows64", "foldnorms", "rows64+foldnorms", "regsoftmax", "rows
 MODES = ["fp32", "3xtf32", "tf32"]
 
 
-def load():
+def load(path=HERE / "run2_harness_timing.json"):
+    """(math, variant, B, k, n) -> (forward ms, forward + codes gradient ms) of a harness JSON."""
     table = {}
-    for row in json.loads((HERE / "run2_harness_timing.json").read_text()):
+    for row in json.loads(Path(path).read_text()):
         math, _, variant = row["mode"].partition("+")
         table[(math, variant or "v2", row["B"], row["k"], row["n"])] = (row["fwd_ms"],
                                                                          row["fwdbwd_ms"])

@@ -25,6 +25,7 @@ gradient ms, a projection from two rows, not one measured call.
 
     python docs/device_runs/2026-11-27-h200/variant_table.py
 """
+import importlib.util
 import json
 from pathlib import Path
 
@@ -39,30 +40,22 @@ SHORT = {"v2": "v2", "rows64": "r64", "foldnorms": "fold", "rows64+foldnorms": "
          "gradpersistent": "pers"}
 
 
+def _h100_script():
+    """The H100 run's variant_table.py, whose auto_variant is the rule of 2026-11-26."""
+    path = HERE.parent / "2026-11-26-h100-variants" / "variant_table.py"
+    spec = importlib.util.spec_from_file_location("h100_variant_table", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def load():
-    table = {}
-    for row in json.loads((HERE / "run2_harness_timing.json").read_text()):
-        math, _, variant = row["mode"].partition("+")
-        table[(math, variant or "v2", row["B"], row["k"], row["n"])] = (row["fwd_ms"],
-                                                                         row["fwdbwd_ms"])
-    return table
+    return _h100_script().load(HERE / "run2_harness_timing.json")
 
 
 def old_auto(pass_, B, n, k, math, cc=90):
     """The H100 rule of 2026-11-26, what the auto rows of this run ran."""
-    rows64 = B >= 64
-    if pass_ == "codes_grad":
-        return "rows64" if rows64 else "v2"
-    engine = math if cc >= 80 else "fp32"
-    if engine != "fp32" and k <= 128:
-        if B < 64:
-            if n >= 300000:
-                return "regsoftmax"
-        else:
-            return "regsoftmax" if engine == "3xtf32" and B >= 2048 else "rows64+regsoftmax"
-    if B <= 16:
-        return "v2" if engine == "3xtf32" else "foldnorms"
-    return "rows64" if rows64 and B < 1024 else "v2"
+    return _h100_script().auto_variant(pass_, B, n, k, math, cc)
 
 
 def new_auto(pass_, B, n, k, math, cc=90):
