@@ -189,6 +189,7 @@ done
 case "$WHEELS" in /*) PREBUILT_DIR_DEFAULT="$WHEELS" ;; *) PREBUILT_DIR_DEFAULT="$REPO/$WHEELS" ;; esac
 export DEVICE_CHECK_PREBUILT_DIR="${DEVICE_CHECK_PREBUILT_DIR:-$PREBUILT_DIR_DEFAULT}"
 PREBUILT_LINE="$(bash kernels/cuda/device_check.sh --prebuilt-status 2>&1 | tail -n 1)"
+PREBUILT_MATCH=0; [[ "$PREBUILT_LINE" == "prebuilt: match "* ]] && PREBUILT_MATCH=1
 # Each step of device_check.sh gets NAME:NEED:CAP seconds. NEED is what the
 # H100 run of 2026-11-26 and the H200 run of 2026-11-27 measured plus a
 # margin:
@@ -214,8 +215,7 @@ PREBUILT_LINE="$(bash kernels/cuda/device_check.sh --prebuilt-status 2>&1 | tail
 # (it writes device_check.md at its end) and gpuloss keeps
 # DEVICE_RUN_GPULOSS_MIN. On 2026-11-26 the earlier phases took 34 s, on
 # 2026-11-27 37 s.
-if [[ "$PREBUILT_LINE" == "prebuilt: match "* ]]; then BUILD_PLAN=BUILD:5:15
-else BUILD_PLAN=BUILD:80:95; fi
+if ((PREBUILT_MATCH)); then BUILD_PLAN=BUILD:5:15; else BUILD_PLAN=BUILD:80:95; fi
 STEP_PLAN=("$BUILD_PLAN" CHECK:12:20 GRID:95:115 SMEM:3:10 MEMCHECK:5:15 RACECHECK:45:60
            BENCH:65:100 NCU:26:35 NCUGRAD:13:25)
 NEED_SUM=0 CAP_SUM=0
@@ -244,7 +244,7 @@ for plan in "${STEP_PLAN[@]}"; do
 done
 if ((DRY_RUN)); then
   echo "kernels: ${PREBUILT_LINE}"
-  [[ "$PREBUILT_LINE" == "prebuilt: match "* ]] ||
+  ((PREBUILT_MATCH)) ||
     echo "kernels: the harness is compiled on the device (~75 s); run benchmarks/device_wheels.sh" \
          "(or kernels/cuda/device_check.sh --prebuild .whl) here and carry .whl to save it"
 fi

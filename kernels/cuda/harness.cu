@@ -563,13 +563,15 @@ void RunCase(const Case& c, FloatType z_type, IndexType label_type, uint64_t see
   for (auto& v : z_values) v = static_cast<float>(rng.Normal());
   for (auto& y : labels) y = rng.Below(n);
   for (auto& g : grad_loss) g = static_cast<float>(2.0 * rng.Uniform() - 1.0);
+  // Codeword i scaled to unit norm (a zero codeword stays zero).
+  auto unit_norm = [&codes, k](int64_t i) {
+    double sq = 0.0;
+    for (int64_t j = 0; j < k; ++j) sq += double(codes[i * k + j]) * codes[i * k + j];
+    const double inv = sq > 0.0 ? 1.0 / std::sqrt(sq) : 0.0;
+    for (int64_t j = 0; j < k; ++j) codes[i * k + j] = static_cast<float>(codes[i * k + j] * inv);
+  };
   if (c.near && k > 0) {
-    for (int64_t i = 0; i < n; ++i) {
-      double sq = 0.0;
-      for (int64_t j = 0; j < k; ++j) sq += double(codes[i * k + j]) * codes[i * k + j];
-      const double inv = sq > 0.0 ? 1.0 / std::sqrt(sq) : 0.0;
-      for (int64_t j = 0; j < k; ++j) codes[i * k + j] = static_cast<float>(codes[i * k + j] * inv);
-    }
+    for (int64_t i = 0; i < n; ++i) unit_norm(i);
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t j = 0; j < k; ++j) {
         z_values[b * k + j] = static_cast<float>(codes[labels[b] * k + j] +
@@ -582,10 +584,7 @@ void RunCase(const Case& c, FloatType z_type, IndexType label_type, uint64_t see
     // other codeword can be nearer: with the 1/sqrt(k) Gaussian codes a
     // longer or shorter one often was at small k and large n (k = 8,
     // n = 300,000 on the H100 of 2026-11-27: 150 classes outranked it).
-    double sq = 0.0;
-    for (int64_t j = 0; j < k; ++j) sq += double(codes[3 * k + j]) * codes[3 * k + j];
-    const double inv = sq > 0.0 ? 1.0 / std::sqrt(sq) : 0.0;
-    for (int64_t j = 0; j < k; ++j) codes[3 * k + j] = static_cast<float>(codes[3 * k + j] * inv);
+    unit_norm(3);
     for (int64_t j = 0; j < k; ++j) codes[7 * k + j] = codes[3 * k + j];
     for (int64_t j = 0; j < k; ++j) z_values[j] = 2.0f * codes[3 * k + j];
     labels[0] = 7;

@@ -81,7 +81,7 @@ def table(card, auto, bench, repeat=None):
             line += f" {repeat[('3xtf32', B, k, n)]['fwdbwd_ms']:.3f} |"
         print(line)
     print(f"\nAt or below JAX DEFAULT: 3xTF32 in {met['3xtf32']}, TF32 in {met['tf32']} of "
-          f"{len(jax.keys() & {c for c in cells})} cells both ran.")
+          f"{len(jax.keys() & set(cells))} cells both ran.")
 
 
 def main():
