@@ -25,6 +25,10 @@
 //    added in warp order (fixed order, no atomics).
 //  * Only the one-stage plan (nchunks == 1, kp <= kRegMaxK) runs here; the
 //    launcher falls back to CodesGradSplitKernel elsewhere (MakePlan).
+//  * Staging: the code tile once per block (every batch tile of the split
+//    meets the same 32 classes), then CodesGradArgs::stages u buffers: two
+//    overlap the next batch tile's copy with this one's products, one frees
+//    a batch tile of shared memory where that buys a block per SM (MakePlan).
 #ifndef KERAS_ECOC_KERNELS_CUDA_ECOC_CODES_GRAD_MMA_CUH_
 #define KERAS_ECOC_KERNELS_CUDA_ECOC_CODES_GRAD_MMA_CUH_
 
@@ -42,12 +46,11 @@ namespace detail {
 // n8 column tiles of G per warp at most (kp <= kRegMaxK).
 constexpr int kGradMmaTilesPerWarp = kRegMaxK / 8 / kWarps;
 
-// Shared-memory floats of CodesGradMmaKernel: the double-buffered u and
-// code tiles at the engine's pitch kp + 4 (one buffer where each block has
-// one batch tile: CodesGradArgs::stages), the w tile, and the warps'
-// partial column sums (no G: it lives in registers).
+// Shared-memory floats of CodesGradMmaKernel: the code tile and `stages`
+// u tiles (CodesGradArgs::stages) at the engine's pitch kp + 4, the w tile,
+// and the warps' partial column sums (no G: it lives in registers).
 __host__ __device__ constexpr int64_t CodesGradMmaSmemFloats(int bt, int kp, int stages = 2) {
-  return stages * int64_t{bt + kClassTile} * TilePitch(kp) + int64_t{bt} * kSPitch +
+  return (kClassTile + stages * int64_t{bt}) * TilePitch(kp) + int64_t{bt} * kSPitch +
          kWarps * kClassTile + kClassTile;  // ... partial column sums, ct of the class tile
 }
 
@@ -106,8 +109,10 @@ __global__ void __launch_bounds__(kThreads, BT == 16 ? kGradMmaMinBlocks16 : 0)
   const int kp = a.kc;  // one stage holds the whole padded row
   const int pitch = TilePitch(kp);
   const int kn = kp / 8;
-  const int stage_floats = (BT + CT) * pitch;
-  float* W_s = smem + a.stages * stage_floats;
+  const int u_floats = BT * pitch;
+  float* M_s = smem;              // [CT][pitch] the block's code tile
+  float* U_s = M_s + CT * pitch;  // [stages][BT][pitch] u tiles
+  float* W_s = U_s + a.stages * u_floats;
   float* cs_s = W_s + BT * kSPitch;  // [kWarps][CT] partial column sums
   float* ct_s = cs_s + kWarps * CT;  // [CT] the class tile's logit terms
 
@@ -127,14 +132,21 @@ __global__ void __launch_bounds__(kThreads, BT == 16 ? kGradMmaMinBlocks16 : 0)
     }
   }
 
+  // u rows b0 .. b0 + BT of the batch into `dst` (zero rows past B).
+  auto stage_u = [&](float* dst, int64_t b0) {
+    StageTile(dst, pitch, a.u, a.kp, b0, a.batch, BT, 0, kp, a.kp, true);
+    ptx::cp_async_commit();
+  };
   Engine engine;
   engine.Init();
-  if (ntiles > 0) StageGradTiles<BT>(smem, pitch, a, t_begin * BT, c0, 0, kp);
+  if (ntiles > 0) {
+    StageTile(M_s, pitch, a.codes, k, c0, a.num_classes, CT, 0, kp, k, a.codes_vec);
+    stage_u(U_s, t_begin * BT);  // one commit group: code tile and first u tile
+  }
   for (int64_t q = 0; q < ntiles; ++q) {
-    float* cur = smem + (q & 1) * stage_floats;
-    if (q + 1 < ntiles) {
-      float* nxt = smem + ((q + 1) & 1) * stage_floats;
-      StageGradTiles<BT>(nxt, pitch, a, (t_begin + q + 1) * BT, c0, 0, kp);
+    float* cur = U_s + (a.stages == 2 ? (q & 1) : 0) * u_floats;
+    if (a.stages == 2 && q + 1 < ntiles) {
+      stage_u(U_s + ((q + 1) & 1) * u_floats, (t_begin + q + 1) * BT);
       ptx::cp_async_wait<1>();
     } else {
       ptx::cp_async_wait<0>();
@@ -142,8 +154,8 @@ __global__ void __launch_bounds__(kThreads, BT == 16 ? kGradMmaMinBlocks16 : 0)
     __syncthreads();
 
     engine.Init();
-    engine.Step(cur, cur + BT * pitch, pitch, kp);
-    if (q == 0) LoadClassTerms(a, cur + BT * pitch, pitch, scale, c0, warp, lane, ct_s);
+    engine.Step(cur, M_s, pitch, kp);
+    if (q == 0) LoadClassTerms(a, M_s, pitch, scale, c0, warp, lane, ct_s);
     const int64_t b0 = (t_begin + q) * BT;
     const int rows_valid = static_cast<int>(a.batch - b0 < BT ? a.batch - b0 : BT);
     engine.Store(W_s);
@@ -195,15 +207,18 @@ __global__ void __launch_bounds__(kThreads, BT == 16 ? kGradMmaMinBlocks16 : 0)
         }
       }
     }
-    // G_c -= (sum_r w_rc) M_c for the tile (the code tile is zero past k
-    // and past the class count).
-    const float* mtile = cur + BT * pitch;
-    ForEachGradFragment(acc, warp, kn, g, t, [&](float& v, int mt, int h, int cl, int j) {
-      v = fmaf(-csum[mt][h], mtile[cl * pitch + j], v);
-    });
-    // Buffer q & 1, W_s and cs_s are free for the next tile. The emulator
-    // sees a missing one only with eager copies and one warp running ahead.
+    // Every warp has read the tile's u, w and column sums: `cur` (with one
+    // buffer, the next tile's target; with two, the one after), W_s and cs_s
+    // are free. The emulator sees a missing one only with eager copies and
+    // one warp running ahead.
     __syncthreads();  // [barrier-mutation-test] cp-async=eager schedule=warps
+    if (a.stages == 1 && q + 1 < ntiles) stage_u(U_s, (t_begin + q + 1) * BT);
+    // G_c -= (sum_r w_rc) M_c for the tile (the code tile is zero past k
+    // and past the class count, and stays for the block's whole range),
+    // while the next u tile lands.
+    ForEachGradFragment(acc, warp, kn, g, t, [&](float& v, int mt, int h, int cl, int j) {
+      v = fmaf(-csum[mt][h], M_s[cl * pitch + j], v);
+    });
   }
 
   // splits == 1: s * G into grad_codes; else the unscaled G into the

@@ -512,6 +512,27 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
                  ? detail::CodesGradMmaSmemFloats(p->row_tile, p->kc, 1)
                  : detail::CodesGradSmemFloats(p->row_tile, p->kc, k, p->acc_in_smem, 1));
   }
+  // kGradMma over several batch tiles: the second u buffer only where it
+  // costs no block per SM. The 64-row launch at k = 128 held 111 KiB, 2
+  // blocks (8 warps) per SM on the H100 of 2026-11-27, issuing in 46 % of
+  // the cycles and stalled mostly on fixed-latency dependencies; its copy
+  // of a u tile from L2 is short beside a tile's products (about 14 µs per
+  // tile per block there), so the block that waits for it hides behind the
+  // other resident blocks. The occupancy calculator counts registers on a
+  // GPU (not in the emulator, which counts shared memory only).
+  if (p->grad_mma && p->grad_stages == 2) {
+    Plan one = *p;
+    one.grad_stages = 1;
+    one.smem_bytes = 4 * detail::CodesGradMmaSmemFloats(p->row_tile, p->kc, 1);
+    const auto kernel = CodesGradKernelFor(*p);
+    int two_blocks = 0, one_blocks = 0;
+    if ((err = BlocksPerSm(kernel, *p, info, &two_blocks)) != cudaSuccess) return err;
+    if ((err = BlocksPerSm(kernel, one, info, &one_blocks)) != cudaSuccess) return err;
+    if (one_blocks > two_blocks) {
+      p->grad_stages = 1;
+      p->smem_bytes = one.smem_bytes;
+    }
+  }
   // The folded forward, and the codes gradient where one stage holds the
   // whole code row, compute ||M||^2 of their class tiles from the staged
   // tiles (AccumulateFoldedNorms; the codes-gradient kernels decide the same
