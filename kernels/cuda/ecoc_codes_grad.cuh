@@ -117,27 +117,56 @@ __device__ __forceinline__ void LoadClassTerms(const CodesGradArgs& a, const flo
 //   w_rc = g_b (p_bc - [y_b == c]),  p_bc = exp(logit_bc - lse_b),
 // 0 for rows past the batch and classes past n; returns the sum of the
 // weights it wrote (the column sum of the warp's rows).
-template <int RW>
+// The row terms (rowc, lse, g and the label as a tile-local class) are
+// loaded once per row, by lane i for the warp's row i, and broadcast by
+// shuffle: each lane loading all four of every row, with its 64-bit index
+// arithmetic and a branch per row, was about a quarter of the 64-row
+// kGradMma tile loop's instructions (sm_90 SASS, sass_loop_stats.py
+// --by-line). The arithmetic of a weight is unchanged: the same bits.
+// kTf32Halves (CodesGradMmaKernel, whose products take w as TF32 operands):
+// 0 writes w; 1 (TF32) the big half of w (SplitTf32's bits) into W_s; 2
+// (3xTF32) also the small half into W_lo [BT][kSPitch]. w is then split
+// once per element, not once per element and warp.
+template <int RW, int kTf32Halves = 0>
 __device__ __forceinline__ float WriteTileWeights(const CodesGradArgs& a, float* W_s,
                                                   const float* ct_s, float scale, int64_t c0,
                                                   int64_t b0, int rows_valid, int warp,
-                                                  int lane) {
-  const int64_t c = c0 + lane;
-  const bool cvalid = c < a.num_classes;
+                                                  int lane, float* W_lo = nullptr) {
+  static_assert(RW <= kWarpSize, "one lane per row of the warp");
+  const bool cvalid = c0 + lane < a.num_classes;
   const float ct = cvalid ? ct_s[lane] : 0.0f;
+  const int rows_mine = rows_valid - warp * RW;  // the warp's rows inside the batch
+  float rowc_l = 0.0f, lse_l = 0.0f, g_l = 0.0f;
+  int label_l = -1;  // the label's class in the tile, -1 outside it
+  if (lane < RW && lane < rows_mine) {
+    const int64_t b = b0 + warp * RW + lane;
+    rowc_l = a.rowc[b];
+    lse_l = a.lse[b];
+    g_l = a.grad_loss[b];
+    const int64_t y = LoadLabel(a.labels, a.labels_int64, b) - c0;
+    label_l = y >= 0 && y < kClassTile ? static_cast<int>(y) : -1;
+  }
   float cs = 0.0f;
 #pragma unroll
   for (int i = 0; i < RW; ++i) {
     const int r = warp * RW + i;
-    const int64_t b = b0 + r;
-    float w = 0.0f;
-    if (cvalid && r < rows_valid) {
-      const float x = Logit(W_s[r * kSPitch + lane], scale, ct, a.rowc[b]);
-      const float p = expf(x - a.lse[b]);
-      const int64_t y = LoadLabel(a.labels, a.labels_int64, b);
-      w = a.grad_loss[b] * (p - (y == c ? 1.0f : 0.0f));
+    const float rowc = __shfl_sync(kFullMask, rowc_l, i);
+    const float lse = __shfl_sync(kFullMask, lse_l, i);
+    const float g = __shfl_sync(kFullMask, g_l, i);
+    const int label = __shfl_sync(kFullMask, label_l, i);
+    // Evaluated for every element and selected, without a branch: a row
+    // past the batch or a class past n takes 0 whatever its logit.
+    const float x = Logit(W_s[r * kSPitch + lane], scale, ct, rowc);
+    const float p = expf(x - lse);
+    const float w = cvalid && i < rows_mine ? g * (p - (label == lane ? 1.0f : 0.0f)) : 0.0f;
+    if constexpr (kTf32Halves > 0) {
+      uint32_t big, small;
+      SplitTf32(w, &big, &small);
+      W_s[r * kSPitch + lane] = __uint_as_float(big);
+      if constexpr (kTf32Halves == 2) W_lo[r * kSPitch + lane] = __uint_as_float(small);
+    } else {
+      W_s[r * kSPitch + lane] = w;
     }
-    W_s[r * kSPitch + lane] = w;
     cs += w;
   }
   return cs;

@@ -47,11 +47,14 @@ namespace detail {
 constexpr int kGradMmaTilesPerWarp = kRegMaxK / 8 / kWarps;
 
 // Shared-memory floats of CodesGradMmaKernel: the code tile and `stages`
-// u tiles (CodesGradArgs::stages) at the engine's pitch kp + 4, the w tile,
-// and the warps' partial column sums (no G: it lives in registers).
-__host__ __device__ constexpr int64_t CodesGradMmaSmemFloats(int bt, int kp, int stages = 2) {
-  return (kClassTile + stages * int64_t{bt}) * TilePitch(kp) + int64_t{bt} * kSPitch +
-         kWarps * kClassTile + kClassTile;  // ... partial column sums, ct of the class tile
+// u tiles (CodesGradArgs::stages) at the engine's pitch kp + 4, the w tile
+// as TF32 halves (two in 3xTF32: `split`), and the warps' partial column
+// sums (no G: it lives in registers).
+__host__ __device__ constexpr int64_t CodesGradMmaSmemFloats(int bt, int kp, int stages,
+                                                             bool split) {
+  return (kClassTile + stages * int64_t{bt}) * TilePitch(kp) +
+         (split ? 2 : 1) * int64_t{bt} * kSPitch + kWarps * kClassTile +
+         kClassTile;  // ... partial column sums, ct of the class tile
 }
 
 // Calls f(v, mt, h, cl, j) on each accumulator float v of the thread's G
@@ -112,8 +115,9 @@ __global__ void __launch_bounds__(kThreads, BT == 16 ? kGradMmaMinBlocks16 : 0)
   const int u_floats = BT * pitch;
   float* M_s = smem;              // [CT][pitch] the block's code tile
   float* U_s = M_s + CT * pitch;  // [stages][BT][pitch] u tiles
-  float* W_s = U_s + a.stages * u_floats;
-  float* cs_s = W_s + BT * kSPitch;  // [kWarps][CT] partial column sums
+  float* W_s = U_s + a.stages * u_floats;  // [BT][kSPitch] w, TF32 big halves
+  float* W_lo = W_s + BT * kSPitch;         // 3xTF32: [BT][kSPitch] small halves
+  float* cs_s = W_lo + (kSplit ? BT * kSPitch : 0);  // [kWarps][CT] partial column sums
   float* ct_s = cs_s + kWarps * CT;  // [CT] the class tile's logit terms
 
   const int64_t k = a.code_length;
@@ -162,7 +166,8 @@ __global__ void __launch_bounds__(kThreads, BT == 16 ? kGradMmaMinBlocks16 : 0)
     // W_s and (first batch tile) ct_s complete.
     __syncthreads();
     cs_s[warp * CT + lane] =
-        WriteTileWeights<RW>(a, W_s, ct_s, scale, c0, b0, rows_valid, warp, lane);
+        WriteTileWeights<RW, kSplit ? 2 : 1>(a, W_s, ct_s, scale, c0, b0, rows_valid, warp,
+                                             lane, W_lo);
     // Every w and partial column sum of the tile is written before any
     // warp reads the whole tile.
     __syncthreads();  // [barrier-mutation-test]
@@ -187,13 +192,17 @@ __global__ void __launch_bounds__(kThreads, BT == 16 ? kGradMmaMinBlocks16 : 0)
     const float* ub = cur + t * pitch + g;
 #pragma unroll
     for (int ks = 0; ks < BT; ks += 8) {
+      // The A fragments, split when w was written (WriteTileWeights).
       uint32_t ab[2][4], as[2][4];
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
-        const float* wa = W_s + (ks + t) * kSPitch + mt * 16 + g;
-        const float av[4] = {wa[0], wa[8], wa[4 * kSPitch], wa[4 * kSPitch + 8]};
+        const int o = (ks + t) * kSPitch + mt * 16 + g;
+        const int off[4] = {o, o + 8, o + 4 * kSPitch, o + 4 * kSPitch + 8};
 #pragma unroll
-        for (int e = 0; e < 4; ++e) SplitTf32(av[e], &ab[mt][e], &as[mt][e]);
+        for (int e = 0; e < 4; ++e) {
+          ab[mt][e] = __float_as_uint(W_s[off[e]]);
+          as[mt][e] = kSplit ? __float_as_uint(W_lo[off[e]]) : 0u;
+        }
       }
 #pragma unroll
       for (int jw = 0; jw < NJ; ++jw) {

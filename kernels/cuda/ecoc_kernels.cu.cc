@@ -463,14 +463,19 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
       info.smem_optin, p->row_tile == kRowTile64 ? kSmemTarget64 : kSmemTarget);
   // kGradMma: the codes gradient's second product on the mma engine where
   // it applies (a TF32 engine, kp <= kRegMaxK so that G fits the registers,
-  // one column stage within the budget); otherwise the same call runs the
-  // v2 split kernel. G is not in shared memory: the smaller formula.
+  // one column stage with one u buffer within the budget); otherwise the
+  // same call runs the v2 split kernel. G is not in shared memory: the
+  // smaller formula. Two u buffers to begin with; the stage count is
+  // settled below, with the batch tiles and the occupancy.
   const bool grad_mma_wanted = pass == Pass::kCodesGrad &&
                                (v & static_cast<int>(KernelVariant::kGradMma)) != 0;
+  const bool split_w = p->math == detail::kMath3xTf32;
   if (grad_mma_wanted && p->math != detail::kMathFp32 && kp_reg <= detail::kRegMaxK &&
-      detail::CodesGradMmaSmemFloats(p->row_tile, static_cast<int>(kp_reg)) * 4 <= budget) {
+      detail::CodesGradMmaSmemFloats(p->row_tile, static_cast<int>(kp_reg), 1, split_w) * 4 <=
+          budget) {
     p->grad_mma = true;
-    UseOneStage(p, kp_reg, detail::CodesGradMmaSmemFloats(p->row_tile, static_cast<int>(kp_reg)));
+    UseOneStage(p, kp_reg,
+                detail::CodesGradMmaSmemFloats(p->row_tile, static_cast<int>(kp_reg), 2, split_w));
   }
   // kGradPersistent: persistent blocks where the batch is one row tile and
   // one stage holds the padded row within the budget; otherwise the same
@@ -509,26 +514,31 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
     p->grad_stages = 1;
     p->smem_bytes =
         4 * (p->grad_mma
-                 ? detail::CodesGradMmaSmemFloats(p->row_tile, p->kc, 1)
+                 ? detail::CodesGradMmaSmemFloats(p->row_tile, p->kc, 1, split_w)
                  : detail::CodesGradSmemFloats(p->row_tile, p->kc, k, p->acc_in_smem, 1));
   }
   // kGradMma over several batch tiles: the second u buffer only where it
-  // costs no block per SM. The 64-row launch at k = 128 held 111 KiB, 2
-  // blocks (8 warps) per SM on the H100 of 2026-11-27, issuing in 46 % of
-  // the cycles and stalled mostly on fixed-latency dependencies; its copy
-  // of a u tile from L2 is short beside a tile's products (about 14 µs per
-  // tile per block there), so the block that waits for it hides behind the
-  // other resident blocks. The occupancy calculator counts registers on a
-  // GPU (not in the emulator, which counts shared memory only).
+  // fits the budget and costs no block per SM. The 64-row launch at
+  // k = 128 held 111 KB, 2 blocks (2 warps per scheduler) per SM on the
+  // H100 of 2026-11-27, with about half its issue slots empty and its warps
+  // stalled mostly on fixed-latency dependencies; a u tile's copy from L2
+  // is short beside the tile's products (about 14 µs per tile and block
+  // there), so a block waiting for it hides behind the other resident
+  // blocks. The occupancy calculator counts registers on a GPU (not in the
+  // emulator, which counts shared memory, threads and blocks only).
   if (p->grad_mma && p->grad_stages == 2) {
     Plan one = *p;
     one.grad_stages = 1;
-    one.smem_bytes = 4 * detail::CodesGradMmaSmemFloats(p->row_tile, p->kc, 1);
-    const auto kernel = CodesGradKernelFor(*p);
-    int two_blocks = 0, one_blocks = 0;
-    if ((err = BlocksPerSm(kernel, *p, info, &two_blocks)) != cudaSuccess) return err;
-    if ((err = BlocksPerSm(kernel, one, info, &one_blocks)) != cudaSuccess) return err;
-    if (one_blocks > two_blocks) {
+    one.smem_bytes = 4 * detail::CodesGradMmaSmemFloats(p->row_tile, p->kc, 1, split_w);
+    bool use_one = p->smem_bytes > budget;
+    if (!use_one) {
+      const auto kernel = CodesGradKernelFor(*p);
+      int two_blocks = 0, one_blocks = 0;
+      if ((err = BlocksPerSm(kernel, *p, info, &two_blocks)) != cudaSuccess) return err;
+      if ((err = BlocksPerSm(kernel, one, info, &one_blocks)) != cudaSuccess) return err;
+      use_one = one_blocks > two_blocks;
+    }
+    if (use_one) {
       p->grad_stages = 1;
       p->smem_bytes = one.smem_bytes;
     }
