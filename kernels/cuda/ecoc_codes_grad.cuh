@@ -143,8 +143,10 @@ __device__ __forceinline__ float WriteTileWeights(const CodesGradArgs& a, float*
     rowc_l = a.rowc[b];
     lse_l = a.lse[b];
     g_l = a.grad_loss[b];
-    const int64_t y = LoadLabel(a.labels, a.labels_int64, b) - c0;
-    label_l = y >= 0 && y < kClassTile ? static_cast<int>(y) : -1;
+    // Compared before the subtraction: an invalid int64 label may be any
+    // value, and y - c0 must not overflow.
+    const int64_t y = LoadLabel(a.labels, a.labels_int64, b);
+    label_l = y >= c0 && y < c0 + kClassTile ? static_cast<int>(y - c0) : -1;
   }
   float cs = 0.0f;
 #pragma unroll
