@@ -65,11 +65,65 @@ constexpr int kRegMaxK = 128;
 // quarter of the accumulators, so fewer registers per thread.
 constexpr int kRegShortK = 32;
 
+// Whether ForwardRegKernel<kMath, bt, nw, fold, kmax> splits each code tile
+// into its TF32 halves once, in shared memory, before its warps read it:
+// the big halves in place, in 3xTF32 the small halves in two more tile
+// buffers. In the 4-warp 64-row kernel every warp takes 16 rows and all 64
+// classes of the tile, and split every code element it read, once for the
+// logits and once for the expected code: 8 splits per element and tile,
+// about a fifth of its tile loop's instructions at kp <= 32 (sm_90 SASS).
+// Only there: the small halves cost 2 x 64 rows of shared memory (9 KiB at
+// kp = 32, 33 KiB at kp = 128, which would cost blocks per SM), the 16-row
+// kernels give each warp its own classes, and the folded-norms kernel reads
+// the codes themselves.
+__host__ __device__ constexpr bool RegPreSplitsCodes(int bt, int nw, bool fold, int kmax) {
+  return bt == 64 && nw == kWarps && !fold && kmax <= kRegShortK;
+}
+
+// Where the small halves of a pre-split code tile lie: this many floats
+// after its big halves. A compile-time distance (the two code buffers at
+// the widest pitch of kp <= 32), so that a fragment's small half is one
+// more shared load at an immediate offset from its big half's address.
+constexpr int kRegSmallHalves = 2 * kRegClassTile * (kRegShortK + 4);
+
 // Shared-memory floats of ForwardRegKernel: the resident u tile and two
-// code tiles, all at the engine's pitch kp + 4. Each code row's first two
-// padding columns (kp, kp + 1) hold its class's ct and ||M||^2.
-__host__ __device__ constexpr int64_t ForwardRegSmemFloats(int bt, int kp) {
-  return int64_t{bt + 2 * kRegClassTile} * TilePitch(kp);
+// code tiles, all at the engine's pitch kp + 4, and with `small_halves`
+// (RegPreSplitsCodes in 3xTF32, kp <= 32) their small halves. Each code
+// row's first two padding columns (kp, kp + 1) hold its class's ct and
+// ||M||^2.
+__host__ __device__ constexpr int64_t ForwardRegSmemFloats(int bt, int kp,
+                                                           bool small_halves = false) {
+  return small_halves ? int64_t{bt} * TilePitch(kp) + 2 * int64_t{kRegSmallHalves}
+                      : int64_t{bt + 2 * kRegClassTile} * TilePitch(kp);
+}
+
+// Splits the kp columns of the CT-row code tile `tile` into TF32 halves in
+// place (the big half) and, in 3xTF32, kRegSmallHalves floats on (the small half), with
+// SplitTf32Finite, the split the warps applied to each element before
+// (the same bits). The padding columns (ct, ||M||^2) are left as they are.
+// 128 threads: thread (r, c) takes the 4 columns 4c of rows r, r + 16, ...
+template <bool kSplit, int CT, int NTH>
+__device__ __forceinline__ void SplitCodeTile(float* tile, int pitch, int kp) {
+  static_assert(NTH == 128 && CT % 16 == 0, "16 rows x 8 four-column slots per pass");
+  const int c = (threadIdx.x % 8) * 4;
+  if (c >= kp) return;  // kp <= 32: slots past the row idle
+#pragma unroll
+  for (int r = threadIdx.x / 8; r < CT; r += 16) {
+    float4* hp = reinterpret_cast<float4*>(tile + r * pitch + c);
+    const float4 x = *hp;
+    uint32_t b[4], sm[4];
+    SplitTf32Finite(x.x, &b[0], &sm[0]);
+    SplitTf32Finite(x.y, &b[1], &sm[1]);
+    SplitTf32Finite(x.z, &b[2], &sm[2]);
+    SplitTf32Finite(x.w, &b[3], &sm[3]);
+    *hp = make_float4(__uint_as_float(b[0]), __uint_as_float(b[1]), __uint_as_float(b[2]),
+                      __uint_as_float(b[3]));
+    if (kSplit) {
+      *reinterpret_cast<float4*>(tile + kRegSmallHalves + r * pitch + c) =
+          make_float4(__uint_as_float(sm[0]), __uint_as_float(sm[1]), __uint_as_float(sm[2]),
+                      __uint_as_float(sm[3]));
+    }
+  }
 }
 
 // Stages the ct and ||M||^2 of the 64 classes from c0 into the padding
@@ -125,7 +179,8 @@ __device__ __forceinline__ void MmaMode(float d[4], const uint32_t ab[4], const 
 //    spills 4 bytes at the 8-warp kernel's 128-register bound (64-row tile),
 //    so that kernel keeps
 //  * the fragment-outer order: one P fragment split at a time, KN products.
-template <bool kSplit, int NT, int KN, bool kBlocksOuter, bool kFiniteSplit>
+template <bool kSplit, int NT, int KN, bool kBlocksOuter, bool kFiniteSplit,
+          bool kPreSplit = false>
 __device__ __forceinline__ void AccumulateExpectedCode(float (&acc)[KN][4],
                                                        const float (&d)[NT][4],
                                                        const float* mb, int pitch, int kn,
@@ -138,8 +193,16 @@ __device__ __forceinline__ void AccumulateExpectedCode(float (&acc)[KN][4],
   };
   auto product = [&](int nt, int jn, const uint32_t(&b)[4], const uint32_t(&s)[4]) {
     uint32_t bb[2], bs[2];
-    SplitTf32Operand<kFiniteSplit>(mb[nt * 8 * pitch + jn * 8], &bb[0], &bs[0]);
-    SplitTf32Operand<kFiniteSplit>(mb[(nt * 8 + 1) * pitch + jn * 8], &bb[1], &bs[1]);
+    const int o0 = nt * 8 * pitch + jn * 8, o1 = (nt * 8 + 1) * pitch + jn * 8;
+    if constexpr (kPreSplit) {  // mb: the big halves, the small ones kRegSmallHalves on
+      bb[0] = __float_as_uint(mb[o0]);
+      bb[1] = __float_as_uint(mb[o1]);
+      bs[0] = kSplit ? __float_as_uint(mb[o0 + kRegSmallHalves]) : 0u;
+      bs[1] = kSplit ? __float_as_uint(mb[o1 + kRegSmallHalves]) : 0u;
+    } else {
+      SplitTf32Operand<kFiniteSplit>(mb[o0], &bb[0], &bs[0]);
+      SplitTf32Operand<kFiniteSplit>(mb[o1], &bb[1], &bs[1]);
+    }
     MmaMode<kSplit>(acc[jn], b, s, bb, bs);
   };
   auto rescale = [&](int jn) {
@@ -234,8 +297,11 @@ __global__ void __launch_bounds__(NW * kWarpSize,
   const int kp = a.kc;  // one stage holds the whole padded row
   const int pitch = TilePitch(kp);
   const int kn = kp / 8;
+  // kPreSplit: the code tiles split once per block (RegPreSplitsCodes).
+  constexpr bool kPreSplit = RegPreSplitsCodes(BT, NW, kFold, KMAX);
+  static_assert(!kPreSplit || kFiniteSplit, "the pre-split is the finite split");
   float* u_s = smem;
-  float* m_s = smem + BT * pitch;
+  float* m_s = smem + BT * pitch;  // kPreSplit, 3xTF32: small halves kRegSmallHalves on
 
   const int64_t k = a.code_length;
   const float scale = ReadScale(a.scale_ptr, a.scale);
@@ -286,6 +352,11 @@ __global__ void __launch_bounds__(NW * kWarpSize,
     }
     // Tile q (and u) visible to every thread after this barrier.
     __syncthreads();  // [barrier-mutation-test]
+    if constexpr (kPreSplit) {
+      SplitCodeTile<kSplit, CT, NTH>(m_s + (q & 1) * CT * pitch, pitch, kp);
+      // Every half written before any warp reads its fragments.
+      __syncthreads();  // [barrier-mutation-test]
+    }
 
     // Logits u.M of the warp's 16 rows x CW classes, in registers.
     float d[NT][4];
@@ -311,8 +382,16 @@ __global__ void __launch_bounds__(NW * kWarpSize,
         const float m0 = cb[nt * 8 * pitch + ks], m1 = cb[nt * 8 * pitch + ks + 4];
         if (kFold) fold[nt] = NormChainStep(m1, NormChainStep(m0, fold[nt]));
         uint32_t bb[2], bs[2];
-        SplitTf32Operand<kFiniteSplit>(m0, &bb[0], &bs[0]);
-        SplitTf32Operand<kFiniteSplit>(m1, &bb[1], &bs[1]);
+        if constexpr (kPreSplit) {  // m0, m1: the big halves
+          bb[0] = __float_as_uint(m0);
+          bb[1] = __float_as_uint(m1);
+          const float* cl = cb + nt * 8 * pitch + ks + kRegSmallHalves;
+          bs[0] = kSplit ? __float_as_uint(cl[0]) : 0u;
+          bs[1] = kSplit ? __float_as_uint(cl[4]) : 0u;
+        } else {
+          SplitTf32Operand<kFiniteSplit>(m0, &bb[0], &bs[0]);
+          SplitTf32Operand<kFiniteSplit>(m1, &bb[1], &bs[1]);
+        }
         MmaMode<kSplit>(d[nt], ab, as, bb, bs);
       }
     }
@@ -390,7 +469,7 @@ __global__ void __launch_bounds__(NW * kWarpSize,
     // acc = alpha * acc + P.M, P from the fragments (A: k index t = class
     // 2t, t + 4 = class 2t + 1 of each n8 fragment), M from the staged tile
     // with the same permutation.
-    AccumulateExpectedCode<kSplit, NT, KN, NW == 4, kFiniteSplit>(
+    AccumulateExpectedCode<kSplit, NT, KN, NW == 4, kFiniteSplit, kPreSplit>(
         acc, d, cur + (wc * CW + 2 * t) * pitch + g, pitch, kn, alpha);
     // Buffer q & 1 is free for the prefetch of tile q + 2. The emulator sees
     // a missing one only with eager copies and one warp running ahead.

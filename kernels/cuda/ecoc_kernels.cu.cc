@@ -444,20 +444,30 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
   const bool reg_wanted = pass == Pass::kForward &&
                           (v & static_cast<int>(KernelVariant::kRegSoftmax)) != 0;
   const int64_t kp_reg = std::max<int64_t>(8, CeilDiv(k, 8) * 8);
-  if (reg_wanted && p->math != detail::kMathFp32 && kp_reg <= detail::kRegMaxK &&
-      detail::ForwardRegSmemFloats(p->row_tile, static_cast<int>(kp_reg)) * 4 <=
-          info.smem_optin) {
-    p->reg = true;
+  if (reg_wanted && p->math != detail::kMathFp32 && kp_reg <= detail::kRegMaxK) {
     // kWarps8: the block merges its warps' states, one state per split.
-    p->reg_warps = (v & static_cast<int>(KernelVariant::kWarps8)) != 0 ? 8 : 4;
-    p->warp_splits = p->reg_warps == 8 ? 1 : detail::RegWarpSplits(p->row_tile);
+    const int reg_warps = (v & static_cast<int>(KernelVariant::kWarps8)) != 0 ? 8 : 4;
     // One row tile: the forward would read the codes twice, once in
     // PrepClasses and once here; the kernel folds the norms from the
     // fragments it loads instead (ecoc_forward_reg.cuh, kFold: the same
     // bits). With more row tiles the fold's work repeats per tile while the
     // prep pass stays one read, so those keep the prep.
-    p->reg_fold = p->reg_warps == 4 && B <= p->row_tile;
-    UseOneStage(p, kp_reg, detail::ForwardRegSmemFloats(p->row_tile, static_cast<int>(kp_reg)));
+    const bool reg_fold = reg_warps == 4 && B <= p->row_tile;
+    // The instantiation ForwardKernelFor launches (its KMAX), and whether
+    // it keeps the small halves of its pre-split code tiles.
+    const int kmax =
+        reg_warps == 4 && kp_reg <= detail::kRegShortK ? detail::kRegShortK : detail::kRegMaxK;
+    const bool small_halves = p->math == detail::kMath3xTf32 &&
+                              detail::RegPreSplitsCodes(p->row_tile, reg_warps, reg_fold, kmax);
+    const int64_t smem_floats =
+        detail::ForwardRegSmemFloats(p->row_tile, static_cast<int>(kp_reg), small_halves);
+    if (smem_floats * 4 <= info.smem_optin) {
+      p->reg = true;
+      p->reg_warps = reg_warps;
+      p->warp_splits = reg_warps == 8 ? 1 : detail::RegWarpSplits(p->row_tile);
+      p->reg_fold = reg_fold;
+      UseOneStage(p, kp_reg, smem_floats);
+    }
   }
   const int64_t budget = std::min<int64_t>(
       info.smem_optin, p->row_tile == kRowTile64 ? kSmemTarget64 : kSmemTarget);
