@@ -72,10 +72,10 @@ constexpr int kRegShortK = 32;
 // classes of the tile, and split every code element it read, once for the
 // logits and once for the expected code: 8 splits per element and tile,
 // about a fifth of its tile loop's instructions at kp <= 32 (sm_90 SASS).
-// Only there: the small halves cost 2 x 64 rows of shared memory (9 KiB at
-// kp = 32, 33 KiB at kp = 128, which would cost blocks per SM), the 16-row
-// kernels give each warp its own classes, and the folded-norms kernel reads
-// the codes themselves.
+// Only there: the small halves cost two 64-row tiles of shared memory
+// (18 KiB at kp <= 32, 66 KiB at kp = 128, which would cost blocks per
+// SM), the 16-row kernels give each warp its own classes, and the
+// folded-norms kernel reads the codes themselves.
 __host__ __device__ constexpr bool RegPreSplitsCodes(int bt, int nw, bool fold, int kmax) {
   return bt == 64 && nw == kWarps && !fold && kmax <= kRegShortK;
 }
