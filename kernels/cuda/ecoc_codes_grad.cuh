@@ -83,18 +83,6 @@ __device__ __forceinline__ GradBlockRange BlockRange(const CodesGradArgs& a) {
           split * a.batch_tiles / a.splits, (split + 1) * a.batch_tiles / a.splits};
 }
 
-// Stages columns j0 .. j0 + kc of the BT-row u tile at batch row b0 and of
-// the code tile at class c0 into `stage` (u rows first, then the codes) and
-// commits them as one cp.async group.
-template <int BT>
-__device__ __forceinline__ void StageGradTiles(float* stage, int pitch, const CodesGradArgs& a,
-                                               int64_t b0, int64_t c0, int64_t j0, int kc) {
-  StageTile(stage, pitch, a.u, a.kp, b0, a.batch, BT, j0, kc, a.kp, true);
-  StageTile(stage + BT * pitch, pitch, a.codes, a.code_length, c0, a.num_classes, kClassTile,
-            j0, kc, a.code_length, a.codes_vec);
-  ptx::cp_async_commit();
-}
-
 // ct_s[c] = the logit term of class c0 + c of the block's class tile, for
 // WriteTileWeights after the next barrier: folded from the staged code tile
 // `mt` when one stage holds the whole row (stage 0 is then the whole tile),
@@ -217,9 +205,10 @@ __global__ void __launch_bounds__(kThreads, BT == 16 ? (kMath == kMath3xTf32 ? 8
 
   Engine engine;
   engine.Init();
-  // The two stagings below are StageGradTiles written out: calling it here
-  // takes the TF32 16-row instantiation from 72 to 96 registers (sm_90,
-  // nvcc 13.0; 7 -> 5 blocks per SM by registers).
+  // The two stagings of a stage are written out at both sites: a helper
+  // holding them (StageGradTiles, since removed) took the TF32 16-row
+  // instantiation from 72 to 96 registers (sm_90, nvcc 13.0; 7 -> 5 blocks
+  // per SM by registers).
   if (num_stages > 0) {
     StageTile(smem, pitch, a.u, a.kp, t_begin * BT, a.batch, BT, 0, a.kc, a.kp, true);
     StageTile(smem + BT * pitch, pitch, a.codes, k, c0, a.num_classes, CT, 0, a.kc, k,

@@ -161,32 +161,35 @@ struct Fp32Engine {
   }
 };
 
-// Warp layout: with one m16 tile of rows (BT = 16) warp w takes the n8 tile
-// of classes 8w .. 8w + 7 of the 16 rows; with four (BT = 64) warp w takes
-// the m16 tile of rows 16w .. 16w + 15 and all four n8 tiles of classes.
-// Every warp splits the operand it shares with the others, so the 64-row
-// layout shares the code fragments (2 per n8 tile and k-step) and not the
-// u fragments (4 per m16 tile and k-step): 12 TF32 splits and 12 shared
-// loads per warp and k-step instead of 18 and 18. Each logit is the same
-// mma position (row mod 16, class mod 8) of the same k-steps in either
-// layout: the same bits.
+// Warp layout: every warp takes one m16 tile of rows and kNTiles n8 tiles
+// of classes. With one m16 tile (BT = 16) warp w takes the classes
+// 8w .. 8w + 7 of the 16 rows; with four (BT = 64) warp w takes the rows
+// 16w .. 16w + 15 and all four n8 tiles. Every warp splits the operand it
+// shares with the others, so the 64-row layout shares the code fragments
+// (2 per n8 tile and k-step) and not the u fragments (4 per m16 tile and
+// k-step): 12 TF32 splits and 12 shared loads per warp and k-step instead
+// of the 18 and 18 of warps that each took 8 classes of all four m16 tiles.
+// Each logit is the same mma position (row mod 16, class mod 8) of the same
+// k-steps in either layout: the same bits.
 template <int BT, bool kSplit>
 struct MmaEngine {
-  static_assert(BT % 16 == 0, "row tile must be a multiple of 16");
-  static constexpr int kMTiles = BT / 16;
-  static constexpr bool kWarpRows = kMTiles == kWarps;  // one m16 tile per warp
-  static_assert(kWarpRows || kClassTile / 8 == kWarps, "one n8 tile per warp");
-  // Accumulator tiles per warp: n8 tiles of its m16 tile, or m16 tiles of its n8 tile.
-  static constexpr int kTiles = kWarpRows ? kClassTile / 8 : kMTiles;
-  float d[kTiles][4];
+  static_assert(BT == 16 || BT == kWarps * 16, "one m16 tile, or one per warp");
+  static_assert(kClassTile == kWarps * 8, "one n8 tile of classes per warp at BT = 16");
+  static constexpr bool kWarpRows = BT == kWarps * 16;  // warp w: rows 16w ..
+  static constexpr int kNTiles = kWarpRows ? kClassTile / 8 : 1;
+  float d[kNTiles][4];
 
   __device__ __forceinline__ void Init() {
 #pragma unroll
-    for (int i = 0; i < kTiles; ++i) {
+    for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) d[i][e] = 0.0f;
+      for (int e = 0; e < 4; ++e) d[nt][e] = 0.0f;
     }
   }
+
+  // The warp's first row and first class.
+  __device__ __forceinline__ static int Row0(int warp) { return kWarpRows ? warp * 16 : 0; }
+  __device__ __forceinline__ static int Class0(int warp) { return kWarpRows ? 0 : warp * 8; }
 
   __device__ __forceinline__ void Step(const float* R, const float* C, int pitch,
                                        int kc) {
@@ -194,45 +197,23 @@ struct MmaEngine {
     const int lane = threadIdx.x % kWarpSize;
     const int g = lane / 4;
     const int t = lane % 4;
-    if constexpr (kWarpRows) {
-      const float* ra = R + (warp * 16 + g) * pitch + t;
-      const float* cb = C + g * pitch + t;
-      for (int ks = 0; ks < kc; ks += 8) {
-        const float av[4] = {ra[ks], ra[8 * pitch + ks], ra[ks + 4], ra[8 * pitch + ks + 4]};
-        uint32_t a_big[4], a_small[4];
+    const float* cb = C + (Class0(warp) + g) * pitch + t;
+    for (int ks = 0; ks < kc; ks += 8) {
+      const float* ra = R + (Row0(warp) + g) * pitch + ks + t;
+      const float av[4] = {ra[0], ra[8 * pitch], ra[4], ra[8 * pitch + 4]};
+      uint32_t a_big[4], a_small[4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) SplitTf32Finite(av[e], &a_big[e], &a_small[e]);
+      for (int e = 0; e < 4; ++e) SplitTf32Finite(av[e], &a_big[e], &a_small[e]);
 #pragma unroll
-        for (int nt = 0; nt < kTiles; ++nt) {
-          uint32_t b_big[2], b_small[2];
-          SplitTf32Finite(cb[nt * 8 * pitch + ks], &b_big[0], &b_small[0]);
-          SplitTf32Finite(cb[nt * 8 * pitch + ks + 4], &b_big[1], &b_small[1]);
-          if (kSplit) {
-            ptx::mma_m16n8k8_tf32(d[nt], a_small, b_big, d[nt]);
-            ptx::mma_m16n8k8_tf32(d[nt], a_big, b_small, d[nt]);
-          }
-          ptx::mma_m16n8k8_tf32(d[nt], a_big, b_big, d[nt]);
-        }
-      }
-    } else {
-      const float* cb = C + (warp * 8 + g) * pitch + t;
-      for (int ks = 0; ks < kc; ks += 8) {
+      for (int nt = 0; nt < kNTiles; ++nt) {
         uint32_t b_big[2], b_small[2];
-        SplitTf32Finite(cb[ks], &b_big[0], &b_small[0]);
-        SplitTf32Finite(cb[ks + 4], &b_big[1], &b_small[1]);
-#pragma unroll
-        for (int mt = 0; mt < kTiles; ++mt) {
-          const float* ra = R + (mt * 16 + g) * pitch + ks + t;
-          const float av[4] = {ra[0], ra[8 * pitch], ra[4], ra[8 * pitch + 4]};
-          uint32_t a_big[4], a_small[4];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) SplitTf32Finite(av[e], &a_big[e], &a_small[e]);
-          if (kSplit) {
-            ptx::mma_m16n8k8_tf32(d[mt], a_small, b_big, d[mt]);
-            ptx::mma_m16n8k8_tf32(d[mt], a_big, b_small, d[mt]);
-          }
-          ptx::mma_m16n8k8_tf32(d[mt], a_big, b_big, d[mt]);
+        SplitTf32Finite(cb[nt * 8 * pitch + ks], &b_big[0], &b_small[0]);
+        SplitTf32Finite(cb[nt * 8 * pitch + ks + 4], &b_big[1], &b_small[1]);
+        if (kSplit) {
+          ptx::mma_m16n8k8_tf32(d[nt], a_small, b_big, d[nt]);
+          ptx::mma_m16n8k8_tf32(d[nt], a_big, b_small, d[nt]);
         }
+        ptx::mma_m16n8k8_tf32(d[nt], a_big, b_big, d[nt]);
       }
     }
   }
@@ -242,15 +223,14 @@ struct MmaEngine {
     const int lane = threadIdx.x % kWarpSize;
     const int g = lane / 4;
     const int t = lane % 4;
+    const int r = Row0(warp) + g;
 #pragma unroll
-    for (int i = 0; i < kTiles; ++i) {
-      // Tile i's rows r0 + g, r0 + g + 8 and classes c, c + 1.
-      const int r0 = kWarpRows ? warp * 16 : i * 16;
-      const int c = (kWarpRows ? i : warp) * 8 + 2 * t;
-      S[(r0 + g) * kSPitch + c] = d[i][0];
-      S[(r0 + g) * kSPitch + c + 1] = d[i][1];
-      S[(r0 + g + 8) * kSPitch + c] = d[i][2];
-      S[(r0 + g + 8) * kSPitch + c + 1] = d[i][3];
+    for (int nt = 0; nt < kNTiles; ++nt) {
+      const int c = Class0(warp) + nt * 8 + 2 * t;
+      S[r * kSPitch + c] = d[nt][0];
+      S[r * kSPitch + c + 1] = d[nt][1];
+      S[(r + 8) * kSPitch + c] = d[nt][2];
+      S[(r + 8) * kSPitch + c + 1] = d[nt][3];
     }
   }
 };

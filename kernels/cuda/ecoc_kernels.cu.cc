@@ -513,35 +513,30 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
   if (!fixed_stage) {
     p->smem_bytes = SplitSmemFloats(pass, p->row_tile, p->fold, p->kc, k, p->acc_in_smem) * 4;
   }
-  // A codes gradient whose batch is one row tile and whose row is one stage
-  // runs one stage per block: its second stage buffer would never be filled.
-  // Half the staging memory per block, so more blocks per SM (the 16-row
-  // kGradMma launch of B = 16, k = 128 held 53.6 KiB, 4 blocks by shared
-  // memory on the H100 of 2026-11-27, with DRAM at 50 % of its peak). The
-  // column chunks were chosen for two stages and stay: the same bits.
-  if (pass == Pass::kCodesGrad && !p->grad_persistent && B <= p->row_tile &&
-      p->nchunks == 1) {
-    p->grad_stages = 1;
-    p->smem_bytes =
+  // Stage buffers of a codes gradient whose row is one stage (every
+  // kGradMma launch): one where the batch is one row tile, since its second
+  // buffer would never be filled (the 16-row kGradMma launch of B = 16,
+  // k = 128 held 53.6 KiB, 4 blocks by shared memory on the H100 of
+  // 2026-11-27, with DRAM at 50 % of its peak; the column chunks were chosen
+  // for two stages and stay: the same bits). kGradMma over several batch
+  // tiles keeps a second u buffer only where it fits the budget and costs no
+  // block per SM: the 64-row launch at k = 128 held 111 KB, 2 blocks (2
+  // warps per scheduler) per SM on that H100, with about half its issue
+  // slots empty and its warps stalled mostly on fixed-latency dependencies;
+  // a u tile's copy from L2 is short beside the tile's products (about
+  // 14 µs per tile and block there), so a block waiting for it hides behind
+  // the other resident blocks. The occupancy calculator counts registers on
+  // a GPU (not in the emulator, which counts shared memory, threads and
+  // blocks only).
+  if (pass == Pass::kCodesGrad && !p->grad_persistent && p->nchunks == 1) {
+    Plan one = *p;
+    one.grad_stages = 1;
+    one.smem_bytes =
         4 * (p->grad_mma
                  ? detail::CodesGradMmaSmemFloats(p->row_tile, p->kc, 1, split_w)
                  : detail::CodesGradSmemFloats(p->row_tile, p->kc, k, p->acc_in_smem, 1));
-  }
-  // kGradMma over several batch tiles: the second u buffer only where it
-  // fits the budget and costs no block per SM. The 64-row launch at
-  // k = 128 held 111 KB, 2 blocks (2 warps per scheduler) per SM on the
-  // H100 of 2026-11-27, with about half its issue slots empty and its warps
-  // stalled mostly on fixed-latency dependencies; a u tile's copy from L2
-  // is short beside the tile's products (about 14 µs per tile and block
-  // there), so a block waiting for it hides behind the other resident
-  // blocks. The occupancy calculator counts registers on a GPU (not in the
-  // emulator, which counts shared memory, threads and blocks only).
-  if (p->grad_mma && p->grad_stages == 2) {
-    Plan one = *p;
-    one.grad_stages = 1;
-    one.smem_bytes = 4 * detail::CodesGradMmaSmemFloats(p->row_tile, p->kc, 1, split_w);
-    bool use_one = p->smem_bytes > budget;
-    if (!use_one) {
+    bool use_one = B <= p->row_tile || (p->grad_mma && p->smem_bytes > budget);
+    if (!use_one && p->grad_mma) {
       const auto kernel = CodesGradKernelFor(*p);
       int two_blocks = 0, one_blocks = 0;
       if ((err = BlocksPerSm(kernel, *p, info, &two_blocks)) != cudaSuccess) return err;
