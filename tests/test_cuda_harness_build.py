@@ -337,13 +337,18 @@ def test_device_check_reports_a_failing_step_and_exits_nonzero(tmp_path):
 # ---------------------------------------------------------------------------
 # kernels/cuda/sass_loop_stats.py on a hand-written listing (no cuobjdump needed).
 
-def _sass(name: str, body: list) -> str:
-    """A `cuobjdump -sass` style listing of one function: (address, text) lines."""
+_CONTROL_WORD = 0x000FE20003FAE200  # a second instruction word: stall count 1 (bits 41-44)
+
+
+def _sass(name: str, body: list, stall=lambda text: 1) -> str:
+    """A `cuobjdump -sass` style listing of one function: (address, text) lines,
+    each instruction's second word carrying the stall count stall(text)."""
     lines = [f"\t\tFunction : {name}"]
     for address, text in body:
+        control = (_CONTROL_WORD & ~(0xF << 41)) | (stall(text) << 41)
         lines.append(f"        /*{address:04x}*/                   {text} ;"
                      "                        /* 0x000fe20003fae200 */")
-        lines.append("                                                     /* 0x000fe20003fae200 */")
+        lines.append(f"                                                     /* 0x{control:016x} */")
     return "\n".join(lines) + "\n"
 
 
@@ -352,7 +357,7 @@ def _sass(name: str, body: list) -> str:
 _REG_NAME = "_ZN10keras_ecoc4cuda6detail16ForwardRegKernelILi1ELi16ELi4EEEvNS1_16ForwardSplitArgsE"
 
 
-def _reg_listing(extra_ldg: int, staging: bool = False) -> str:
+def _reg_listing(extra_ldg: int, staging: bool = False, stall=lambda text: 1) -> str:
     body = [(0x000, "MOV R1, c[0x0][0x28]")]
     addr = 0x010
     tile_start = addr
@@ -382,7 +387,7 @@ def _reg_listing(extra_ldg: int, staging: bool = False) -> str:
     body.append((addr, f"@!P2 BRA 0x{tile_start:x}"))
     addr += 0x10
     body.append((addr, "EXIT"))
-    return _sass(_REG_NAME, body) + _sass("_ZN10keras_ecoc4cuda6detail17PrepClassesKernelENS1_8PrepArgsE",
+    return _sass(_REG_NAME, body, stall) + _sass("_ZN10keras_ecoc4cuda6detail17PrepClassesKernelENS1_8PrepArgsE",
                                           [(0x0, "MOV R1, R2"), (0x10, "EXIT")])
 
 
@@ -414,6 +419,27 @@ def test_sass_loop_stats_counts_the_tile_loop_and_estimates_a_tile(tmp_path):
     st = tool.collect(str(listing), "ForwardRegKernel", 128)["ForwardRegKernel<3xtf32, 16, 4>"]
     assert st.tile_total == 35 and st.copy_cost == 4
     assert st.per_tile == (35 - 25 - 4) + 8 * 25 + 16 * 4
+
+
+def test_sass_loop_stats_adds_up_the_stall_counts_of_a_tile(tmp_path):
+    """Stall cycles per tile: each instruction's control-bit stall count,
+    weighted as the instruction count of the per-tile estimate; a listing
+    without the second instruction words has none."""
+    tool = _load_sass_tool()
+    assert tool.stall_cycles(_CONTROL_WORD) == 1
+    assert tool.stall_cycles((_CONTROL_WORD & ~(0xF << 41)) | (13 << 41)) == 13
+    listing = tmp_path / "new.sass"
+    # A product's result waited on for 7 cycles, everything else 1.
+    listing.write_text(_reg_listing(extra_ldg=2, stall=lambda text: 7 if "HMMA" in text else 1))
+    st = tool.collect(str(listing), "ForwardRegKernel", 128)["ForwardRegKernel<3xtf32, 16, 4>"]
+    # Tile body: 2 LDG, MUFU, 2 BRA at 1 and one HMMA at 7; the k-step loop
+    # (12 HMMA at 7, 12 LDS and its BRA at 1) 8 times.
+    assert st.cycles == (2 + 1 + 2 + 7) + 8 * (12 * 7 + 12 + 1)
+    bare = tmp_path / "bare.sass"
+    bare.write_text("\n".join(line for line in listing.read_text().splitlines()
+                               if "/*0" in line or "Function" in line) + "\n")
+    st = tool.collect(str(bare), "ForwardRegKernel", 128)["ForwardRegKernel<3xtf32, 16, 4>"]
+    assert st.per_tile == 31 - 25 + 8 * 25 and st.cycles is None
 
 
 def _nvdisasm(name: str, cuobjdump_listing: str, where) -> str:
@@ -521,7 +547,7 @@ def test_sass_loop_stats_compares_two_listings_and_refuses_a_bad_kp(tmp_path, ca
     assert tool.main([str(new), "--compare", str(old)]) == 0
     row = [line for line in capsys.readouterr().out.splitlines() if "ForwardRegKernel" in line]
     assert row == ["| ForwardRegKernel<3xtf32, 16, 4> | 33 → 29 (-12 %) | 25 → 25 (×2) | 2.1 → 2.1 | "
-                   "208 → 204 (-2 %) | 13 → 13 | 3 → 3 | 4 → 0 (-100 %) |"]
+                   "208 → 204 (-2 %) | 208 → 204 (-2 %) | 13 → 13 | 3 → 3 | 4 → 0 (-100 %) |"]
     with pytest.raises(SystemExit):
         tool.main([str(new), "--kp", "100"])
     assert "--kp must be a multiple of 8 in [8, 128]. Received: --kp=100" in capsys.readouterr().err

@@ -65,6 +65,22 @@ constexpr int kRegMaxK = 128;
 // quarter of the accumulators, so fewer registers per thread.
 constexpr int kRegShortK = 32;
 
+// Expected-code blocks per test in the 4-warp kernels (AccumulateExpectedCode's
+// kGroup), per instantiation: the group that gave ptxas (sm_90) the fewest
+// stall cycles per tile (sass_loop_stats.py) without spills under the
+// kernel's launch bound, and no more wasted blocks than it needs.
+//  * 64-row, KMAX = kRegMaxK: 8. Groups of 2 or 4 still left runs of 20-23
+//    dependent products in the 3xTF32 kernels' SASS; 16 left none either,
+//    but at 219 registers and up to 15 wasted blocks.
+//  * 16-row, KMAX = kRegMaxK: 4, but 2 in the unfolded 3xTF32 kernel, where
+//    4 spills 4 bytes at its 128-register bound. In the folded TF32 kernel a
+//    group of 2 took 162 registers, 4 takes 128.
+//  * KMAX = kRegShortK (four blocks): 2. A group of 4 spilled 28 bytes in the
+//    64-row folded TF32 kernel and 24 in the 16-row folded 3xTF32 one.
+__host__ __device__ constexpr int RegExpectedGroup(int bt, int kmax, bool split, bool fold) {
+  return kmax != kRegMaxK ? 2 : bt == 64 ? 8 : split && !fold ? 2 : 4;
+}
+
 // Whether ForwardRegKernel<kMath, bt, nw, fold, kmax> splits each code tile
 // into its TF32 halves once, in shared memory, before its warps read it:
 // the big halves in place, in 3xTF32 the small halves in two more tile
@@ -171,29 +187,41 @@ __device__ __forceinline__ void MmaMode(float d[4], const uint32_t ab[4], const 
 // (k index t = class 2t, t + 4 = class 2t + 1 of each n8 fragment), M read
 // from mb (the warp's code rows, offset by the thread's 2t rows and g
 // columns) with the same permutation. Each acc[jn] receives its NT products
-// in increasing nt in either loop order, so both give the same bits:
-//  * kBlocksOuter: the P fragments are split once, then each block jn
-//    loads its NT code fragments and runs its NT products behind one test of
-//    jn < kn (KN tests a tile instead of NT x KN, and the loads of a block
-//    are in flight together). Holds the NT split P fragments: ptxas (sm_90)
-//    spills 4 bytes at the 8-warp kernel's 128-register bound (64-row tile),
-//    so that kernel keeps
-//  * the fragment-outer order: one P fragment split at a time, KN products.
-template <bool kSplit, int NT, int KN, bool kBlocksOuter, bool kFiniteSplit,
+// in increasing nt in either order below, so both give the same bits:
+//  * kGroup > 0 (the 4-warp kernels): the P fragments are split once; then
+//    the blocks go kGroup at a time behind one test (the group's first
+//    block < kn), nt outer and the group's blocks inner, so that the
+//    products in flight are on kGroup different accumulators. A test per
+//    block made each block a basic block of its own, and ptxas issued its
+//    3 x NT dependent products back to back (24 on one accumulator per
+//    block in the 64-row 3xTF32 kernel, sm_90 SASS): the tensor pipe waited
+//    on each product's latency. A group's blocks past kn read the codes of
+//    block kn - 1 and their accumulators are never stored (at most
+//    kGroup - 1 blocks of wasted products, none where kn is a multiple of
+//    kGroup). Holds the NT split P fragments: ptxas (sm_90) spills 4 bytes
+//    at the 8-warp kernel's 128-register bound (64-row tile), so that
+//    kernel keeps
+//  * kGroup = 0: one P fragment split at a time, then its product with each
+//    block jn < kn (a test per product; consecutive products are on
+//    different accumulators).
+template <bool kSplit, int NT, int KN, int kGroup, bool kFiniteSplit,
           bool kPreSplit = false>
 __device__ __forceinline__ void AccumulateExpectedCode(float (&acc)[KN][4],
                                                        const float (&d)[NT][4],
                                                        const float* mb, int pitch, int kn,
                                                        const float (&alpha)[2]) {
-  uint32_t pb[kBlocksOuter ? NT : 1][4], ps[kBlocksOuter ? NT : 1][4];
+  static_assert(kGroup == 0 || KN % kGroup == 0, "kGroup divides KN");
+  uint32_t pb[kGroup > 0 ? NT : 1][4], ps[kGroup > 0 ? NT : 1][4];
   auto split_p = [&](int nt, uint32_t(&b)[4], uint32_t(&s)[4]) {
     const float pa[4] = {d[nt][0], d[nt][2], d[nt][1], d[nt][3]};
 #pragma unroll
     for (int e = 0; e < 4; ++e) SplitTf32(pa[e], &b[e], &s[e]);
   };
-  auto product = [&](int nt, int jn, const uint32_t(&b)[4], const uint32_t(&s)[4]) {
+  // acc[jn] += P(nt).M, M from the code columns of block jc (jn but for
+  // the blocks past kn of a group).
+  auto product = [&](int nt, int jn, int jc, const uint32_t(&b)[4], const uint32_t(&s)[4]) {
     uint32_t bb[2], bs[2];
-    const int o0 = nt * 8 * pitch + jn * 8, o1 = (nt * 8 + 1) * pitch + jn * 8;
+    const int o0 = nt * 8 * pitch + jc * 8, o1 = (nt * 8 + 1) * pitch + jc * 8;
     if constexpr (kPreSplit) {  // mb: the big halves, the small ones kRegSmallHalves on
       bb[0] = __float_as_uint(mb[o0]);
       bb[1] = __float_as_uint(mb[o1]);
@@ -211,15 +239,22 @@ __device__ __forceinline__ void AccumulateExpectedCode(float (&acc)[KN][4],
     acc[jn][2] *= alpha[1];
     acc[jn][3] *= alpha[1];
   };
-  if constexpr (kBlocksOuter) {
+  if constexpr (kGroup > 0) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) split_p(nt, pb[nt], ps[nt]);
 #pragma unroll
-    for (int jn = 0; jn < KN; ++jn) {
-      if (jn < kn) {
-        rescale(jn);
+    for (int j0 = 0; j0 < KN; j0 += kGroup) {
+      if (j0 < kn) {
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) product(nt, jn, pb[nt], ps[nt]);
+        for (int jj = 0; jj < kGroup; ++jj) rescale(j0 + jj);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+          for (int jj = 0; jj < kGroup; ++jj) {
+            const int jn = j0 + jj;
+            product(nt, jn, jn < kn ? jn : kn - 1, pb[nt], ps[nt]);
+          }
+        }
       }
     }
   } else {
@@ -232,7 +267,7 @@ __device__ __forceinline__ void AccumulateExpectedCode(float (&acc)[KN][4],
       split_p(nt, pb[0], ps[0]);
 #pragma unroll
       for (int jn = 0; jn < KN; ++jn) {
-        if (jn < kn) product(nt, jn, pb[0], ps[0]);
+        if (jn < kn) product(nt, jn, jn, pb[0], ps[0]);
       }
     }
   }
@@ -469,7 +504,8 @@ __global__ void __launch_bounds__(NW * kWarpSize,
     // acc = alpha * acc + P.M, P from the fragments (A: k index t = class
     // 2t, t + 4 = class 2t + 1 of each n8 fragment), M from the staged tile
     // with the same permutation.
-    AccumulateExpectedCode<kSplit, NT, KN, NW == 4, kFiniteSplit, kPreSplit>(
+    AccumulateExpectedCode<kSplit, NT, KN, NW == 4 ? RegExpectedGroup(BT, KMAX, kSplit, kFold) : 0, kFiniteSplit,
+                           kPreSplit>(
         acc, d, cur + (wc * CW + 2 * t) * pitch + g, pitch, kn, alpha);
     // Buffer q & 1 is free for the prefetch of tile q + 2. The emulator sees
     // a missing one only with eager copies and one warp running ahead.

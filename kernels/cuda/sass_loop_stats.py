@@ -32,7 +32,15 @@ For each function that has a loop holding tensor-core products (``HMMA``):
   per copy of the cheapest vector staging loop (LDGSTS.128; the other staging
   loops serve widths and alignments the tile does not have and are left
   out). It overcounts code that does not run on a given tile: the setup of
-  the staging paths not taken, the P.M blocks past kp / 8.
+  the staging paths not taken, the P.M blocks past kp / 8;
+* stall cycles per tile: the stall counts of the same instructions' control
+  bits, weighted the same way (static, the k-step loop once, where there is
+  no per-tile estimate). ptxas sets them to cover fixed-latency results, a
+  tensor-core product's among them: the cycles one warp alone needs per
+  tile when no shared or global load keeps it waiting (those wait on
+  scoreboards, at run time). Where it is well above the instruction count,
+  the warp waits on dependent products, and only other warps on its
+  scheduler fill the gaps.
 
 --by-line attributes the same count to source lines: NEW is then a cubin
 built with ``-lineinfo`` (``nvcc -cubin -lineinfo ...``; ``nvdisasm -g``
@@ -66,6 +74,10 @@ from dataclasses import dataclass, field
 _FUNCTION = re.compile(r"^\s*Function\s*:\s*(\S+)", re.M)
 # "        /*6ff0*/                   HMMA.1688.F32.TF32 R96, R100, R126, R96 ;"
 _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*?)\s*;")
+# cuobjdump prints each 128-bit instruction as two 64-bit words, the second
+# (on the next line) ending in the scheduling control bits.
+_CONTROL = re.compile(r"/\*([0-9a-f]{4,})\*/\s+[^;]*?;\s*/\* 0x[0-9a-f]{16} \*/\s*"
+                      r"/\* 0x([0-9a-f]{16}) \*/")
 _BACKWARD_TARGET = re.compile(r"\bBRA\s+(?:0x)?([0-9a-f]+)\b")
 _PREDICATE = re.compile(r"^@!?U?P(?:T|\d+)\s+")
 # ForwardRegKernel<kMath, BT, NW, kFold, KMAX>; kFold and KMAX absent from
@@ -78,6 +90,16 @@ _NV_LINE = re.compile(r'//## File "([^"]+)", line (\d+)')
 _NV_LABEL = re.compile(r"^\s*(\.L_x_\d+):\s*$")
 _NV_TARGET = re.compile(r"`\((\.L_x_\d+)\)")
 _MATH = {1: "3xtf32", 2: "tf32"}  # ecoc_engine.cuh: kMath3xTf32 = 1, kMathTf32 = 2
+
+
+def stall_cycles(word: int) -> int:
+    """The stall count of an instruction's control bits (sm_70 and later: bits
+    41-44 of its second 64-bit word): the cycles the warp waits before its
+    next instruction, which ptxas sets to cover the latency of fixed-latency
+    results, a tensor-core product's among them (HMMA sets no scoreboard on
+    sm_80/sm_90). Waits on scoreboards (shared and global loads, MUFU) come
+    on top at run time."""
+    return (word >> 41) & 0xF
 
 
 def full_opcode(text: str) -> str:
@@ -95,6 +117,7 @@ class Function:
     name: str
     instructions: list = field(default_factory=list)  # (address, text)
     lines: dict = field(default_factory=dict)  # address -> "file:line" (nvdisasm -g)
+    stalls: dict = field(default_factory=dict)  # address -> stall cycles (cuobjdump listing)
 
     def loops(self) -> list:
         """(target, branch address) of every backward branch."""
@@ -124,6 +147,7 @@ def parse(listing: str) -> list:
         body = listing[m.end():starts[i + 1].start() if i + 1 < len(starts) else len(listing)]
         f = Function(m.group(1))
         f.instructions = [(int(a, 16), t.strip()) for a, t in _INSTRUCTION.findall(body)]
+        f.stalls = {int(a, 16): stall_cycles(int(w, 16)) for a, w in _CONTROL.findall(body)}
         functions.append(f)
     return functions
 
@@ -174,6 +198,25 @@ class LoopStats:
     staging: tuple = ()              # the staging loop counted in the estimate, if any
     staging_passes: float = 0.0      # its passes per tile
     nested: list = field(default_factory=list)  # the loops directly inside the tile loop
+    # The stall counts of the tile loop, weighted as per_tile (static where
+    # that is None): the cycles one warp needs per tile with every operand it
+    # waits on by scoreboard already there. None without control bits.
+    cycles: float | None = None
+
+    def weight(self, address: int) -> float:
+        """How often the instruction at `address` of the tile loop counts in
+        per_tile: the k-step loop's passes times, the staging loop's
+        staging_passes, the other nested loops never, the rest once (every
+        instruction once where the function has no per-tile estimate)."""
+        if self.per_tile is None:
+            return 1.0
+        if self.inner[0] <= address <= self.inner[1]:
+            return float(self.passes)
+        if self.staging and self.staging[0] <= address <= self.staging[1]:
+            return self.staging_passes
+        if any(lp[0] <= address <= lp[1] for lp in self.nested):
+            return 0.0
+        return 1.0
 
     @property
     def tile_total(self) -> int:
@@ -230,6 +273,9 @@ def loop_stats(f: Function, kp: int = 128) -> LoopStats | None:
             per_thread = 64 * (kp // 4) // (nw * 32)
             st.staging_passes = per_thread / copies[st.staging]
             st.per_tile += round(per_thread * st.copy_cost)
+    if f.stalls:
+        st.cycles = sum(st.weight(a) * f.stalls.get(a, 0)
+                        for a, _ in f.instructions if outer[0] <= a <= outer[1])
     return st
 
 
@@ -238,20 +284,10 @@ def line_profile(f: Function, st: LoopStats) -> collections.Counter:
     where the function has that estimate (each instruction once, the k-step
     loop's st.passes times, the staging loop's st.staging_passes times, the
     other nested loops not at all), else static (every instruction once)."""
-    def weight(a: int) -> float:
-        if st.per_tile is None:
-            return 1.0
-        if st.inner[0] <= a <= st.inner[1]:
-            return float(st.passes)
-        if st.staging and st.staging[0] <= a <= st.staging[1]:
-            return st.staging_passes
-        if any(lp[0] <= a <= lp[1] for lp in st.nested):
-            return 0.0
-        return 1.0
     out = collections.Counter()
     for a, _ in f.instructions:
         if st.outer[0] <= a <= st.outer[1]:
-            out[f.lines.get(a, "?")] += weight(a)
+            out[f.lines.get(a, "?")] += st.weight(a)
     return out
 
 
@@ -395,8 +431,8 @@ def _cell(old, new, fmt="{:,}") -> str:
 
 def table(new: dict, old: dict | None, kp: int) -> str:
     head = ("| kernel | tile loop | k-step loop (unroll) | k-step loop per HMMA | per tile, kp = "
-            f"{kp} | HMMA in tile loop | branches | global loads |")
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|"]
+            f"{kp} | stall cycles per tile | HMMA in tile loop | branches | global loads |")
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, st in new.items():
         o = (old or {}).get(name)
         ks = f"{st.kstep_total}" + (f" (×{st.unroll})" if st.unroll else "")
@@ -406,6 +442,7 @@ def table(new: dict, old: dict | None, kp: int) -> str:
             f"| {name} | {_cell(o and o.tile_total, st.tile_total)} | {ks} | "
             f"{_cell(o and o.per_hmma, st.per_hmma, '{:.1f}')} | "
             f"{_cell(o and o.per_tile, st.per_tile)} | "
+            f"{_cell(o and o.cycles, st.cycles, '{:,.0f}')} | "
             f"{_cell(o and o.tile['HMMA'], st.tile['HMMA'])} | "
             f"{_cell(o and o.tile['BRA'], st.tile['BRA'])} | "
             f"{_cell(o and o.tile['LDG'], st.tile['LDG'])} |")
