@@ -33,6 +33,7 @@
 #define KERAS_ECOC_KERNELS_CUDA_ECOC_CODES_GRAD_MMA_CUH_
 
 #include <cstdint>
+#include <type_traits>
 
 #include "ecoc_codes_grad.cuh"
 #include "ecoc_common.cuh"
@@ -43,8 +44,12 @@ namespace keras_ecoc {
 namespace cuda {
 namespace detail {
 
-// n8 column tiles of G per warp at most (kp <= kRegMaxK).
-constexpr int kGradMmaTilesPerWarp = kRegMaxK / 8 / kWarps;
+// n8 column tiles of G per warp at most in the instantiation for padded
+// rows up to kmax: kRegMaxK (4 tiles), or the launcher's kGradMmaMidK (2)
+// where kp <= 64 and kRegShortK (1) where kp <= 32, so that a short row
+// holds 8 or 16 accumulators of G per thread instead of 32.
+constexpr int kGradMmaMidK = 64;
+__host__ __device__ constexpr int GradMmaTilesPerWarp(int kmax) { return kmax / 8 / kWarps; }
 
 // Shared-memory floats of CodesGradMmaKernel: the code tile and `stages`
 // u tiles (CodesGradArgs::stages) at the engine's pitch kp + 4, the w tile
@@ -93,7 +98,7 @@ constexpr int kGradMmaMinBlocks16 = 8;
 constexpr int kGradMmaMinBlocks16 = 6;
 #endif
 
-template <int kMath, int BT>
+template <int kMath, int BT, int KMAX = kRegMaxK>
 __global__ void __launch_bounds__(kThreads, BT == 16 ? kGradMmaMinBlocks16 : 0)
     CodesGradMmaKernel(CodesGradArgs a) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
@@ -102,7 +107,9 @@ __global__ void __launch_bounds__(kThreads, BT == 16 ? kGradMmaMinBlocks16 : 0)
   constexpr bool kSplit = kMath == kMath3xTf32;
   constexpr int CT = kClassTile;
   constexpr int RW = BT / kWarps;
-  constexpr int NJ = kGradMmaTilesPerWarp;
+  constexpr int NJ = GradMmaTilesPerWarp(KMAX);
+  static_assert(KMAX == kRegMaxK || KMAX == kGradMmaMidK || KMAX == kRegShortK,
+                "KMAX: kRegMaxK, kGradMmaMidK or kRegShortK");
   static_assert(CT == 32, "two m16 tiles of classes");
   static_assert(BT % 8 == 0, "k8 steps over the batch rows");
   const int warp = threadIdx.x / kWarpSize;
@@ -188,33 +195,56 @@ __global__ void __launch_bounds__(kThreads, BT == 16 ? kGradMmaMinBlocks16 : 0)
     }
 
     // G += W^T U over the tile's BT rows (rows past the batch: w = 0 and a
-    // zero-filled u row).
+    // zero-filled u row), for the warp's nv column blocks jw < nv (jn =
+    // warp + 4 jw < kn): one loop per count, chosen once per tile, so that
+    // no test separates the products of different blocks. A test per block
+    // made each block's 2 x 3 dependent products a basic block of their own,
+    // which ptxas issued back to back (sm_90 SASS); in one block the
+    // products of the 2 x nv accumulators interleave. Each accumulator sees
+    // the same products in the same order either way.
     const float* ub = cur + t * pitch + g;
+    auto second_product = [&](auto nv_constant, auto test_constant) {
+      constexpr int nv = decltype(nv_constant)::value;
+      constexpr bool test = decltype(test_constant)::value;
 #pragma unroll
-    for (int ks = 0; ks < BT; ks += 8) {
-      // The A fragments, split when w was written (WriteTileWeights).
-      uint32_t ab[2][4], as[2][4];
+      for (int ks = 0; ks < BT; ks += 8) {
+        // The A fragments, split when w was written (WriteTileWeights).
+        uint32_t ab[2][4], as[2][4];
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        const int o = (ks + t) * kSPitch + mt * 16 + g;
-        const int off[4] = {o, o + 8, o + 4 * kSPitch, o + 4 * kSPitch + 8};
+        for (int mt = 0; mt < 2; ++mt) {
+          const int o = (ks + t) * kSPitch + mt * 16 + g;
+          const int off[4] = {o, o + 8, o + 4 * kSPitch, o + 4 * kSPitch + 8};
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          ab[mt][e] = __float_as_uint(W_s[off[e]]);
-          as[mt][e] = kSplit ? __float_as_uint(W_lo[off[e]]) : 0u;
+          for (int e = 0; e < 4; ++e) {
+            ab[mt][e] = __float_as_uint(W_s[off[e]]);
+            as[mt][e] = kSplit ? __float_as_uint(W_lo[off[e]]) : 0u;
+          }
+        }
+#pragma unroll
+        for (int jw = 0; jw < nv; ++jw) {
+          const int jn = warp + kWarps * jw;
+          if (!test || jn < kn) {
+            uint32_t bb[2], bs[2];
+            SplitTf32Finite(ub[ks * pitch + jn * 8], &bb[0], &bs[0]);
+            SplitTf32Finite(ub[(ks + 4) * pitch + jn * 8], &bb[1], &bs[1]);
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) MmaMode<kSplit>(acc[mt][jw], ab[mt], as[mt], bb, bs);
+          }
         }
       }
-#pragma unroll
-      for (int jw = 0; jw < NJ; ++jw) {
-        const int jn = warp + kWarps * jw;
-        if (jn < kn) {
-          uint32_t bb[2], bs[2];
-          SplitTf32Finite(ub[ks * pitch + jn * 8], &bb[0], &bs[0]);
-          SplitTf32Finite(ub[(ks + 4) * pitch + jn * 8], &bb[1], &bs[1]);
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt) MmaMode<kSplit>(acc[mt][jw], ab[mt], as[mt], bb, bs);
-        }
+    };
+    if constexpr (kSplit && BT == 64 && NJ == 4) {
+      using std::false_type;
+      using std::integral_constant;
+      switch (warp < kn ? (kn - warp + kWarps - 1) / kWarps : 0) {
+        case 4: second_product(integral_constant<int, 4>{}, false_type{}); break;
+        case 3: second_product(integral_constant<int, 3>{}, false_type{}); break;
+        case 2: second_product(integral_constant<int, 2>{}, false_type{}); break;
+        case 1: second_product(integral_constant<int, 1>{}, false_type{}); break;
+        default: break;
       }
+    } else {
+      second_product(std::integral_constant<int, NJ>{}, std::true_type{});
     }
     // Every warp has read the tile's u, w and column sums: `cur` (with one
     // buffer, the next tile's target; with two, the one after), W_s and cs_s

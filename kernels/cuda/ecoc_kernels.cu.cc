@@ -242,8 +242,19 @@ SplitKernel<detail::CodesGradArgs> CodesGradKernelFor(const Plan& p) {
   }
   if constexpr (kMath != detail::kMathFp32) {
     if (p.grad_mma) {
-      return {rows64 ? detail::CodesGradMmaKernel<kMath, kRowTile64>
-                     : detail::CodesGradMmaKernel<kMath, kRowTile>};
+      // The instantiation for the row: one column tile of G per warp at
+      // kp <= 32, two at kp <= 64, four above.
+      using detail::CodesGradMmaKernel;
+      constexpr int kShort = detail::kRegShortK, kMid = detail::kGradMmaMidK;
+      if (p.kp <= kShort) {
+        return {rows64 ? CodesGradMmaKernel<kMath, kRowTile64, kShort>
+                       : CodesGradMmaKernel<kMath, kRowTile, kShort>};
+      }
+      if (p.kp <= kMid) {
+        return {rows64 ? CodesGradMmaKernel<kMath, kRowTile64, kMid>
+                       : CodesGradMmaKernel<kMath, kRowTile, kMid>};
+      }
+      return {rows64 ? CodesGradMmaKernel<kMath, kRowTile64> : CodesGradMmaKernel<kMath, kRowTile>};
     }
   }
   return {rows64 ? detail::CodesGradSplitKernel<kMath, kRowTile64>
