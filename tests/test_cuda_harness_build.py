@@ -442,10 +442,12 @@ def test_sass_loop_stats_adds_up_the_stall_counts_of_a_tile(tmp_path):
     assert st.per_tile == 31 - 25 + 8 * 25 and st.cycles is None
 
 
-def _nvdisasm(name: str, cuobjdump_listing: str, where) -> str:
+def _nvdisasm(name: str, cuobjdump_listing: str, where, stall=None) -> str:
     """The `nvdisasm -g` form of a one-function listing: a section header, a
     source position before each instruction (where(address) -> (file, line)),
-    and labels for the branch targets."""
+    and labels for the branch targets; with stall(text), the `-hex` form:
+    each instruction's second word, carrying that stall count, on the next
+    line."""
     rows = [(int(a, 16), t.strip()) for a, t in
             re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*?)\s*;", cuobjdump_listing)]
     targets = {int(m, 16) for _, t in rows for m in re.findall(r"BRA 0x([0-9a-f]+)", t)}
@@ -457,7 +459,11 @@ def _nvdisasm(name: str, cuobjdump_listing: str, where) -> str:
         path, line = where(address)
         out.append(f'\t//## File "/src/kernels/cuda/{path}", line {line}')
         text = re.sub(r"BRA 0x([0-9a-f]+)", lambda m: f"BRA `(.L_x_{int(m.group(1), 16)})", text)
-        out.append(f"        /*{address:04x}*/                   {text} ;")
+        out.append(f"        /*{address:04x}*/                   {text} ;"
+                   + ("                /* 0x000000aa6428723c */" if stall else ""))
+        if stall:
+            control = (_CONTROL_WORD & ~(0xF << 41)) | (stall(text) << 41)
+            out.append(f"                                                     /* 0x{control:016x} */")
     return "\n".join(out) + "\n"
 
 
@@ -495,6 +501,40 @@ def test_sass_loop_stats_attributes_the_tile_estimate_to_source_lines(tmp_path, 
     plain.write_text(listing)
     with pytest.raises(SystemExit, match="-lineinfo"):
         tool.main([str(plain), "--by-line"])
+
+
+def test_sass_loop_stats_ranks_source_lines_by_stall_cycles(tmp_path, capsys):
+    """nvdisasm -g -hex: each source line's stall cycles, weighted as its
+    instructions, and --rank stalls orders the lines by them."""
+    tool = _load_sass_tool()
+    listing = _reg_listing(extra_ldg=2, staging=True)
+    texts = {int(a, 16): t for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*?)\s*;", listing)}
+
+    def where(address):  # HMMA on one line, LDS on another, the rest on a third
+        op = texts[address].split()[0]
+        return ("ecoc_ptx.cuh", 52) if op.startswith("HMMA") else \
+            ("ecoc_forward_reg.cuh", 200 if op == "LDS" else 300)
+    path = tmp_path / "reg.txt"
+    one = listing.split("Function : _ZN10keras_ecoc4cuda6detail17")[0]
+    # 9 cycles after each instruction of line 300 (neither HMMA nor LDS), 1 after the others.
+    path.write_text(_nvdisasm(_REG_NAME, one, where,
+                              stall=lambda text: 1 if text.split()[0] in ("LDS", "HMMA.1688.F32.TF32")
+                              else 9))
+    f = tool.parse_nvdisasm(path.read_text())[0]
+    st = tool.loop_stats(f, 128)
+    # Per tile: 97 HMMA (12 per k-step pass, 8 passes, and one in the body),
+    # 96 LDS, and the other 270 - 193 = 77 at 9 cycles.
+    assert st.per_tile == 270 and st.cycles == 97 + 96 + 77 * 9
+    assert tool.main([str(path), "--by-line", "--top", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "270 instructions, 886 stall cycles (per tile)" in out
+    rows = [line for line in out.splitlines() if line.startswith("| ecoc")]
+    assert rows == ["| ecoc_ptx.cuh:52 | 97 | 35.9 % | 97 | HMMA 13 |",
+                    "| ecoc_forward_reg.cuh:200 | 96 | 35.6 % | 96 | LDS 12 |"]
+    assert tool.main([str(path), "--by-line", "--top", "1", "--rank", "stalls"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert rows[1].startswith("| ecoc_forward_reg.cuh:300 | 77 | 28.5 % | 693 |")
+    assert rows[2] == "| 2 other lines | 193 | 71.5 % | 193 | |"
 
 
 @pytest.mark.slow

@@ -75,10 +75,14 @@ constexpr int kRegShortK = 32;
 //  * 16-row, KMAX = kRegMaxK: 4, but 2 in the unfolded 3xTF32 kernel, where
 //    4 spills 4 bytes at its 128-register bound. In the folded TF32 kernel a
 //    group of 2 took 162 registers, 4 takes 128.
-//  * KMAX = kRegShortK (four blocks): 2. A group of 4 spilled 28 bytes in the
-//    64-row folded TF32 kernel and 24 in the 16-row folded 3xTF32 one.
+//  * KMAX = kRegShortK (four blocks): 4 in the 64-row kernels (one group, no
+//    test: 9-10 % fewer stall cycles than 2 in 3xTF32), but 2 in the folded
+//    TF32 one, where 4 spills 28 bytes, and in the 16-row kernels (4 spilled
+//    24 bytes in the folded 3xTF32 one and took 16 % more stall cycles in
+//    the unfolded TF32 one).
 __host__ __device__ constexpr int RegExpectedGroup(int bt, int kmax, bool split, bool fold) {
-  return kmax != kRegMaxK ? 2 : bt == 64 ? 8 : split && !fold ? 2 : 4;
+  return kmax == kRegMaxK ? (bt == 64 ? 8 : split && !fold ? 2 : 4)
+                          : (bt == 64 && (split || !fold) ? 4 : 2);
 }
 
 // Whether ForwardRegKernel<kMath, bt, nw, fold, kmax> splits each code tile

@@ -89,6 +89,8 @@ _NV_SECTION = re.compile(r"^//-+ \.text\.(\S+) -+$", re.M)
 _NV_LINE = re.compile(r'//## File "([^"]+)", line (\d+)')
 _NV_LABEL = re.compile(r"^\s*(\.L_x_\d+):\s*$")
 _NV_TARGET = re.compile(r"`\((\.L_x_\d+)\)")
+# nvdisasm -hex: an instruction's second word, alone on the line after it.
+_NV_CONTROL = re.compile(r"^\s*/\* 0x([0-9a-f]{16}) \*/\s*$")
 _MATH = {1: "3xtf32", 2: "tf32"}  # ecoc_engine.cuh: kMath3xTf32 = 1, kMathTf32 = 2
 
 
@@ -154,14 +156,19 @@ def parse(listing: str) -> list:
 
 def parse_nvdisasm(listing: str) -> list:
     """The functions of an `nvdisasm -g` listing, with each instruction's
-    source line; branch targets (labels there) become addresses, as in
-    cuobjdump's listing, so that Function.loops works on both."""
+    source line (and with -hex its stall count); branch targets (labels
+    there) become addresses, as in cuobjdump's listing, so that
+    Function.loops works on both."""
     functions = []
     starts = list(_NV_SECTION.finditer(listing))
     for i, m in enumerate(starts):
         body = listing[m.end():starts[i + 1].start() if i + 1 < len(starts) else len(listing)]
-        labels, pending, rows, where = {}, [], [], None
+        labels, pending, rows, where, stalls = {}, [], [], None, {}
         for line in body.splitlines():
+            control = _NV_CONTROL.match(line)
+            if control and rows:
+                stalls[rows[-1][0]] = stall_cycles(int(control.group(1), 16))
+                continue
             pos = _NV_LINE.search(line)
             if pos:
                 where = f"{os.path.basename(pos.group(1))}:{pos.group(2)}"
@@ -181,6 +188,7 @@ def parse_nvdisasm(listing: str) -> list:
         f.instructions = [(a, _NV_TARGET.sub(lambda t: f"0x{labels.get(t.group(1), 0):x}", text))
                           for a, text, _ in rows]
         f.lines = {a: where or "?" for a, _, where in rows}
+        f.stalls = stalls
         functions.append(f)
     return functions
 
@@ -291,27 +299,44 @@ def line_profile(f: Function, st: LoopStats) -> collections.Counter:
     return out
 
 
-def line_table(f: Function, st: LoopStats, top: int) -> str:
-    """Markdown: the tile loop's heaviest source lines with their share and
-    their three commonest opcodes, then the rest in one row."""
+def line_table(f: Function, st: LoopStats, top: int, rank: str = "instructions") -> str:
+    """Markdown: the tile loop's heaviest source lines (by instructions, or
+    with rank="stalls" by stall cycles) with their share and their three
+    commonest opcodes, then the rest in one row; with the stall cycles of
+    each line where the listing has control bits (nvdisasm -hex)."""
     prof = line_profile(f, st)
+    cycles = collections.Counter()
+    for a, _ in f.instructions:
+        if f.stalls and st.outer[0] <= a <= st.outer[1]:
+            cycles[f.lines.get(a, "?")] += st.weight(a) * f.stalls.get(a, 0)
     total = sum(prof.values())
     ops = collections.defaultdict(collections.Counter)
     for a, text in f.instructions:
         if st.outer[0] <= a <= st.outer[1]:
             ops[f.lines.get(a, "?")][opcode(text)] += 1
     kind = "per tile" if st.per_tile is not None else "static, k-step loop once"
-    lines = [f"#### {short_name(f.name)}: {total:,.0f} instructions ({kind})", "",
-             "| source line | instructions | share | commonest opcodes (static) |",
-             "|---|---:|---:|---|"]
-    ranked = prof.most_common()
-    for where, n in ranked[:top]:
+    title = f"#### {short_name(f.name)}: {total:,.0f} instructions"
+    if cycles:
+        title += f", {sum(cycles.values()):,.0f} stall cycles"
+    lines = [f"{title} ({kind})", ""]
+    if cycles:
+        lines += ["| source line | instructions | share | stall cycles | commonest opcodes (static) |",
+                  "|---|---:|---:|---:|---|"]
+    else:
+        lines += ["| source line | instructions | share | commonest opcodes (static) |",
+                  "|---|---:|---:|---|"]
+    by = cycles if rank == "stalls" and cycles else prof
+    ranked = [where for where, _ in by.most_common()]
+    for where in ranked[:top]:
+        n = prof[where]
         mix = ", ".join(f"{op} {c}" for op, c in ops[where].most_common(3))
-        lines.append(f"| {where} | {n:,.0f} | {100.0 * n / total:.1f} % | {mix} |")
-    rest = sum(n for _, n in ranked[top:])
+        stall = f" {cycles[where]:,.0f} |" if cycles else ""
+        lines.append(f"| {where} | {n:,.0f} | {100.0 * n / total:.1f} % |{stall} {mix} |")
+    rest = sum(prof[where] for where in ranked[top:])
     if rest:
+        stall = f" {sum(cycles[w] for w in ranked[top:]):,.0f} |" if cycles else ""
         lines.append(f"| {len(ranked) - top} other lines | {rest:,.0f} | "
-                     f"{100.0 * rest / total:.1f} % | |")
+                     f"{100.0 * rest / total:.1f} % |{stall} |")
     return "\n".join(lines)
 
 
@@ -387,11 +412,11 @@ def read_listing(path: str, line_info: bool = False) -> str:
         with open(path) as fh:
             return fh.read()
     if line_info:
-        return _run_tool("nvdisasm", ["-g", path])
+        return _run_tool("nvdisasm", ["-g", "-hex", path])
     return _run_tool("cuobjdump", ["-sass", path])
 
 
-def by_line(path: str, kernel: str, kp: int, top: int) -> str:
+def by_line(path: str, kernel: str, kp: int, top: int, rank: str = "instructions") -> str:
     """The line tables of the matching functions with an HMMA loop."""
     pattern = re.compile(kernel)
     listing = read_listing(path, line_info=True)
@@ -402,7 +427,7 @@ def by_line(path: str, kernel: str, kp: int, top: int) -> str:
     for f in parse_nvdisasm(listing):
         st = loop_stats(f, kp) if pattern.search(f.name) else None
         if st is not None:
-            tables.append(line_table(f, st, top))
+            tables.append(line_table(f, st, top, rank))
     return "\n\n".join(tables)
 
 
@@ -461,6 +486,8 @@ def main(argv=None) -> int:
                    help="per source line instead (NEW: a cubin built with -lineinfo, or a saved "
                         "nvdisasm -g listing)")
     p.add_argument("--top", type=int, default=12, help="--by-line: source lines per function")
+    p.add_argument("--rank", choices=("instructions", "stalls"), default="instructions",
+                   help="--by-line: order the source lines by instructions or by stall cycles")
     args = p.parse_args(argv)
     if args.kp <= 0 or args.kp % 8 or args.kp > 128:
         p.error(f"--kp must be a multiple of 8 in [8, 128]. Received: --kp={args.kp}")
@@ -469,7 +496,7 @@ def main(argv=None) -> int:
     if args.by_line:
         if args.compare:
             p.error("--by-line takes one listing; --compare is for the loop table")
-        out = by_line(args.new, args.kernel, args.kp, args.top)
+        out = by_line(args.new, args.kernel, args.kp, args.top, args.rank)
         if not out:
             print(f"no function matching {args.kernel!r} has a loop with HMMA", file=sys.stderr)
             return 1
