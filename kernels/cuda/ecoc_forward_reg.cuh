@@ -214,7 +214,7 @@ __device__ __forceinline__ void AccumulateExpectedCode(float (&acc)[KN][4],
                                                        const float (&d)[NT][4],
                                                        const float* mb, int pitch, int kn,
                                                        const float (&alpha)[2]) {
-  static_assert(kGroup == 0 || KN % kGroup == 0, "kGroup divides KN");
+  static_assert(KN % (kGroup > 0 ? kGroup : 1) == 0, "kGroup divides KN");
   uint32_t pb[kGroup > 0 ? NT : 1][4], ps[kGroup > 0 ? NT : 1][4];
   auto split_p = [&](int nt, uint32_t(&b)[4], uint32_t(&s)[4]) {
     const float pa[4] = {d[nt][0], d[nt][2], d[nt][1], d[nt][3]};
