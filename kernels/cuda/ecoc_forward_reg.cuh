@@ -508,8 +508,8 @@ __global__ void __launch_bounds__(NW * kWarpSize,
     // acc = alpha * acc + P.M, P from the fragments (A: k index t = class
     // 2t, t + 4 = class 2t + 1 of each n8 fragment), M from the staged tile
     // with the same permutation.
-    AccumulateExpectedCode<kSplit, NT, KN, NW == 4 ? RegExpectedGroup(BT, KMAX, kSplit, kFold) : 0, kFiniteSplit,
-                           kPreSplit>(
+    constexpr int kGroup = NW == 4 ? RegExpectedGroup(BT, KMAX, kSplit, kFold) : 0;
+    AccumulateExpectedCode<kSplit, NT, KN, kGroup, kFiniteSplit, kPreSplit>(
         acc, d, cur + (wc * CW + 2 * t) * pitch + g, pitch, kn, alpha);
     // Buffer q & 1 is free for the prefetch of tile q + 2. The emulator sees
     // a missing one only with eager copies and one warp running ahead.

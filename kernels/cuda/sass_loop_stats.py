@@ -320,8 +320,8 @@ def line_table(f: Function, st: LoopStats, top: int, rank: str = "instructions")
         title += f", {sum(cycles.values()):,.0f} stall cycles"
     lines = [f"{title} ({kind})", ""]
     if cycles:
-        lines += ["| source line | instructions | share | stall cycles | commonest opcodes (static) |",
-                  "|---|---:|---:|---:|---|"]
+        lines += ["| source line | instructions | share | stall cycles | "
+                  "commonest opcodes (static) |", "|---|---:|---:|---:|---|"]
     else:
         lines += ["| source line | instructions | share | commonest opcodes (static) |",
                   "|---|---:|---:|---|"]
