@@ -1410,17 +1410,34 @@ void RunRegSoftmaxWarps8(bool quick) {
 
 // The codes gradient's mma second product (kGradMma, 16- and 64-row tiles;
 // FP32 runs the fallback): the sweep above (one or several batch tiles per
-// split, partial ones; 1 to 4 column tiles per warp, a partial 8-column
-// tile; a partial class tile; many class tiles, or many batch splits and the
-// combine at small n). NaN rows on the odd shapes only: a NaN row makes
-// every entry of grad_codes NaN, and the first shape is the one --quick
-// times. Then the near-codeword case (Case::near: rows on their codewords,
-// s = 30, where W^T U - colsum M cancels) with and without the bit, so that
-// the per-mode error table compares the expanded form with the difference
-// form of CodesGradSplitKernel (--quick: s = 8 only).
+// split, partial ones; 1 to 4 column tiles per warp, a partial 8-column tile;
+// a partial class tile; many class tiles, or many batch splits and the combine
+// at small n), then rows of 33-64 columns. NaN rows on the odd shapes only: a
+// NaN row makes every entry of grad_codes NaN, and the first shape is the one
+// --quick times. Then the near-codeword case (Case::near: rows on their
+// codewords, s = 30, where W^T U - colsum M cancels) with and without the bit,
+// so that the per-mode error table compares the expanded form with the
+// difference form of CodesGradSplitKernel (--quick: s = 8 only).
 void RunGradMma(bool quick) {
   RunVariantSweep("gradmma", {KernelVariant::kGradMma, KernelVariant::kRows64GradMma},
                   {{129, 128, 40}, {33, 31, 33}, {1, 1, 1}}, 1, 161600, quick);
+  // Rows of 33-64 padded columns, the instantiation with two column tiles of
+  // G per warp (KMAX = 64), which the sweep's k = 1, 31, 32, 128 never
+  // reach: kp = 48 (warps 0 and 1 hold two column tiles, warps 2 and 3 one)
+  // and kp = 64 with a partial last column tile, over one partial and
+  // several batch tiles, in both TF32 modes and both row tiles (--quick
+  // too).
+  uint64_t seed = 161800;
+  for (KernelVariant v : {KernelVariant::kGradMma, KernelVariant::kRows64GradMma}) {
+    g_variant = v;
+    for (MathMode math : {MathMode::k3xTf32, MathMode::kTf32}) {
+      g_math = math;
+      for (const SweepShape& sh : {SweepShape{33, 48, 40}, SweepShape{129, 61, 33}}) {
+        RunCase({"gradmma kp <= 64", sh.B, sh.n, sh.k, 8.0f, false, true, true},
+                FloatType::kFloat32, IndexType::kInt32, seed++);
+      }
+    }
+  }
   // Near codewords: the same inputs (same seed) under each variant and mode,
   // at s = 8 (p_y ~ 0.99: the own-class terms w (u - M_y) still count) and
   // s = 30 (p_y ~ 1 - 1e-12: everything is small). The NEAR lines give the
