@@ -165,6 +165,7 @@ struct Plan {
   bool reg = false;              // forward: ForwardRegKernel (kRegSoftmax)
   int reg_warps = 4;             // its warps per block (8: kWarps8)
   bool reg_fold = false;         // its ||M||^2 from the logits' code fragments
+  int reg_kmax = detail::kRegMaxK;  // its KMAX (4 warps: kRegShortK where kp <= 32)
   bool grad_mma = false;         // codes gradient: CodesGradMmaKernel (kGradMma)
   bool grad_persistent = false;  // codes gradient: CodesGradPersistentKernel
   int grad_stages = 2;           // codes gradient: stage buffers (CodesGradArgs::stages)
@@ -208,7 +209,7 @@ SplitKernel<detail::ForwardSplitArgs> ForwardKernelFor(const Plan& p) {
     }
     constexpr int kW = detail::kWarps;
     constexpr int kShort = detail::kRegShortK;
-    const bool short_row = p.kp <= kShort;
+    const bool short_row = p.reg_kmax == kShort;  // MakePlan's choice
     if (p.reg && p.reg_fold) {
       if (short_row) {
         return {rows64 ? ForwardRegKernel<kMath, kRowTile64, kW, true, kShort>
@@ -477,6 +478,7 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
       p->reg_warps = reg_warps;
       p->warp_splits = reg_warps == 8 ? 1 : detail::RegWarpSplits(p->row_tile);
       p->reg_fold = reg_fold;
+      p->reg_kmax = kmax;
       UseOneStage(p, kp_reg, smem_floats);
     }
   }

@@ -282,20 +282,21 @@ def loop_stats(f: Function, kp: int = 128) -> LoopStats | None:
             st.staging_passes = per_thread / copies[st.staging]
             st.per_tile += round(per_thread * st.copy_cost)
     if f.stalls:
-        st.cycles = sum(st.weight(a) * f.stalls.get(a, 0)
-                        for a, _ in f.instructions if outer[0] <= a <= outer[1])
+        st.cycles = sum(line_profile(f, st, f.stalls).values())
     return st
 
 
-def line_profile(f: Function, st: LoopStats) -> collections.Counter:
+def line_profile(f: Function, st: LoopStats, cost: dict | None = None) -> collections.Counter:
     """{source line: instructions} of f's tile loop, weighted as st.per_tile
     where the function has that estimate (each instruction once, the k-step
     loop's st.passes times, the staging loop's st.staging_passes times, the
-    other nested loops not at all), else static (every instruction once)."""
+    other nested loops not at all), else static (every instruction once);
+    with `cost` ({address: value}, f.stalls for stall cycles) each
+    instruction counts its value instead of 1."""
     out = collections.Counter()
     for a, _ in f.instructions:
         if st.outer[0] <= a <= st.outer[1]:
-            out[f.lines.get(a, "?")] += st.weight(a)
+            out[f.lines.get(a, "?")] += st.weight(a) * (1 if cost is None else cost.get(a, 0))
     return out
 
 
@@ -305,10 +306,7 @@ def line_table(f: Function, st: LoopStats, top: int, rank: str = "instructions")
     commonest opcodes, then the rest in one row; with the stall cycles of
     each line where the listing has control bits (nvdisasm -hex)."""
     prof = line_profile(f, st)
-    cycles = collections.Counter()
-    for a, _ in f.instructions:
-        if f.stalls and st.outer[0] <= a <= st.outer[1]:
-            cycles[f.lines.get(a, "?")] += st.weight(a) * f.stalls.get(a, 0)
+    cycles = line_profile(f, st, f.stalls) if f.stalls else collections.Counter()
     total = sum(prof.values())
     ops = collections.defaultdict(collections.Counter)
     for a, text in f.instructions:
