@@ -1,0 +1,176 @@
+"""How a warp's issue rate on the H100 follows the static stall counts: a fit
+on this run's Nsight Compute reports, and what it predicts for the kernels
+changed since (kernels/cuda/README.md, the section "What the static counts
+predict").
+
+Measured (run1_h100_device_check.log.gz, tree 2061684, NVIDIA H100 80GB
+HBM3, 3xTF32, k = 128): for each register-softmax forward and `kGradMma`
+codes-gradient kernel that `harness --profile` ran under ncu, its warp cycles
+per issued instruction (CPI) and its achieved active warps per SM (W = that /
+4, the warps per scheduler).
+
+Static (sm_90 SASS of the same sources, nvcc 13.0, kernels/cuda/sass_loop_stats.py):
+per warp and tile at kp = 128, the instructions a warp issues and the sum of
+their control-bit stall counts, s = stall cycles per instruction. Forward
+kernels: the tool's per-tile estimate (one 64-class tile). `kGradMma`: per
+batch tile, weighted the same way by hand (the tile loop once, its first
+product's k-step loop kp / 8 / unroll times, the u tile's staging at 16
+sixteen-byte copies per thread through the cheapest vector loop, the other
+nested loops not at all) and, at 05bff1a, the four-block case of the second
+product's `switch` (the one every warp takes at kp > 96), counted from a
+build with that case alone.
+
+The fit: CPI = a + b * s + c * W by least squares, and with b = 1 (each
+static stall cycle one cycle). Then, for the kernels of 05bff1a, the
+predicted CPI and the time per tile per scheduler, instructions x CPI / W,
+against 2061684's measured one. A warp count outside the fitted range
+(W = 2 to 3.9) is an extrapolation and is marked so.
+
+    python docs/device_runs/2026-11-27-kauto/cpi_fit.py
+"""
+import gzip
+import re
+from pathlib import Path
+
+import sys
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+LOG = HERE / "run1_h100_device_check.log.gz"
+
+# name as ncu prints it -> (instructions, stall cycles) per warp and tile at
+# 2061684, then at 05bff1a with the warps per scheduler its launch gets on
+# an H100 (blocks per SM from registers and shared memory, 4 schedulers).
+STATIC_OLD = {
+    "ForwardRegKernel<1, 16, 4, 0, 128>": (2664, 7936),
+    "ForwardRegKernel<1, 16, 4, 1, 128>": (2694, 8015),
+    "ForwardRegKernel<1, 64, 4, 0, 128>": (6241, 17587),
+    "ForwardRegKernel<1, 16, 8, 0, 128>": (1931, 5761),
+    "ForwardRegKernel<1, 64, 8, 0, 128>": (3900, 13855),
+    "CodesGradMmaKernel<1, 64>": (5295, 15002),
+    "CodesGradMmaKernel<1, 16>": (2337, 6627),
+}
+STATIC_NEW = {  # same key (the 2061684 kernel it replaces): (instr, stalls, W, note)
+    "ForwardRegKernel<1, 16, 4, 0, 128>": (2684, 7515, 3.0, "16-row forward, B = 17-63"),
+    "ForwardRegKernel<1, 16, 4, 1, 128>": (2728, 7077, 3.0, "16-row folded forward, B ≤ 16"),
+    "ForwardRegKernel<1, 64, 4, 0, 128>": (6199, 11351, 2.0, "64-row forward, B ≥ 64"),
+    "CodesGradMmaKernel<1, 64>": (3671, 7796, 3.0, "64-row `kGradMma`, B ≥ 64 (3 blocks per SM, was 2)"),
+    "CodesGradMmaKernel<1, 16>": (2209, 6549, 7.0, "16-row `kGradMma`, B ≤ 16 (7 blocks per SM, was 4)"),
+}
+W_FITTED = (2.0, 3.92)
+
+
+def measured(log=LOG):
+    """{kernel: [(grid, W, CPI, reports), ...]} of the ncu reports in the log,
+    the reports of one kernel on one grid (repeated launches of a cell)
+    averaged."""
+    seen = {}
+    name = None
+    cpi = None
+    for line in gzip.open(log, "rt", errors="replace"):
+        m = re.match(r"\s+void (?:keras_ecoc::cuda::detail::)?(\w+<[^>]*>)\(\w+\) (\([\d, ]+\))", line)
+        if m:
+            name, grid, cpi = m.group(1), m.group(2), None
+            continue
+        m = re.search(r"Warp Cycles Per Issued Instruction\s+cycle\s+([\d.]+)", line)
+        if m and name:
+            cpi = float(m.group(1))
+            continue
+        m = re.search(r"Achieved Active Warps Per SM\s+warp\s+([\d.]+)", line)
+        if m and name and cpi is not None:
+            seen.setdefault((name, grid), []).append((float(m.group(1)) / 4, cpi))
+            name = None
+    out = {}
+    for (name, grid), obs in seen.items():
+        w, c = np.mean(obs, axis=0)
+        out.setdefault(name, []).append((grid, w, c, len(obs)))
+    return out
+
+
+def power_of_ten(n):
+    e = len(str(n)) - 1
+    return f"10{str(e).translate(str.maketrans('0123456789', '⁰¹²³⁴⁵⁶⁷⁸⁹'))}" if n == 10**e else f"{n:,}"
+
+
+def main():
+    runs = measured()
+    rows = []
+    for name, (instr, stalls) in STATIC_OLD.items():
+        for grid, w, cpi, count in runs.get(name, []):
+            rows.append((name, grid, count, stalls / instr, w, cpi))
+    if len(rows) < 4:
+        raise SystemExit(f"only {len(rows)} ncu reports matched the static table in {LOG}")
+    s = np.array([r[3] for r in rows])
+    w = np.array([r[4] for r in rows])
+    y = np.array([r[5] for r in rows])
+    free, *_ = np.linalg.lstsq(np.stack([np.ones_like(s), s, w], 1), y, rcond=None)
+    unit, *_ = np.linalg.lstsq(np.stack([np.ones_like(s), w], 1), y - s, rcond=None)
+
+    def fit_free(s_, w_):
+        return free[0] + free[1] * s_ + free[2] * w_
+
+    def fit_unit(s_, w_):
+        return unit[0] + s_ + unit[1] * w_
+
+    print(f"fit: CPI = {free[0]:.2f} + {free[1]:.2f} s + {free[2]:.2f} W;"
+          f" with b = 1, CPI = {unit[0]:.2f} + s + {unit[1]:.2f} W"
+          f" ({len(rows)} kernel launches, {sum(r[2] for r in rows)} ncu reports;"
+          f" s {s.min():.2f}-{s.max():.2f}, W {w.min():.2f}-{w.max():.2f})\n")
+    print("| kernel (2061684) | grid | ncu reports | s | W | CPI measured | fit | fit, b = 1 |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for (name, grid, count, s_, w_, c) in rows:
+        print(f"| `{name}` | {grid} | {count} | {s_:.2f} | {w_:.2f} | {c:.2f} | "
+              f"{fit_free(s_, w_):.2f} | {fit_unit(s_, w_):.2f} |")
+    ratios_by_kernel = {}
+    print("\n| kernel | s: 2061684 → 05bff1a | W | instructions per tile | CPI predicted "
+          "(fit; b = 1) | time per tile per scheduler, 05bff1a / 2061684 (fit; b = 1) |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, (instr, stalls, w_new, note) in STATIC_NEW.items():
+        i_old, st_old = STATIC_OLD[name]
+        obs = runs.get(name, [])
+        _, w_old, cpi_old, _ = obs[0]
+        s_new = stalls / instr
+        cpis = (fit_free(s_new, w_new), fit_unit(s_new, w_new))
+        before = i_old * cpi_old / w_old
+        ratios = [instr * c / w_new / before for c in cpis]
+        ratios_by_kernel[name] = ratios
+        flag = "" if W_FITTED[0] - 0.1 <= w_new <= W_FITTED[1] + 0.1 else " (W outside the fit)"
+        print(f"| {note} | {st_old / i_old:.2f} → {s_new:.2f} | {w_old:.2f} → {w_new:.0f}{flag} | "
+              f"{i_old:,} → {instr:,} | {cpi_old:.2f} → {cpis[0]:.2f}; {cpis[1]:.2f} | "
+              f"{ratios[0]:.2f}; {ratios[1]:.2f} |")
+    cells(ratios_by_kernel)
+
+
+def cells(ratios):
+    """The H200 cells at k = 128 (3xTF32 kAuto, run4 of this folder): each
+    call's split launches scaled by their kernel's predicted ratio, the other
+    launches (prep, combine) as measured, against JAX dense DEFAULT."""
+    import kauto_table as kt
+    auto = kt.auto_rows(kt.load("run4_h200_auto_bench.json"))
+    jax = kt.method_rows(kt.load("run4_h200_gpuloss_jax.json"), "jax_default")
+    print("\n| B | n | measured ms (forward split, codes-gradient split, rest) | predicted ms (fit; b = 1) "
+          "| JAX DEFAULT ms | ratio to JAX: measured → predicted |")
+    print("|---:|---:|---|---:|---:|---:|")
+    for (mode, B, k, n), r in sorted(auto.items(), key=lambda kv: kv[0][1:]):
+        if mode != "3xtf32" or k != 128:
+            continue
+        fwd, grad = ((("ForwardRegKernel<1, 64, 4, 0, 128>", "CodesGradMmaKernel<1, 64>")) if B >= 64
+                     else ("ForwardRegKernel<1, 16, 4, 1, 128>", "CodesGradMmaKernel<1, 16>"))
+        lm = r["launch_ms"]
+        f_ms, g_ms = lm["forward split"], lm["codes-grad split"]
+        rest = r["fwdbwd_ms"] - f_ms - g_ms
+        pred = [f_ms * ratios[fwd][i] + g_ms * ratios[grad][i] + rest for i in (0, 1)]
+        j = jax.get((B, k, n), {}).get("fwdbwd_ms")
+        jr = (f"{r['fwdbwd_ms'] / j:.2f} → {pred[0] / j:.2f}; {pred[1] / j:.2f}" if j else "—")
+        mark = " *" if B < 64 else ""
+        print(f"| {B} | {power_of_ten(n)} | {r['fwdbwd_ms']:.3f} ({f_ms:.3f}, {g_ms:.3f}, {rest:.3f}) | "
+              f"{pred[0]:.3f}; {pred[1]:.3f}{mark} | {j:.3f} | {jr} |" if j else
+              f"| {B} | {power_of_ten(n)} | {r['fwdbwd_ms']:.3f} ({f_ms:.3f}, {g_ms:.3f}, {rest:.3f}) | "
+              f"{pred[0]:.3f}; {pred[1]:.3f}{mark} | — | — |")
+    print("\n(*: with the 16-row `kGradMma`'s ratio, whose W lies outside the fit.)")
+
+
+if __name__ == "__main__":
+    main()
