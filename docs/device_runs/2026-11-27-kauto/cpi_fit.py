@@ -61,6 +61,18 @@ STATIC_NEW = {  # same key (the 2061684 kernel it replaces): (instr, stalls, W, 
 }
 W_FITTED = (2.0, 3.92)
 
+# Out of sample: the register-softmax kernels of tree 1da2967 (before the
+# tile loops lost their per-element global loads and branches), profiled on
+# the H100 of 2026-11-26 in the same cells (../2026-11-26-h100-variants,
+# run1_ncu_forward.log). Per-tile estimate of sass_loop_stats.py, whose
+# name pattern predates these two-argument templates: counted with the
+# 4-warp layout they have.
+LOG_OLDER = HERE.parent / "2026-11-26-h100-variants" / "run1_ncu_forward.log"
+STATIC_OLDER = {
+    "ForwardRegKernel<1, 16>": (3836, 11299),
+    "ForwardRegKernel<1, 64>": (8927, 28252),
+}
+
 
 def measured(log=LOG):
     """{kernel: [(grid, W, CPI, reports), ...]} of the ncu reports in the log,
@@ -69,7 +81,8 @@ def measured(log=LOG):
     seen = {}
     name = None
     cpi = None
-    for line in gzip.open(log, "rt", errors="replace"):
+    opener = gzip.open if str(log).endswith(".gz") else open
+    for line in opener(log, "rt", errors="replace"):
         m = re.match(r"\s+void (?:keras_ecoc::cuda::detail::)?(\w+<[^>]*>)\(\w+\) (\([\d, ]+\))", line)
         if m:
             name, grid, cpi = m.group(1), m.group(2), None
@@ -78,14 +91,18 @@ def measured(log=LOG):
         if m and name:
             cpi = float(m.group(1))
             continue
+        m = re.search(r"Elapsed Cycles\s+cycle\s+([\d,]+)", line)
+        if m and name:
+            cycles = float(m.group(1).replace(",", ""))
+            continue
         m = re.search(r"Achieved Active Warps Per SM\s+warp\s+([\d.]+)", line)
         if m and name and cpi is not None:
-            seen.setdefault((name, grid), []).append((float(m.group(1)) / 4, cpi))
+            seen.setdefault((name, grid), []).append((float(m.group(1)) / 4, cpi, cycles))
             name = None
     out = {}
     for (name, grid), obs in seen.items():
-        w, c = np.mean(obs, axis=0)
-        out.setdefault(name, []).append((grid, w, c, len(obs)))
+        w, c, cycles = np.mean(obs, axis=0)
+        out.setdefault(name, []).append((grid, w, c, len(obs), cycles))
     return out
 
 
@@ -98,7 +115,7 @@ def main():
     runs = measured()
     rows = []
     for name, (instr, stalls) in STATIC_OLD.items():
-        for grid, w, cpi, count in runs.get(name, []):
+        for grid, w, cpi, count, _ in runs.get(name, []):
             rows.append((name, grid, count, stalls / instr, w, cpi))
     if len(rows) < 4:
         raise SystemExit(f"only {len(rows)} ncu reports matched the static table in {LOG}")
@@ -123,6 +140,26 @@ def main():
     for (name, grid, count, s_, w_, c) in rows:
         print(f"| `{name}` | {grid} | {count} | {s_:.2f} | {w_:.2f} | {c:.2f} | "
               f"{fit_free(s_, w_):.2f} | {fit_unit(s_, w_):.2f} |")
+    older = measured(LOG_OLDER)
+    print("\nOut of sample (tree 1da2967, H100 of 2026-11-26):\n")
+    print("| kernel (1da2967) | grid | ncu reports | s | W | CPI measured | fit | fit, b = 1 |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for name, (instr, stalls) in STATIC_OLDER.items():
+        for grid, w_, c, count, _ in older.get(name, []):
+            s_ = stalls / instr
+            print(f"| `{name}` | {grid} | {count} | {s_:.2f} | {w_:.2f} | {c:.2f} | "
+                  f"{fit_free(s_, w_):.2f} | {fit_unit(s_, w_):.2f} |")
+    # The same cell and grid on both trees: elapsed cycles against
+    # instructions x measured CPI (the per-tile count's check).
+    a = next(r for r in older["ForwardRegKernel<1, 64>"] if r[0] == "(4, 66, 1)")
+    b = next(r for r in runs["ForwardRegKernel<1, 64, 4, 0, 128>"] if r[0] == "(4, 66, 1)")
+    i_a, _ = STATIC_OLDER["ForwardRegKernel<1, 64>"]
+    i_b, _ = STATIC_OLD["ForwardRegKernel<1, 64, 4, 0, 128>"]
+    print(f"\n64-row forward, B = 256, n = 10⁵, grid (4, 66, 1), 2061684 / 1da2967: elapsed cycles "
+          f"{b[4]:,.0f} / {a[4]:,.0f} = {b[4] / a[4]:.3f}; instructions x measured CPI "
+          f"{i_b:,} x {b[2]:.2f} / ({i_a:,} x {a[2]:.2f}) = {i_b * b[2] / (i_a * a[2]):.3f}; "
+          f"with the fitted CPI instead: {i_b * b[2] / (i_a * fit_free(28252 / 8927, a[1])):.3f}")
+
     ratios_by_kernel = {}
     print("\n| kernel | s: 2061684 → 05bff1a | W | instructions per tile | CPI predicted "
           "(fit; b = 1) | time per tile per scheduler, 05bff1a / 2061684 (fit; b = 1) |")
@@ -130,7 +167,7 @@ def main():
     for name, (instr, stalls, w_new, note) in STATIC_NEW.items():
         i_old, st_old = STATIC_OLD[name]
         obs = runs.get(name, [])
-        _, w_old, cpi_old, _ = obs[0]
+        _, w_old, cpi_old, _, _ = obs[0]
         s_new = stalls / instr
         cpis = (fit_free(s_new, w_new), fit_unit(s_new, w_new))
         before = i_old * cpi_old / w_old
