@@ -17,8 +17,13 @@ batch tile, weighted the same way by hand (the tile loop once, its first
 product's k-step loop kp / 8 / unroll times, the u tile's staging at 16
 sixteen-byte copies per thread through the cheapest vector loop, the other
 nested loops not at all) and, at 05bff1a, the four-block case of the second
-product's `switch` (the one every warp takes at kp > 96), counted from a
-build with that case alone.
+product's `switch` (the one every warp takes at kp = 128), counted from a
+build with that case alone: in a copy of the tree, the `switch` in
+kernels/cuda/ecoc_codes_grad_mma.cuh replaced by
+`second_product(integral_constant<int, 4>{}, false_type{});`, then
+`nvcc -O3 -std=c++17 --expt-relaxed-constexpr -cubin
+-gencode=arch=compute_90,code=sm_90 -Ikernels -Ikernels/cuda -x cu
+kernels/cuda/ecoc_kernels.cu.cc` (the cubin of each tree the same way).
 
 The fit: CPI = a + b * s + c * W by least squares, and with b = 1 (each
 static stall cycle one cycle). Then, for the kernels of 05bff1a, the
