@@ -35,14 +35,13 @@ against 2061684's measured one. A warp count outside the fitted range
 """
 import gzip
 import re
-from pathlib import Path
-
 import sys
+from pathlib import Path
 
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE))  # kauto_table, this folder's reader of the run's JSON
 LOG = HERE / "run1_h100_device_check.log.gz"
 
 # name as ncu prints it -> (instructions, stall cycles) per warp and tile at
@@ -90,7 +89,7 @@ def measured(log=LOG):
     for line in opener(log, "rt", errors="replace"):
         m = re.match(r"\s+void (?:keras_ecoc::cuda::detail::)?(\w+<[^>]*>)\(\w+\) (\([\d, ]+\))", line)
         if m:
-            name, grid, cpi = m.group(1), m.group(2), None
+            name, grid, cpi, cycles = m.group(1), m.group(2), None, float("nan")
             continue
         m = re.search(r"Warp Cycles Per Issued Instruction\s+cycle\s+([\d.]+)", line)
         if m and name:
@@ -158,12 +157,12 @@ def main():
     # instructions x measured CPI (the per-tile count's check).
     a = next(r for r in older["ForwardRegKernel<1, 64>"] if r[0] == "(4, 66, 1)")
     b = next(r for r in runs["ForwardRegKernel<1, 64, 4, 0, 128>"] if r[0] == "(4, 66, 1)")
-    i_a, _ = STATIC_OLDER["ForwardRegKernel<1, 64>"]
+    i_a, st_a = STATIC_OLDER["ForwardRegKernel<1, 64>"]
     i_b, _ = STATIC_OLD["ForwardRegKernel<1, 64, 4, 0, 128>"]
     print(f"\n64-row forward, B = 256, n = 10⁵, grid (4, 66, 1), 2061684 / 1da2967: elapsed cycles "
           f"{b[4]:,.0f} / {a[4]:,.0f} = {b[4] / a[4]:.3f}; instructions x measured CPI "
           f"{i_b:,} x {b[2]:.2f} / ({i_a:,} x {a[2]:.2f}) = {i_b * b[2] / (i_a * a[2]):.3f}; "
-          f"with the fitted CPI instead: {i_b * b[2] / (i_a * fit_free(28252 / 8927, a[1])):.3f}")
+          f"with the fitted CPI instead: {i_b * b[2] / (i_a * fit_free(st_a / i_a, a[1])):.3f}")
 
     ratios_by_kernel = {}
     print("\n| kernel | s: 2061684 → 05bff1a | W | instructions per tile | CPI predicted "
@@ -205,12 +204,11 @@ def cells(ratios):
         rest = r["fwdbwd_ms"] - f_ms - g_ms
         pred = [f_ms * ratios[fwd][i] + g_ms * ratios[grad][i] + rest for i in (0, 1)]
         j = jax.get((B, k, n), {}).get("fwdbwd_ms")
-        jr = (f"{r['fwdbwd_ms'] / j:.2f} → {pred[0] / j:.2f}; {pred[1] / j:.2f}" if j else "—")
+        j_ms, ratio = ((f"{j:.3f}", f"{r['fwdbwd_ms'] / j:.2f} → {pred[0] / j:.2f}; {pred[1] / j:.2f}")
+                       if j else ("—", "—"))
         mark = " *" if B < 64 else ""
         print(f"| {B} | {power_of_ten(n)} | {r['fwdbwd_ms']:.3f} ({f_ms:.3f}, {g_ms:.3f}, {rest:.3f}) | "
-              f"{pred[0]:.3f}; {pred[1]:.3f}{mark} | {j:.3f} | {jr} |" if j else
-              f"| {B} | {power_of_ten(n)} | {r['fwdbwd_ms']:.3f} ({f_ms:.3f}, {g_ms:.3f}, {rest:.3f}) | "
-              f"{pred[0]:.3f}; {pred[1]:.3f}{mark} | — | — |")
+              f"{pred[0]:.3f}; {pred[1]:.3f}{mark} | {j_ms} | {ratio} |")
     print("\n(*: with the 16-row `kGradMma`'s ratio, whose W lies outside the fit.)")
 
 
