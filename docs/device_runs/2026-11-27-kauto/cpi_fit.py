@@ -32,7 +32,14 @@ against 2061684's measured one. A warp count outside the fitted range
 (W = 2 to 3.9) is an extrapolation and is marked so.
 
     python docs/device_runs/2026-11-27-kauto/cpi_fit.py
+    python docs/device_runs/2026-11-27-kauto/cpi_fit.py --check NEW_LOG
+
+--check: after a device run of these kernels (its device_check.log, plain
+or .gz), the measured W and CPI of each predicted kernel against the fit's
+CPI at that W; where the launch's warps differ from the prediction's, the
+CPI comparison still tests the fit, the time ratio does not.
 """
+import argparse
 import gzip
 import re
 import sys
@@ -55,6 +62,14 @@ STATIC_OLD = {
     "ForwardRegKernel<1, 64, 8, 0, 128>": (3900, 13855),
     "CodesGradMmaKernel<1, 64>": (5295, 15002),
     "CodesGradMmaKernel<1, 16>": (2337, 6627),
+}
+# How ncu names each kernel of 05bff1a (the KMAX argument is new in kGradMma).
+NAME_NEW = {
+    "ForwardRegKernel<1, 16, 4, 0, 128>": "ForwardRegKernel<1, 16, 4, 0, 128>",
+    "ForwardRegKernel<1, 16, 4, 1, 128>": "ForwardRegKernel<1, 16, 4, 1, 128>",
+    "ForwardRegKernel<1, 64, 4, 0, 128>": "ForwardRegKernel<1, 64, 4, 0, 128>",
+    "CodesGradMmaKernel<1, 64>": "CodesGradMmaKernel<1, 64, 128>",
+    "CodesGradMmaKernel<1, 16>": "CodesGradMmaKernel<1, 16, 128>",
 }
 STATIC_NEW = {  # same key (the 2061684 kernel it replaces): (instr, stalls, W, note)
     "ForwardRegKernel<1, 16, 4, 0, 128>": (2684, 7515, 3.0, "16-row forward, B = 17-63"),
@@ -115,7 +130,13 @@ def power_of_ten(n):
     return f"10{str(e).translate(str.maketrans('0123456789', '⁰¹²³⁴⁵⁶⁷⁸⁹'))}" if n == 10**e else f"{n:,}"
 
 
-def main():
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--check", metavar="NEW_LOG",
+                   help="a later run's device_check.log (.gz): measured CPI against the fit")
+    args = p.parse_args(argv)
+    if args.check and not Path(args.check).is_file():
+        p.error(f"--check must name a device_check.log file. Received: --check={args.check}")
     runs = measured()
     rows = []
     for name, (instr, stalls) in STATIC_OLD.items():
@@ -182,6 +203,22 @@ def main():
               f"{i_old:,} → {instr:,} | {cpi_old:.2f} → {cpis[0]:.2f}; {cpis[1]:.2f} | "
               f"{ratios[0]:.2f}; {ratios[1]:.2f} |")
     cells(ratios_by_kernel)
+    if args.check:
+        check(measured(args.check), fit_free, fit_unit)
+
+
+def check(new_runs, fit_free, fit_unit):
+    """The predicted kernels' ncu reports in a later run's log."""
+    print("\n| kernel | grid | W measured | CPI measured | CPI of the fit at that W (fit; b = 1) |")
+    print("|---|---|---:|---:|---:|")
+    found = 0
+    for key, (instr, stalls, _, note) in STATIC_NEW.items():
+        for grid, w, c, count, _ in new_runs.get(NAME_NEW[key], []):
+            found += 1
+            print(f"| {note} | {grid} | {w:.2f} | {c:.2f} | "
+                  f"{fit_free(stalls / instr, w):.2f}; {fit_unit(stalls / instr, w):.2f} |")
+    if not found:
+        print("| (none of the predicted kernels in that log) | | | | |")
 
 
 def cells(ratios):
