@@ -442,6 +442,76 @@ def test_sass_loop_stats_adds_up_the_stall_counts_of_a_tile(tmp_path):
     assert st.per_tile == 31 - 25 + 8 * 25 and st.cycles is None
 
 
+
+# CodesGradMmaKernel<3xtf32 (1), BT = 64, KMAX = 128>: the first product's
+# k-step loop holds 24 HMMA (4 n8 tiles x 3 products, two k steps a pass);
+# the second product a `switch` of straight-line cases, 48 products per
+# column block (2 m16 tiles x 8 k steps x 3).
+_GRAD_NAME = "_ZN10keras_ecoc4cuda6detail18CodesGradMmaKernelILi1ELi64ELi128EEEvNS1_13CodesGradArgsE"
+
+
+def _grad_listing() -> str:
+    body = [(0x000, "MOV R1, c[0x0][0x28]")]
+    addr = 0x010
+    tile_start = addr
+
+    def put(text):
+        nonlocal addr
+        body.append((addr, text))
+        addr += 0x10
+    stage_start = addr  # u staging: 4 instructions per 16-byte copy
+    for text in ("IADD3 R14, P4, R14, R27, RZ", "LDGSTS.E.BYPASS.128 [R15], desc[UR12][R8.64], P1",
+                 "ISETP.GE.AND P1, PT, R10, 0x40, PT", f"@!P1 BRA 0x{stage_start:x}"):
+        put(text)
+    kstep_start = addr
+    for _ in range(24):
+        put("HMMA.1688.F32.TF32 R8, R12, R16, R8")
+    put(f"@!P0 BRA 0x{kstep_start:x}")  # k-step loop: 25 instructions
+    norms_start = addr  # the first batch tile's norms: once per block
+    put("FFMA R30, R31, R31, R30")
+    put("ISETP.GE.AND P2, PT, R10, 0x40, PT")
+    put(f"@!P2 BRA 0x{norms_start:x}")
+    put("ISETP.NE.AND P3, PT, R40, 0x4, PT")
+    case1 = addr + 0x10 * (1 + 192 + 1)
+    put(f"@P3 BRA 0x{case1:x}")
+    for _ in range(192):  # case 4: four column blocks
+        put("HMMA.1688.F32.TF32 R8, R12, R16, R8")
+    join = case1 + 0x10 * 48
+    put(f"BRA 0x{join:x}")
+    assert addr == case1
+    for _ in range(48):  # case 1: one column block
+        put("HMMA.1688.F32.TF32 R8, R12, R16, R8")
+    assert addr == join
+    put("MUFU.EX2 R5, R6")
+    put(f"@!P4 BRA 0x{tile_start:x}")
+    put("EXIT")
+    return _sass(_GRAD_NAME, body)
+
+
+def test_sass_loop_stats_estimates_a_codes_gradient_batch_tile(tmp_path):
+    """kGradMma per batch tile: the k-step loop kp / 8 / 2 times, the u tile's
+    copies at the staging loop's cost, the once-per-block loop never, and of
+    the second product's switch the case the warps take at this kp."""
+    tool = _load_sass_tool()
+    listing = tmp_path / "grad.sass"
+    listing.write_text(_grad_listing())
+    st = tool.collect(str(listing), "CodesGradMma", 128)["CodesGradMmaKernel<1, 64, 128>"]
+    assert st.unroll == 2 and st.kstep_total == 25 and st.copy_cost == 4
+    # kp = 128: every warp has four column blocks (case 4). Body: the
+    # dispatch (2), case 4 and its branch (193), the join's MUFU and the
+    # back branch (2); 64 x 32 copies over 128 threads at 4 each; 8 passes.
+    assert st.per_tile == (2 + 193 + 2) + 16 * 4 + 8 * 25
+    # kp = 32: four column blocks in all, one per warp (case 1); 2 passes,
+    # 4 copies per thread.
+    st = tool.collect(str(listing), "CodesGradMma", 32)["CodesGradMmaKernel<1, 64, 128>"]
+    assert st.per_tile == (2 + 48 + 2) + 4 * 4 + 2 * 25
+    # kp = 104 (13 blocks): warps 0-3 take 4, 3, 3 and 3 of them, so case 4
+    # counts a quarter and case 1 not at all (this listing has no case 3);
+    # 13 copies per thread, 6 passes (13 k steps, two a pass).
+    st = tool.collect(str(listing), "CodesGradMma", 104)["CodesGradMmaKernel<1, 64, 128>"]
+    assert st.per_tile == round(2 + 193 / 4 + 2 + 13 * 4 + 6 * 25)
+
+
 def _nvdisasm(name: str, cuobjdump_listing: str, where, stall=None) -> str:
     """The `nvdisasm -g` form of a one-function listing: a section header, a
     source position before each instruction (where(address) -> (file, line)),
@@ -565,6 +635,9 @@ def test_sass_loop_stats_reads_the_library_object(kernels_build):
                    "CodesGradPersistentKernel"):
         assert any(name.startswith(kernel + "<") for name in stats), sorted(stats)
     assert all(st.kstep["HMMA"] > 0 and st.per_hmma > 1.0 for st in stats.values())
+    # And each mma codes-gradient instantiation an estimate per batch tile.
+    grad = [name for name in stats if name.startswith("CodesGradMmaKernel<")]
+    assert grad and all(stats[name].per_tile > 0 for name in grad), sorted(stats)
 
 
 def test_sass_loop_stats_names_each_register_softmax_instantiation():

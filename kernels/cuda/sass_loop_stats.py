@@ -11,7 +11,7 @@ GPU this is how a change to
 a kernel's inner loops is weighed: the instructions in the loop a warp runs
 once per tile, the branches and global loads among them, and for
 ``ForwardRegKernel`` an estimate of the instructions a warp issues per 64-class
-tile. On the H100 run of 2026-11-26 that estimate agreed with what Nsight
+tile (for ``CodesGradMmaKernel``, per batch tile). On the H100 run of 2026-11-26 that estimate agreed with what Nsight
 Compute's issue rate implies (kernels/cuda/README.md, the register-softmax
 section of 2026-11-27): the loop body is the work there.
 
@@ -26,13 +26,22 @@ For each function that has a loop holding tensor-core products (``HMMA``):
 * k-step loop per HMMA: its instructions over its tensor-core products,
   for every kernel (the products' overhead: operand loads, TF32 splits,
   addressing);
-* per tile (ForwardRegKernel only): the tile loop's instructions outside its
+* per tile (ForwardRegKernel): the tile loop's instructions outside its
   inner loops, plus kp / 8 / unroll passes of the k-step loop, plus the code
   tile's 64 x kp / 4 sixteen-byte copies over the block's threads at the cost
   per copy of the cheapest vector staging loop (LDGSTS.128; the other staging
   loops serve widths and alignments the tile does not have and are left
   out). It overcounts code that does not run on a given tile: the setup of
   the staging paths not taken, the P.M blocks past kp / 8;
+* per batch tile (CodesGradMmaKernel): the same for the codes gradient's
+  tile loop, whose tile is a batch tile of BT rows against the block's 32
+  classes: the body once, the first product's k-step loop kp / 8 / unroll
+  times, the u tile's BT x kp / 4 copies at the cheapest vector staging
+  loop's cost, the loops run once per block (the first tile's norms) not at
+  all, and where ptxas made a `switch` of the unrolled second product (one
+  straight-line case per count of the warp's column blocks) each case with
+  the share of the 4 warps that take it at kp; kp stops at the
+  instantiation's KMAX, as for the forward;
 * stall cycles per tile: the stall counts of the same instructions' control
   bits, weighted the same way (static, the k-step loop once, where there is
   no per-tile estimate). ptxas sets them to cover fixed-latency results, a
@@ -84,6 +93,8 @@ _PREDICATE = re.compile(r"^@!?U?P(?:T|\d+)\s+")
 # the names of older builds.
 _REG_KERNEL = re.compile(r"ForwardRegKernelILi(\d+)ELi(\d+)ELi(\d+)E(?:Lb(\d)E)?(?:Li(\d+)E)?")
 _REG_MAX_K = 128  # kRegMaxK: KMAX's default
+# CodesGradMmaKernel<kMath, BT, KMAX>; KMAX absent from older builds' names.
+_GRAD_MMA_KERNEL = re.compile(r"CodesGradMmaKernelILi(\d+)ELi(\d+)E(?:Li(\d+)E)?")
 # nvdisasm -g: a function's section header, a source position, a label.
 _NV_SECTION = re.compile(r"^//-+ \.text\.(\S+) -+$", re.M)
 _NV_LINE = re.compile(r'//## File "([^"]+)", line (\d+)')
@@ -206,6 +217,9 @@ class LoopStats:
     staging: tuple = ()              # the staging loop counted in the estimate, if any
     staging_passes: float = 0.0      # its passes per tile
     nested: list = field(default_factory=list)  # the loops directly inside the tile loop
+    # Straight-line stretches of the tile body counted other than once:
+    # ((first, last) address, weight), the cases of kGradMma's switch.
+    regions: list = field(default_factory=list)
     # The stall counts of the tile loop, weighted as per_tile (static where
     # that is None): the cycles one warp needs per tile with every operand it
     # waits on by scoreboard already there. None without control bits.
@@ -218,6 +232,9 @@ class LoopStats:
         instruction once where the function has no per-tile estimate)."""
         if self.per_tile is None:
             return 1.0
+        for (lo, hi), w in self.regions:
+            if lo <= address <= hi:
+                return w
         if self.inner[0] <= address <= self.inner[1]:
             return float(self.passes)
         if self.staging and self.staging[0] <= address <= self.staging[1]:
@@ -281,9 +298,78 @@ def loop_stats(f: Function, kp: int = 128) -> LoopStats | None:
             per_thread = 64 * (kp // 4) // (nw * 32)
             st.staging_passes = per_thread / copies[st.staging]
             st.per_tile += round(per_thread * st.copy_cost)
+    g = _GRAD_MMA_KERNEL.search(f.name)
+    if g and inner != outer:
+        _grad_mma_estimate(f, st, hist, size, kp, int(g.group(1)), int(g.group(2)),
+                           int(g.group(3) or _REG_MAX_K))
     if f.stalls:
         st.cycles = sum(line_profile(f, st, f.stalls).values())
     return st
+
+
+def _nested_loops(hist: dict, outer: tuple) -> list:
+    inside = [lp for lp in hist if lp != outer and outer[0] <= lp[0] and lp[1] <= outer[1]]
+    return [lp for lp in inside
+            if not any(o != lp and o[0] <= lp[0] and lp[1] <= o[1] for o in inside)]
+
+
+def _grad_mma_estimate(f: Function, st: LoopStats, hist: dict, size: dict, kp: int, math: int,
+                       bt: int, kmax: int) -> None:
+    """st.per_tile for CodesGradMmaKernel<math, bt, kmax>: what a warp issues
+    per batch tile (bt rows of the block's 32 classes). The tile body once;
+    the first product's k-step loop (MmaEngine: 4 n8 tiles per warp at 64
+    rows, 1 at 16; three products each in 3xTF32) kp / 8 / unroll times; the
+    u tile's bt x kp / 4 sixteen-byte copies over 128 threads through the
+    cheapest vector staging loop; the other nested loops not at all (the
+    first batch tile's norms: once per block). The second product is
+    unrolled: where ptxas made a `switch` of it (one straight-line case per
+    count nv of the warp's column blocks, 2 x bt / 8 x nv products each), a
+    case counts with the share of the 4 warps that take it at this kp; a
+    second product behind tests per block counts whole, exact at kp = KMAX."""
+    kp = min(kp, kmax)
+    kn = kp // 8
+    split = 3 if math == 1 else 1
+    st.unroll = max(1, st.kstep["HMMA"] // ((4 if bt == 64 else 1) * split))
+    st.passes = kp // 8 // st.unroll
+    nested = _nested_loops(hist, st.outer)
+    st.nested = nested
+    staging = [lp for lp in nested if f.vector_copies(*lp) and hist[lp]["HMMA"] == 0]
+    per_thread = bt * (kp // 4) // (4 * 32)
+    if staging:
+        st.staging = min(staging, key=lambda lp: size[lp] / f.vector_copies(*lp))
+        st.copy_cost = size[st.staging] / f.vector_copies(*st.staging)
+        st.staging_passes = per_thread / f.vector_copies(*st.staging)
+    # Straight-line stretches of the body: split at branches and branch targets.
+    targets = set()
+    for _, text in f.instructions:
+        m = _BACKWARD_TARGET.search(_PREDICATE.sub("", text))
+        if m and opcode(text) == "BRA":
+            targets.add(int(m.group(1), 16))
+    stretches, current = [], []
+    for a, text in f.instructions:
+        if not st.outer[0] <= a <= st.outer[1] or any(lp[0] <= a <= lp[1] for lp in nested):
+            continue
+        if a in targets and current:
+            stretches.append(current)
+            current = []
+        current.append((a, text))
+        if opcode(text) in ("BRA", "EXIT"):
+            stretches.append(current)
+            current = []
+    if current:
+        stretches.append(current)
+    unit = 2 * (bt // 8) * split
+    cases = {}
+    for stretch in stretches:
+        n = sum(1 for _, text in stretch if opcode(text) == "HMMA")
+        if n and n % unit == 0:
+            cases.setdefault(n // unit, []).append((stretch[0][0], stretch[-1][0]))
+    if len(cases) > 1 and all(len(v) == 1 for v in cases.values()):
+        counts = [(kn - w + 3) // 4 if w < kn else 0 for w in range(4)]
+        st.regions = [(cases[nv][0], counts.count(nv) / 4) for nv in cases]
+    st.per_tile = 0  # weight() now applies the estimate's weights
+    st.per_tile = round(sum(st.weight(a) for a, _ in f.instructions
+                            if st.outer[0] <= a <= st.outer[1]))
 
 
 def line_profile(f: Function, st: LoopStats, cost: dict | None = None) -> collections.Counter:
