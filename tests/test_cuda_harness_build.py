@@ -352,6 +352,12 @@ def _sass(name: str, body: list, stall=lambda text: 1) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _staging_loop(start: int) -> tuple:
+    """A vector staging loop from `start`: 4 instructions per 16-byte copy."""
+    return ("IADD3 R14, P4, R14, R27, RZ", "LDGSTS.E.BYPASS.128 [R15], desc[UR12][R8.64], P1",
+            "ISETP.GE.AND P1, PT, R10, 0x40, PT", f"@!P1 BRA 0x{start:x}")
+
+
 # ForwardRegKernel<3xtf32 (1), BT = 16, NW = 4>: WC = 4, NT = 2, so one k step
 # is 6 HMMA; the inner loop below holds 12 (ptxas unrolled two k steps).
 _REG_NAME = "_ZN10keras_ecoc4cuda6detail16ForwardRegKernelILi1ELi16ELi4EEEvNS1_16ForwardSplitArgsE"
@@ -366,8 +372,7 @@ def _reg_listing(extra_ldg: int, staging: bool = False, stall=lambda text: 1) ->
         addr += 0x10
     if staging:  # a vector staging loop: 4 instructions per 16-byte copy
         stage_start = addr
-        for text in ("IADD3 R14, P4, R14, R27, RZ", "LDGSTS.E.BYPASS.128 [R15], desc[UR12][R8.64], P1",
-                     "ISETP.GE.AND P1, PT, R10, 0x40, PT", f"@!P1 BRA 0x{stage_start:x}"):
+        for text in _staging_loop(stage_start):
             body.append((addr, text))
             addr += 0x10
     kstep_start = addr
@@ -460,8 +465,7 @@ def _grad_listing() -> str:
         body.append((addr, text))
         addr += 0x10
     stage_start = addr  # u staging: 4 instructions per 16-byte copy
-    for text in ("IADD3 R14, P4, R14, R27, RZ", "LDGSTS.E.BYPASS.128 [R15], desc[UR12][R8.64], P1",
-                 "ISETP.GE.AND P1, PT, R10, 0x40, PT", f"@!P1 BRA 0x{stage_start:x}"):
+    for text in _staging_loop(stage_start):
         put(text)
     kstep_start = addr
     for _ in range(24):

@@ -11,9 +11,10 @@ GPU this is how a change to
 a kernel's inner loops is weighed: the instructions in the loop a warp runs
 once per tile, the branches and global loads among them, and for
 ``ForwardRegKernel`` an estimate of the instructions a warp issues per 64-class
-tile (for ``CodesGradMmaKernel``, per batch tile). On the H100 run of 2026-11-26 that estimate agreed with what Nsight
-Compute's issue rate implies (kernels/cuda/README.md, the register-softmax
-section of 2026-11-27): the loop body is the work there.
+tile (for ``CodesGradMmaKernel``, per batch tile). On the H100 run of
+2026-11-26 that estimate agreed with what Nsight Compute's issue rate implies
+(kernels/cuda/README.md, the register-softmax section of 2026-11-27): the loop
+body is the work there.
 
 For each function that has a loop holding tensor-core products (``HMMA``):
 
@@ -281,22 +282,14 @@ def loop_stats(f: Function, kp: int = 128) -> LoopStats | None:
         # the loop with the fewest instructions per copy (the other vector
         # loop and the scalar one serve widths or alignments this tile does
         # not have); every other inner loop is left out.
-        inside = [lp for lp in hist if lp != outer and outer[0] <= lp[0] and lp[1] <= outer[1]]
-        nested = [lp for lp in inside
-                  if not any(o != lp and o[0] <= lp[0] and lp[1] <= o[1] for o in inside)]
-        copies = {lp: f.vector_copies(*lp) for lp in nested}
-        staging = [lp for lp in nested if copies[lp] and hist[lp]["HMMA"] == 0]
-        body = st.tile_total - sum(size[lp] for lp in nested)
-        st.nested = nested
+        st.nested = _nested_loops(hist, outer)
+        body = st.tile_total - sum(size[lp] for lp in st.nested)
         # An instantiation for short rows (KMAX) never runs past its KMAX.
         kp = min(kp, int(m.group(5) or _REG_MAX_K))
         st.passes = kp // 8 // st.unroll
         st.per_tile = body + st.passes * st.kstep_total
-        if staging:
-            st.staging = min(staging, key=lambda lp: size[lp] / copies[lp])
-            st.copy_cost = size[st.staging] / copies[st.staging]
-            per_thread = 64 * (kp // 4) // (nw * 32)
-            st.staging_passes = per_thread / copies[st.staging]
+        per_thread = 64 * (kp // 4) // (nw * 32)
+        if _pick_staging(f, st, hist, size, per_thread):
             st.per_tile += round(per_thread * st.copy_cost)
     g = _GRAD_MMA_KERNEL.search(f.name)
     if g and inner != outer:
@@ -308,9 +301,25 @@ def loop_stats(f: Function, kp: int = 128) -> LoopStats | None:
 
 
 def _nested_loops(hist: dict, outer: tuple) -> list:
+    """The loops directly inside the loop `outer` (hist: {loop: opcodes})."""
     inside = [lp for lp in hist if lp != outer and outer[0] <= lp[0] and lp[1] <= outer[1]]
     return [lp for lp in inside
             if not any(o != lp and o[0] <= lp[0] and lp[1] <= o[1] for o in inside)]
+
+
+def _pick_staging(f: Function, st: LoopStats, hist: dict, size: dict, per_thread: int) -> bool:
+    """Of st.nested's vector staging loops (16-byte cp.async, LDGSTS.128, no
+    HMMA), the one with the fewest instructions per copy into st.staging,
+    with its cost per copy and the passes that per_thread copies take; the
+    others serve widths or alignments the tile does not have. False where
+    there is none."""
+    staging = [lp for lp in st.nested if f.vector_copies(*lp) and hist[lp]["HMMA"] == 0]
+    if not staging:
+        return False
+    st.staging = min(staging, key=lambda lp: size[lp] / f.vector_copies(*lp))
+    st.copy_cost = size[st.staging] / f.vector_copies(*st.staging)
+    st.staging_passes = per_thread / f.vector_copies(*st.staging)
+    return True
 
 
 def _grad_mma_estimate(f: Function, st: LoopStats, hist: dict, size: dict, kp: int, math: int,
@@ -331,14 +340,8 @@ def _grad_mma_estimate(f: Function, st: LoopStats, hist: dict, size: dict, kp: i
     split = 3 if math == 1 else 1
     st.unroll = max(1, st.kstep["HMMA"] // ((4 if bt == 64 else 1) * split))
     st.passes = kp // 8 // st.unroll
-    nested = _nested_loops(hist, st.outer)
-    st.nested = nested
-    staging = [lp for lp in nested if f.vector_copies(*lp) and hist[lp]["HMMA"] == 0]
-    per_thread = bt * (kp // 4) // (4 * 32)
-    if staging:
-        st.staging = min(staging, key=lambda lp: size[lp] / f.vector_copies(*lp))
-        st.copy_cost = size[st.staging] / f.vector_copies(*st.staging)
-        st.staging_passes = per_thread / f.vector_copies(*st.staging)
+    st.nested = nested = _nested_loops(hist, st.outer)
+    _pick_staging(f, st, hist, size, bt * (kp // 4) // (4 * 32))
     # Straight-line stretches of the body: split at branches and branch targets.
     targets = set()
     for _, text in f.instructions:
