@@ -190,9 +190,25 @@ __global__ void __launch_bounds__(kThreads, BT == 16 ? (kMath == kMath3xTf32 ? 8
   const int lane = threadIdx.x % kWarpSize;
   const int pitch = TilePitch(a.kc);
   const int stage_floats = (BT + CT) * pitch;
-  float* W_s = smem + a.stages * stage_floats;
-  float* g_s = W_s + BT * kSPitch;
+  // Layout of the 64-row kernel: W_s [BT][kSPitch], G [CT][k] where
+  // g_in_smem, ct_s [CT], then the a.stages stage buffers (each a multiple of
+  // 16 bytes from the start, for cp.async). W_s first, at a constant
+  // address: placed after the stage buffers, at a.stages * stage_floats, it
+  // cost that kernel its loads ahead in TileGradSum's fma chain (ptxas kept
+  // 2 of W's 64 loads in flight on average instead of 6-7 in FP32, since
+  // bb86f52 made the stage count a runtime value; sm_90 SASS) and the launch
+  // 1.6-1.9x at k = 128 in every math mode on the H200 (19.0 ms against
+  // 11.7 at B = 256, n = 1e6 in FP32; docs/device_runs/2026-11-28-h200).
+  // The 16-row kernel, which did not slow down, keeps the stage buffers
+  // first: W_s first spills 4 bytes there (80 registers, FP32). Only
+  // addresses differ: the same bits.
+  constexpr bool kWFirst = BT == kWarps * 16;
+  static_assert(BT * kSPitch % 4 == 0 && CT % 4 == 0, "stage buffers 16-byte aligned");
   const int64_t k = a.code_length;
+  float* const stage_s =
+      kWFirst ? smem + BT * kSPitch + (a.g_in_smem ? CT * k : 0) + CT : smem;
+  float* W_s = kWFirst ? smem : smem + a.stages * stage_floats;
+  float* g_s = W_s + BT * kSPitch;
   float* ct_s = g_s + (a.g_in_smem ? CT * k : 0);
 
   const float scale = ReadScale(a.scale_ptr, a.scale);
@@ -210,15 +226,15 @@ __global__ void __launch_bounds__(kThreads, BT == 16 ? (kMath == kMath3xTf32 ? 8
   // instantiation from 72 to 96 registers (sm_90, nvcc 13.0; 7 -> 5 blocks
   // per SM by registers).
   if (num_stages > 0) {
-    StageTile(smem, pitch, a.u, a.kp, t_begin * BT, a.batch, BT, 0, a.kc, a.kp, true);
-    StageTile(smem + BT * pitch, pitch, a.codes, k, c0, a.num_classes, CT, 0, a.kc, k,
+    StageTile(stage_s, pitch, a.u, a.kp, t_begin * BT, a.batch, BT, 0, a.kc, a.kp, true);
+    StageTile(stage_s + BT * pitch, pitch, a.codes, k, c0, a.num_classes, CT, 0, a.kc, k,
               a.codes_vec);
     ptx::cp_async_commit();
   }
   for (int64_t q = 0; q < num_stages; ++q) {
-    float* cur = smem + (q & 1) * stage_floats;
+    float* cur = stage_s + (q & 1) * stage_floats;
     if (q + 1 < num_stages) {
-      float* nxt = smem + ((q + 1) & 1) * stage_floats;
+      float* nxt = stage_s + ((q + 1) & 1) * stage_floats;
       const int64_t nb0 = (t_begin + (q + 1) / a.nchunks) * BT;
       const int64_t nj0 = ((q + 1) % a.nchunks) * a.kc;
       StageTile(nxt, pitch, a.u, a.kp, nb0, a.batch, BT, nj0, a.kc, a.kp, true);
