@@ -965,3 +965,44 @@ def test_check_harness_json_accepts_the_auto_and_warps8_launch_variants(tmp_path
                                 for mode in ("3xtf32+auto", "tf32+warps8", "fp32+rows64+warps8")]))
     rows = mod.load_harness_json(str(path))
     assert [mod.harness_precision(r["mode"]) for r in rows] == ["fp32", "tf32", "fp32"]
+
+
+RETIME = REPO / "kernels" / "cuda" / "device_retime.sh"
+NCU_STALLS = REPO / "kernels" / "cuda" / "ncu_stalls.sh"
+
+
+def test_device_retime_times_each_variant_with_the_prebuilt_harness_and_refuses_a_stale_one(
+        _prebuilt, tmp_path):
+    whl, env = _prebuilt
+    run_env = dict(os.environ, DEVICE_CHECK_PREBUILT_DIR=str(whl), NVCC=env["NVCC"],
+                   OUT=str(tmp_path / "out"))
+
+    def retime(*args, **extra):
+        return subprocess.run(["bash", str(RETIME), *args], capture_output=True, text=True,
+                              timeout=60, env=dict(run_env, **extra))
+
+    proc = retime("rows64", "auto")
+    assert proc.returncode == 0, proc.stderr
+    log = (tmp_path / "out" / "bench.log").read_text()
+    assert log.startswith(f"prebuilt: match {whl / 'ecoc_harness_sm90'}")
+    assert log.count("## Timings") == 2
+    for v in ("rows64", "auto"):
+        rows = json.loads((tmp_path / "out" / f"timing_{v}.json").read_text())
+        assert rows[0]["mode"] == "3xtf32"
+    # A harness built from other sources would time the old kernels: refused, nothing run.
+    stale = tmp_path / "stale"
+    shutil.copytree(whl, stale)
+    (stale / "ecoc_harness_sm90.stamp").write_text("0" * 64 + "\n")
+    proc = retime("v2", DEVICE_CHECK_PREBUILT_DIR=str(stale), OUT=str(tmp_path / "out2"))
+    assert proc.returncode == 4 and "does not match this tree" in proc.stderr
+    assert not (tmp_path / "out2" / "timing_v2.json").exists()
+    proc = subprocess.run(["bash", str(NCU_STALLS)], capture_output=True, text=True, timeout=60,
+                          env=dict(run_env, DEVICE_CHECK_PREBUILT_DIR=str(stale),
+                                   OUT=str(tmp_path / "out3")))
+    assert proc.returncode == 4 and "does not match this tree" in proc.stderr
+    # Bad command lines.
+    for args, why in (((), "name at least one variant"), (("--ncu", "X"), "--ncu needs"),
+                      (("a", "b", "c", "d", "e"), "at most 4 variants"),
+                      (("--fast",), "unknown option '--fast'")):
+        proc = retime(*args)
+        assert proc.returncode == 3 and why in proc.stderr, (args, proc.stderr)

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# A short device call after a kernel change: the timing table of a few launch
+# variants (harness --bench-only --quick: B in {16, 256, 4096}, k in {32, 128},
+# n in {1e4, 1e5, 1e6}, every math mode) and, optionally, one Nsight Compute
+# profile with the stall reasons per SASS instruction. Uses the prebuilt
+# harness of .whl/ (device_check.sh --prebuild .whl on the workstation) and
+# stops if its stamp does not match the tree: a stale binary would time the
+# old kernels.
+#
+#   OUT=$OUT bash kernels/cuda/device_retime.sh [--ncu KERNEL_REGEX VARIANT MATH] VARIANT...
+#
+# e.g. `rows64 v2 auto --ncu CodesGradSplitKernel rows64 fp32` after a change
+# to the 64-row codes gradient. Writes under $OUT (at most 8 files, what the
+# device tool returns, with 4 variants): bench.log (the prebuilt status and
+# each variant's tables), timing_<variant>.json (its ECOC_HARNESS_JSON rows),
+# and with --ncu ncu.log, ncu_details.txt (--print-details all) and
+# ncu_source.csv (per SASS instruction; harness --profile at B = 256,
+# n = 1e5 and B = 16, n = 1e6, k = 128).
+set -u -o pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$REPO" || exit 1
+OUT="${OUT:-$REPO/build/device_retime}"
+mkdir -p "$OUT"
+[[ -d /usr/local/cuda/bin ]] && export PATH="$PATH:/usr/local/cuda/bin"
+NCU_REGEX="" NCU_VARIANT="" NCU_MATH=""
+VARIANTS=()
+while (($#)); do
+  case "$1" in
+    --ncu)
+      if (($# < 4)); then echo "device_retime: --ncu needs KERNEL_REGEX VARIANT MATH" >&2; exit 3; fi
+      NCU_REGEX="$2" NCU_VARIANT="$3" NCU_MATH="$4"; shift 4 ;;
+    -*) echo "device_retime: unknown option '$1'" >&2; exit 3 ;;
+    *) VARIANTS+=("$1"); shift ;;
+  esac
+done
+if ((${#VARIANTS[@]} == 0)) && [[ -z "$NCU_REGEX" ]]; then
+  echo "device_retime: name at least one variant (or --ncu)" >&2; exit 3
+fi
+if ((${#VARIANTS[@]} > 4)); then
+  echo "device_retime: at most 4 variants (8 files come back)" >&2; exit 3
+fi
+STATUS="$(bash kernels/cuda/device_check.sh --prebuilt-status 2>&1)"
+echo "$STATUS" > "$OUT/bench.log"
+if ! grep -q '^prebuilt: match' <<< "$STATUS"; then
+  echo "device_retime: the prebuilt harness does not match this tree ($STATUS)" >&2
+  exit 4
+fi
+EXE="$(mktemp -d /tmp/ecoc_retime.XXXXXX)/ecoc_harness"
+cp "${STATUS#prebuilt: match }" "$EXE"
+for v in "${VARIANTS[@]}"; do
+  ECOC_HARNESS_JSON="$OUT/timing_$v.json" timeout 120 "$EXE" --bench-only --quick --variant "$v" \
+    >> "$OUT/bench.log" 2>&1 || echo "harness exit $? for $v" >> "$OUT/bench.log"
+done
+if [[ -n "$NCU_REGEX" ]]; then
+  NCU="${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}"
+  REP="$(dirname "$EXE")/profile"
+  timeout 120 "$NCU" --set full --import-source no --kernel-name "regex:$NCU_REGEX" -f -o "$REP" \
+    "$EXE" --profile --variant "$NCU_VARIANT" --math "$NCU_MATH" > "$OUT/ncu.log" 2>&1 \
+    || echo "ncu exit $?" >> "$OUT/ncu.log"
+  if [[ -f "$REP.ncu-rep" ]]; then
+    "$NCU" -i "$REP.ncu-rep" --page details --print-details all > "$OUT/ncu_details.txt" 2>&1
+    "$NCU" -i "$REP.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_source.csv" 2>&1
+  fi
+fi
+ls -la "$OUT"
+exit 0
