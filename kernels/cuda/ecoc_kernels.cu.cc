@@ -834,8 +834,13 @@ KernelVariant ResolveVariant(KernelPass pass, int64_t batch, int64_t num_classes
   if (batch <= 16) {
     return engine == MathMode::k3xTf32 ? KernelVariant::kV2 : KernelVariant::kFoldNorms;
   }
-  // 64-row tiles: up to 1.5x faster at B = 256, up to 2x slower at 4096 (H100).
-  return rows64 && batch < 1024 ? KernelVariant::kRows64 : KernelVariant::kV2;
+  // 64-row tiles: up to 1.5x faster at B = 256, up to 2x slower at 4096
+  // (H100, 2026-11-26), but at k = 128 1.05-1.25x slower than 16-row tiles
+  // at B = 256 in the three runs since (H200 and H100 of 2026-11-27, H200 of
+  // 2026-11-28; n = 1e4 to 1e6), within 11 % either way at k = 32; k = 33-127
+  // was not timed: up to 64 (the geometric middle) takes k = 32's choice.
+  return rows64 && batch < 1024 && code_length <= 64 ? KernelVariant::kRows64
+                                                      : KernelVariant::kV2;
 }
 
 cudaError_t EcocForwardWorkspaceSize(const ForwardParams& params, size_t* bytes) {

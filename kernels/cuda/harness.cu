@@ -2470,7 +2470,7 @@ void PrintAutoTable(int cc) {
     for (MathMode m : {MathMode::kFp32, MathMode::k3xTf32, MathMode::kTf32}) {
       for (int64_t B : {1, 16, 17, 63, 64, 256, 1023, 1024, 2047, 2048, 4096}) {
         for (int64_t n : {10000, 299999, 300000, 1000000}) {
-          for (int64_t k : {8, 32, 128, 129}) {
+          for (int64_t k : {8, 32, 64, 65, 128, 129}) {
             std::printf("auto cc=%d pass=%s math=%s B=%lld n=%lld k=%lld -> %s\n", cc,
                         pass.second, MathName(m), static_cast<long long>(B),
                         static_cast<long long>(n), static_cast<long long>(k),
