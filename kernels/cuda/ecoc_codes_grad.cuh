@@ -197,8 +197,9 @@ __global__ void __launch_bounds__(kThreads, BT == 16 ? (kMath == kMath3xTf32 ? 8
   // cost that kernel its loads ahead in TileGradSum's fma chain (ptxas kept
   // 2 of W's 64 loads in flight on average instead of 6-7 in FP32, since
   // bb86f52 made the stage count a runtime value; sm_90 SASS) and the launch
-  // 1.6-1.9x at k = 128 in every math mode on the H200 (19.0 ms against
-  // 11.7 at B = 256, n = 1e6 in FP32; docs/device_runs/2026-11-28-h200).
+  // 1.6-1.8x at k = 128 in FP32, 1.35-1.6x in the TF32 modes, on the H200
+  // (19.0 ms against 11.7 at B = 256, n = 1e6 in FP32;
+  // docs/device_runs/2026-11-28-h200).
   // The 16-row kernel, which did not slow down, keeps the stage buffers
   // first: W_s first spills 4 bytes there (80 registers, FP32). Only
   // addresses differ: the same bits.

@@ -791,7 +791,8 @@ void SetLaunchObserver(LaunchObserver observer, void* context) {
 // tables and the gain per cell are in README.md, "Launch variant choice").
 // Where the TF32 engines do not apply (FP32 math, sm_75, k > 128) it keeps
 // the choices of the H100 fit of 2026-11-26 (docs/device_runs/
-// 2026-11-26-h100-variants). Thresholds inside the gaps of the grids were
+// 2026-11-26-h100-variants), but for the forward's row tile above k = 64
+// (three runs since: below). Thresholds inside the gaps of the grids were
 // NOT measured: B = 64 (a full 64-row tile; the grids have 16 and 256),
 // B = 1024 (between 256 and 4096), n = 300,000 (between 1e5 and 1e6); nor
 // were code lengths other than 32 and 128. Other cards run the same rule
