@@ -846,7 +846,8 @@ void RunPlanQueries() {
     const char* name;
     int64_t B, n, k;
     KernelVariant variant;
-    bool big_smem;  // a split kernel above 48 KiB (k = 130: accumulators in shared memory)
+    bool big_smem;  // a split kernel above 48 KiB where the device allows it (k = 130:
+                    // accumulators in shared memory)
   };
   const Shape shapes[] = {{"B=16 n=70 k=32 v2", 16, 70, 32, KernelVariant::kV2, false},
                           {"B=3 n=33 k=130 v2", 3, 33, 130, KernelVariant::kV2, true},
@@ -854,9 +855,16 @@ void RunPlanQueries() {
   const char* kQueries[] = {"cudaDeviceGetAttribute",
                             "cudaOccupancyMaxActiveBlocksPerMultiprocessor",
                             "cudaFuncSetAttribute"};
+  // Where the device opts in to no more than the default 48 KiB (the
+  // emulator's --smem-optin 49152), the k = 130 plan fits 48 KiB in column
+  // stages and nothing is raised.
+  int device = 0, optin = 0;
+  CUDA_OK(cudaGetDevice(&device));
+  CUDA_OK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   const KernelVariant saved = g_variant;
   for (const Shape& sh : shapes) {
     g_variant = sh.variant;
+    const bool raises = sh.big_smem && optin > 48 * 1024;
     DeviceProblem pb(sh.B, sh.n, sh.k, 4242 + sh.k);
     DeviceBuffer<float> loss(sh.B), lse(sh.B), ecode(sh.B * sh.k), esq(sh.B),
         grad(sh.n * sh.k);
@@ -881,12 +889,12 @@ void RunPlanQueries() {
         std::memcmp(first.first.data(), again.first.data(), first.first.size() * 4) == 0 &&
         std::memcmp(first.second.data(), again.second.data(), first.second.size() * 4) == 0;
     // Two split launches (forward, codes gradient): at most one raise each.
-    const bool set_ok = sh.big_smem ? delta[2] >= 1 && delta[2] <= 2 : delta[2] == 0;
+    const bool set_ok = raises ? delta[2] >= 1 && delta[2] <= 2 : delta[2] == 0;
     char detail[200];
     std::snprintf(detail, sizeof(detail),
                   "repeat of forward + codes gradient: %ld attribute, %ld occupancy, %ld "
                   "set-attribute calls (want 0, 0, %s); outputs %s",
-                  delta[0], delta[1], delta[2], sh.big_smem ? "1-2" : "0",
+                  delta[0], delta[1], delta[2], raises ? "1-2" : "0",
                   same ? "bit-identical" : "DIFFER");
     Report(std::string("plan queries once [") + sh.name + "]",
            delta[0] == 0 && delta[1] == 0 && set_ok && same, detail);
