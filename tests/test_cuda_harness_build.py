@@ -669,3 +669,67 @@ def test_sass_loop_stats_compares_two_listings_and_refuses_a_bad_kp(tmp_path, ca
         tool.main([str(new), "--kp", "100"])
     assert "--kp must be a multiple of 8 in [8, 128]. Received: --kp=100" in capsys.readouterr().err
     assert tool.main([str(new), "--kernel", "NoSuchKernel"]) == 1
+
+
+_SPLIT_NAME = "_ZN10keras_ecoc4cuda6detail20CodesGradSplitKernelILi0ELi64EEEvNS1_13CodesGradArgsE"
+
+
+def _fma_chain_listing(ahead: bool) -> str:
+    """An outer loop around an fma chain over 8 shared loads: each load used
+    at once through one register (ahead=False), or all 8 issued first into
+    8 registers (ahead=True); then a 64-bit load used through its second
+    register, and a load whose register is overwritten before any use."""
+    body, addr = [(0x000, "MOV R1, c[0x0][0x28]")], 0x010
+    outer = addr
+    body.append((addr, "IADD3 R2, R2, 0x1, RZ"))
+    addr += 0x10
+    inner = addr
+
+    def put(text):
+        nonlocal addr
+        body.append((addr, text))
+        addr += 0x10
+
+    if ahead:
+        for i in range(8):
+            put(f"LDS R{50 + i}, [R3+0x{0x90 * i:x}]")
+        for i in range(8):
+            put(f"FFMA R40, R{50 + i}, R43, R40")
+    else:
+        for i in range(8):
+            put(f"LDS R41, [R3+0x{0x90 * i:x}]")
+            put("FFMA R40, R41, R43, R40")
+    put("LDS.64 R60, [R3+0x800]")
+    put("FADD R44, R61, R44")
+    put("LDS R70, [R3+0x900]")
+    put("MOV R70, R1")
+    put("FADD R45, R70, R45")
+    put(f"@!P0 BRA 0x{inner:x}")
+    put(f"@!P1 BRA 0x{outer:x}")
+    put("EXIT")
+    return _sass(_SPLIT_NAME, body)
+
+
+def test_sass_loop_stats_counts_shared_loads_in_flight_at_each_use(tmp_path, capsys):
+    """--loads-ahead: per innermost loop with 8 or more LDS, the loads issued
+    and not yet used at each use of a loaded register (the regressed 64-row
+    split codes gradient of 2026-11-28 kept 2 on average where it had 6)."""
+    tool = _load_sass_tool()
+    serial, ahead = tmp_path / "serial.sass", tmp_path / "ahead.sass"
+    serial.write_text(_fma_chain_listing(ahead=False))
+    ahead.write_text(_fma_chain_listing(ahead=True))
+    name = "CodesGradSplitKernel<0, 64>"
+    (s,) = tool.collect_loads_ahead(str(serial), "CodesGradSplitKernel")[name]
+    # 10 LDS; 9 uses (the overwritten load has none), each load used at once.
+    assert (s.loads, s.uses) == (10, [1] * 9)
+    (a,) = tool.collect_loads_ahead(str(ahead), "CodesGradSplitKernel")[name]
+    assert a.uses == [8, 7, 6, 5, 4, 3, 2, 1, 1] and a.mean == pytest.approx(37 / 9)
+    assert a.instructions == 22  # the inner loop only: the outer one is not innermost
+    assert tool.main([str(ahead), "--loads-ahead", "--compare", str(serial),
+                      "--kernel", "CodesGradSplit"]) == 0
+    row = [line for line in capsys.readouterr().out.splitlines() if "CodesGradSplitKernel" in line]
+    assert len(row) == 1 and row[0].endswith("| 22 | 10 | 9 | 1 / 1.0 → 1 / 4.1 |")
+    with pytest.raises(SystemExit):
+        tool.main([str(ahead), "--loads-ahead", "--by-line"])
+    assert "ask for one" in capsys.readouterr().err
+    assert tool.main([str(ahead), "--loads-ahead", "--kernel", "NoSuchKernel"]) == 1

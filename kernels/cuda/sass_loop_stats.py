@@ -3,6 +3,7 @@
 
     python kernels/cuda/sass_loop_stats.py NEW [--compare OLD] [--kernel REGEX] [--kp 128]
     python kernels/cuda/sass_loop_stats.py NEW.cubin --by-line [--kernel REGEX] [--top 12]
+    python kernels/cuda/sass_loop_stats.py NEW --loads-ahead [--compare OLD] [--kernel REGEX]
 
 NEW and OLD are objects or fatbinaries built by nvcc (``cuobjdump -sass`` lists
 them; found on $CUOBJDUMP, $PATH or in the CUDA toolkit kernels/build.py finds)
@@ -60,6 +61,16 @@ estimate: the k-step loop's lines by its passes, the staging loop's by its
 copies per thread; static counts, the k-step loop once, where a function
 has no per-tile estimate). That is how the share of, say, the TF32 operand
 splits in a tile was found (kernels/cuda/README.md).
+
+--loads-ahead looks at what the control bits do not show: a shared-memory
+load's latency, waited on at run time through a scoreboard. For each
+innermost loop with at least 8 shared loads (LDS) of each matching function
+(with or without HMMA) it walks the body once and, at every instruction that
+reads a loaded register, counts the loads issued and not yet used (that one
+included): 1 means each load's latency is exposed unless other warps cover
+it. The 64-row split codes gradient's second product went from 6 to 2 on
+average with bb86f52 and took 1.35-1.8x longer on the H200 of 2026-11-28
+(kernels/cuda/README.md, last section); the stall-cycle count had gone down.
 
 The tools: $CUOBJDUMP / $NVDISASM, else on $PATH, else the pip wheels
 ``nvidia-cuda-cuobjdump`` and ``nvidia-cuda-nvdisasm`` (the extra
@@ -492,6 +503,96 @@ def _run_tool(name: str, args: list) -> str:
     return proc.stdout
 
 
+_REGISTER = re.compile(r"\bR(\d+)\b")
+_NO_DESTINATION = ("ST", "STS", "STG", "STL", "RED", "BRA", "BAR", "EXIT", "RET", "CALL",
+                   "HMMA", "ISETP", "FSETP")
+
+
+def _operands(text: str) -> tuple:
+    """(opcode, destination registers, source registers) of one instruction;
+    a vector load's destination covers 2 or 4 registers (LDS.64, .128)."""
+    body = _PREDICATE.sub("", text)
+    op, _, rest = body.partition(" ")
+    fields = [x.strip() for x in rest.split(",")] if rest else []
+    regs = [[int(r) for r in _REGISTER.findall(x)] for x in fields]
+    base = op.split(".")[0]
+    if not regs or base in _NO_DESTINATION:
+        dest, srcs = [], [r for x in regs for r in x]
+        if base == "HMMA" and regs:  # D, A, B, C: D is written, C read
+            dest, srcs = regs[0][:1], [r for x in regs[1:] for r in x]
+        return base, dest, srcs
+    width = 4 if ".128" in op else 2 if ".64" in op else 1
+    dest = [regs[0][0] + i for i in range(width)] if regs[0] else []
+    return base, dest, [r for x in regs[1:] for r in x]
+
+
+@dataclass
+class LoadsAhead:
+    start: int
+    end: int
+    instructions: int
+    loads: int
+    uses: list  # loads in flight at each use of a loaded register
+
+    @property
+    def mean(self) -> float:
+        return sum(self.uses) / len(self.uses) if self.uses else 0.0
+
+
+def loads_ahead(f: Function, min_loads: int = 8) -> list:
+    """LoadsAhead of each innermost loop of f with at least min_loads LDS."""
+    loops = f.loops()
+    inner = [(lo, hi) for lo, hi in loops
+             if not any((lo, hi) != (a, b) and lo <= a and b <= hi for a, b in loops)]
+    out = []
+    for lo, hi in sorted(inner):
+        body = [t for a, t in f.instructions if lo <= a <= hi]
+        pending, uses, loads = [], [], 0
+        for text in body:
+            base, dest, srcs = _operands(text)
+            hit = [p for p in pending if p & set(srcs)]
+            if hit:
+                uses.append(len(pending))
+                pending = [p for p in pending if p not in hit]
+            # A register written again no longer holds the load's value.
+            pending = [p - set(dest) for p in pending if p - set(dest)]
+            if base == "LDS" and dest:
+                pending.append(set(dest))
+                loads += 1
+        if loads >= min_loads:
+            out.append(LoadsAhead(lo, hi, len(body), loads, uses))
+    return out
+
+
+def collect_loads_ahead(path: str, kernel: str) -> dict:
+    """{short name: [LoadsAhead]} of the matching functions."""
+    pattern = re.compile(kernel)
+    out = {}
+    for f in parse(read_listing(path)):
+        if pattern.search(f.name):
+            found = loads_ahead(f)
+            if found:
+                out[short_name(f.name)] = found
+    return out
+
+
+def loads_ahead_table(new: dict, old: dict | None) -> str:
+    """Markdown: each function's loops, the old listing's beside them by
+    position (the n-th such loop of the same function)."""
+    rows = ["| kernel | loop | instructions | LDS | uses | loads in flight at a use: min / mean |",
+            "|---|---|---:|---:|---:|---|"]
+    for name, loops in new.items():
+        before = (old or {}).get(name, [])
+        for i, la in enumerate(loops):
+            ob = before[i] if i < len(before) else None
+            cell = f"{min(la.uses, default=0)} / {la.mean:.1f}"
+            if ob is not None:
+                cell = f"{min(ob.uses, default=0)} / {ob.mean:.1f} → {cell}"
+            rows.append(f"| {name} | {la.start:#x}-{la.end:#x} | {la.instructions:,} | "
+                        f"{la.loads} | {len(la.uses)} | {cell} |")
+    return "\n".join(rows)
+
+
 def read_listing(path: str, line_info: bool = False) -> str:
     """The listing of `path`: the file itself if it is one (.sass, .txt),
     else cuobjdump -sass of it, or with line_info nvdisasm -g (a cubin)."""
@@ -575,11 +676,25 @@ def main(argv=None) -> int:
     p.add_argument("--top", type=int, default=12, help="--by-line: source lines per function")
     p.add_argument("--rank", choices=("instructions", "stalls"), default="instructions",
                    help="--by-line: order the source lines by instructions or by stall cycles")
+    p.add_argument("--loads-ahead", action="store_true",
+                   help="shared loads in flight at each use, per innermost loop with >= 8 LDS "
+                        "(every matching function, with or without HMMA)")
     args = p.parse_args(argv)
     if args.kp <= 0 or args.kp % 8 or args.kp > 128:
         p.error(f"--kp must be a multiple of 8 in [8, 128]. Received: --kp={args.kp}")
     if args.top < 1:
         p.error(f"--top must be a positive integer. Received: --top={args.top}")
+    if args.loads_ahead:
+        if args.by_line:
+            p.error("--loads-ahead and --by-line are two reports: ask for one")
+        new = collect_loads_ahead(args.new, args.kernel)
+        if not new:
+            print(f"no function matching {args.kernel!r} has a loop with 8 or more LDS",
+                  file=sys.stderr)
+            return 1
+        old = collect_loads_ahead(args.compare, args.kernel) if args.compare else None
+        print(loads_ahead_table(new, old))
+        return 0
     if args.by_line:
         if args.compare:
             p.error("--by-line takes one listing; --compare is for the loop table")
