@@ -33,11 +33,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 RUNS = HERE.parent
 KAUTO = RUNS / "2026-11-27-kauto"
+sys.path.insert(0, str(KAUTO))
+import kauto_table as kt  # noqa: E402  (its reader of a bench_gpu_loss JSON)
 
 
 def md_tables(path):
-    """(mode, B, k, n) -> (forward ms, forward + codes grad ms) per variant
-    column of a device_check.md, and the per-launch ms of the auto rows."""
+    """(mode, B, k, n) -> {"fwd_ms", "fwdbwd_ms"} per variant column of a
+    device_check.md (the harness JSON's fields), and the per-launch ms of the
+    auto rows."""
     timing, launches, cur, per_launch = {}, {}, None, None
     for line in Path(path).read_text().splitlines():
         m = re.match(r"### (Per launch: )?math mode (\w+), variant (\S+)$", line)
@@ -53,7 +56,7 @@ def md_tables(path):
             launches[key] = {name.strip(): float(ms) for name, ms in
                              re.findall(r"([a-z -]+?) (\d+\.\d+)", c[-1].replace("·", " "))}
         else:
-            timing[key] = (float(c[3]), float(c[4]))
+            timing[key] = {"fwd_ms": float(c[3]), "fwdbwd_ms": float(c[4])}
     return timing, launches
 
 
@@ -62,10 +65,14 @@ def json_rows(path):
 
 
 def jax_default(path):
-    rows = json.loads(Path(path).read_text())
-    rows = rows["rows"] if isinstance(rows, dict) else rows
-    return {(r["B"], r["k"], r["n"]): r["fwdbwd_ms"] for r in rows
-            if r.get("method") == "jax_default" and r.get("fwdbwd_ms")}
+    """(B, k, n) -> JAX dense DEFAULT forward + backward ms of a bench_gpu_loss JSON."""
+    bench = json.loads(Path(path).read_text())
+    return {key: r["fwdbwd_ms"] for key, r in kt.method_rows(bench, "jax_default").items()}
+
+
+def grad_ms(rows, key):
+    """The codes gradient's ms: forward + codes gradient less forward."""
+    return rows[key]["fwdbwd_ms"] - rows[key]["fwd_ms"]
 
 
 def p10(n):
@@ -81,7 +88,7 @@ def kauto():
           "| 3xTF32 / JAX | TF32 / JAX |")
     print("|---:|---:|---:|---|---|---:|---:|---:|")
     for (mode, B, k, n) in sorted(k for k in now if k[0] == "3xtf32+auto"):
-        t3, tt = now[(mode, B, k, n)][1], now[("tf32+auto", B, k, n)][1]
+        t3, tt = now[(mode, B, k, n)]["fwdbwd_ms"], now[("tf32+auto", B, k, n)]["fwdbwd_ms"]
         b3, bt = before[(mode, B, k, n)]["fwdbwd_ms"], before[("tf32+auto", B, k, n)]["fwdbwd_ms"]
         j, mark = (jax_now[(B, k, n)], "") if (B, k, n) in jax_now else (jax_then.get((B, k, n)), " †")
         ratio = (lambda t: f"{t / j:.2f}{mark}") if j else (lambda t: "—")
@@ -172,12 +179,10 @@ def regression():
           "| 3565e4a | run 3 experiment | 3565e4a / fc87b08 |")
     print("|---|---:|---:|---:|---|---:|---:|---:|---:|")
     for key in sorted(k for k in now if k[0].endswith("+rows64") and k[1] >= 256):
-        grad = lambda d, kk: d[kk]["fwdbwd_ms"] - d[kk]["fwd_ms"] if isinstance(d[kk], dict) \
-            else d[kk][1] - d[kk][0]
         base = (key[0].split("+")[0],) + key[1:]
-        print(f"| {base[0]} | {key[1]} | {key[2]} | {p10(key[3])} | {grad(then, base):.3f} → "
-              f"{grad(now, base):.3f} | {grad(then, key):.3f} | {grad(now, key):.3f} | "
-              f"{grad(exp, key):.3f} | {grad(now, key) / grad(then, key):.2f} |")
+        print(f"| {base[0]} | {key[1]} | {key[2]} | {p10(key[3])} | {grad_ms(then, base):.3f} → "
+              f"{grad_ms(now, base):.3f} | {grad_ms(then, key):.3f} | {grad_ms(now, key):.3f} | "
+              f"{grad_ms(exp, key):.3f} | {grad_ms(now, key) / grad_ms(then, key):.2f} |")
 
 
 if __name__ == "__main__":
