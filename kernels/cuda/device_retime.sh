@@ -21,7 +21,7 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$REPO" || exit 1
 OUT="${OUT:-$REPO/build/device_retime}"
 mkdir -p "$OUT"
-[[ -d /usr/local/cuda/bin ]] && export PATH="$PATH:/usr/local/cuda/bin"
+source kernels/cuda/device_common.sh
 NCU_REGEX="" NCU_VARIANT="" NCU_MATH=""
 VARIANTS=()
 while (($#)); do
@@ -39,28 +39,19 @@ fi
 if ((${#VARIANTS[@]} > 4)); then
   echo "device_retime: at most 4 variants (8 files come back)" >&2; exit 3
 fi
-STATUS="$(bash kernels/cuda/device_check.sh --prebuilt-status 2>&1)"
-echo "$STATUS" > "$OUT/bench.log"
-if ! grep -q '^prebuilt: match' <<< "$STATUS"; then
-  echo "device_retime: the prebuilt harness does not match this tree ($STATUS)" >&2
+EXE="$(mktemp -d /tmp/ecoc_retime.XXXXXX)/ecoc_harness"
+if ! prebuilt_harness "$EXE" > "$OUT/bench.log"; then
+  echo "device_retime: the prebuilt harness does not match this tree ($(cat "$OUT/bench.log"))" >&2
   exit 4
 fi
-EXE="$(mktemp -d /tmp/ecoc_retime.XXXXXX)/ecoc_harness"
-cp "${STATUS#prebuilt: match }" "$EXE"
 for v in "${VARIANTS[@]}"; do
   ECOC_HARNESS_JSON="$OUT/timing_$v.json" timeout 120 "$EXE" --bench-only --quick --variant "$v" \
     >> "$OUT/bench.log" 2>&1 || echo "harness exit $? for $v" >> "$OUT/bench.log"
 done
 if [[ -n "$NCU_REGEX" ]]; then
-  NCU="${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}"
-  REP="$(dirname "$EXE")/profile"
-  timeout 120 "$NCU" --set full --import-source no --kernel-name "regex:$NCU_REGEX" -f -o "$REP" \
-    "$EXE" --profile --variant "$NCU_VARIANT" --math "$NCU_MATH" > "$OUT/ncu.log" 2>&1 \
-    || echo "ncu exit $?" >> "$OUT/ncu.log"
-  if [[ -f "$REP.ncu-rep" ]]; then
-    "$NCU" -i "$REP.ncu-rep" --page details --print-details all > "$OUT/ncu_details.txt" 2>&1
-    "$NCU" -i "$REP.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_source.csv" 2>&1
-  fi
+  : > "$OUT/ncu.log"; : > "$OUT/ncu_details.txt"
+  ncu_profile "$EXE" "$(dirname "$EXE")/profile" "$NCU_REGEX" "$NCU_VARIANT" "$NCU_MATH" \
+    "$OUT/ncu.log" "$OUT/ncu_details.txt" "$OUT/ncu_source.csv"
 fi
 ls -la "$OUT"
 exit 0

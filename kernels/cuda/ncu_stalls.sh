@@ -32,17 +32,14 @@ cd "$REPO" || exit 1
 OUT="${OUT:-$REPO/build/ncu_stalls}"
 mkdir -p "$OUT"
 LOG="$OUT/ncu_stalls.log"
-[[ -d /usr/local/cuda/bin ]] && export PATH="$PATH:/usr/local/cuda/bin"
-NCU="${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}"
+source kernels/cuda/device_common.sh
 WORK="$(mktemp -d /tmp/ecoc_ncu_stalls.XXXXXX)"
 EXE="$WORK/ecoc_harness"
-STATUS="$(bash kernels/cuda/device_check.sh --prebuilt-status 2>&1)"
-if ! grep -q '^prebuilt: match' <<< "$STATUS"; then
+if ! STATUS="$(prebuilt_harness "$EXE")"; then
   echo "ncu_stalls: the prebuilt harness does not match this tree ($STATUS); run" \
     "device_check.sh --prebuild .whl on the workstation and carry .whl" | tee "$LOG" >&2
   exit 4
 fi
-cp "${STATUS#prebuilt: match }" "$EXE"
 {
   echo "# ncu_stalls $(date -u +%FT%TZ) on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>&1 | head -1)"
   echo "harness: $STATUS"
@@ -58,14 +55,8 @@ RUNS=(
 for entry in "${RUNS[@]}"; do
   IFS='|' read -r name variant kernels <<< "$entry"
   echo "## $name: harness --profile --variant $variant, kernels $kernels" >> "$LOG"
-  timeout 120 "$NCU" --set full --import-source no --kernel-name "regex:$kernels" \
-    -f -o "$WORK/$name" "$EXE" --profile --variant "$variant" --math 3xtf32 >> "$LOG" 2>&1 \
-    || echo "ncu exit $? for $name" >> "$LOG"
-  [[ -f "$WORK/$name.ncu-rep" ]] || continue
-  "$NCU" -i "$WORK/$name.ncu-rep" --page source --csv --print-source sass \
-    > "$OUT/source_$name.csv" 2>> "$LOG" || echo "source page failed for $name" >> "$LOG"
-  "$NCU" -i "$WORK/$name.ncu-rep" --page details --print-details all >> "$OUT/details.txt" 2>> "$LOG" \
-    || echo "details page failed for $name" >> "$LOG"
+  ncu_profile "$EXE" "$WORK/$name" "$kernels" "$variant" 3xtf32 "$LOG" "$OUT/details.txt" \
+    "$OUT/source_$name.csv" || continue
   "$NCU" -i "$WORK/$name.ncu-rep" --page raw --csv >> "$OUT/raw.csv" 2>> "$LOG" \
     || echo "raw page failed for $name" >> "$LOG"
 done
