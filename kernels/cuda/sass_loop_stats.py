@@ -505,7 +505,7 @@ def _run_tool(name: str, args: list) -> str:
 
 _REGISTER = re.compile(r"\bR(\d+)\b")
 _NO_DESTINATION = ("ST", "STS", "STG", "STL", "RED", "BRA", "BAR", "EXIT", "RET", "CALL",
-                   "HMMA", "ISETP", "FSETP")
+                   "ISETP", "FSETP")
 
 
 def _operands(text: str) -> tuple:
@@ -517,10 +517,7 @@ def _operands(text: str) -> tuple:
     regs = [[int(r) for r in _REGISTER.findall(x)] for x in fields]
     base = op.split(".")[0]
     if not regs or base in _NO_DESTINATION:
-        dest, srcs = [], [r for x in regs for r in x]
-        if base == "HMMA" and regs:  # D, A, B, C: D is written, C read
-            dest, srcs = regs[0][:1], [r for x in regs[1:] for r in x]
-        return base, dest, srcs
+        return base, [], [r for x in regs for r in x]
     width = 4 if ".128" in op else 2 if ".64" in op else 1
     dest = [regs[0][0] + i for i in range(width)] if regs[0] else []
     return base, dest, [r for x in regs[1:] for r in x]
