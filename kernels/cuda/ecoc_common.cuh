@@ -14,6 +14,8 @@
 
 #include <cstdint>
 
+#include "ecoc_ptx.cuh"
+
 namespace keras_ecoc {
 namespace cuda {
 namespace detail {
@@ -96,13 +98,32 @@ __device__ __forceinline__ float ExpDiff(float a, float b) {
   return a == -INFINITY ? 0.0f : expf(a - b);
 }
 
+// exp(x) in a softmax: expf (kFast = false: the FP32 math mode) or, in the
+// tensor-core math modes, 2^(x log2 e) by ex2.approx.ftz (FMUL and
+// MUFU.EX2, 2 instructions where expf takes about 9 on sm_90, __expf 4).
+// Its error is mostly the rounding of x log2 e, a relative 2^-24 |x| in
+// exp(x): at most 1e-6 for the x >= -17 (p >= 4e-8) that carry a softmax,
+// the size of the error a 3xTF32 logit already has (2^-20 of |s u.M|),
+// plus ex2's 2 ulp. p, the log-sum-exp built from it and the gradients
+// move by that much; the logits (and the label's) do not. A result below
+// 2^-126 is 0 (expf: a subnormal).
+template <bool kFast>
+__device__ __forceinline__ float SoftmaxExp(float x) {
+  if constexpr (kFast) {
+    return ptx::ex2_approx_ftz(x * 1.44269504088896341f);
+  } else {
+    return expf(x);
+  }
+}
+
 // ExpDiff's value, computed without a branch: the exponential is evaluated
 // either way and the result selected. The register softmax's unrolled
 // loops use it (ptxas branched around each expf there, sm_90: 34 of the 70
 // branches of a 64-row tile's loop); the split kernels keep ExpDiff, whose
 // code was timed (this form spills in the FP32 folded-norms forward).
+template <bool kFast>
 __device__ __forceinline__ float ExpDiffSelect(float a, float b) {
-  const float e = expf(a - b);
+  const float e = SoftmaxExp<kFast>(a - b);
   return a == -INFINITY ? 0.0f : e;
 }
 

@@ -7,6 +7,7 @@
 // Architecture rules (callers guard with __CUDA_ARCH__):
 //   cp_async_*         sm_80 and later (plain loads before that).
 //   cvt_rna_tf32, mma_m16n8k8_tf32   sm_80 and later.
+//   ex2_approx_ftz     every architecture.
 #ifndef KERAS_ECOC_KERNELS_CUDA_ECOC_PTX_CUH_
 #define KERAS_ECOC_KERNELS_CUDA_ECOC_PTX_CUH_
 
@@ -53,6 +54,17 @@ __device__ __forceinline__ void mma_m16n8k8_tf32(float d[4], const uint32_t a[4]
 #else
   __trap();  // callers never reach this below sm_80
 #endif
+}
+
+// 2^x by the special-function unit (ex2.approx.ftz.f32: one MUFU.EX2 on
+// sm_90, where exp2f adds the scaling of subnormal results around it):
+// within about 2 ulp (the CUDA C++ Programming Guide's bound for exp2f);
+// a subnormal x counts as 0 and a subnormal result is +0 (x < -126, -inf);
+// NaN gives NaN.
+__device__ __forceinline__ float ex2_approx_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
 // Asynchronous 16-byte global -> shared copy (cp.async.cg); src_bytes in

@@ -14,17 +14,26 @@ namespace cuda {
 namespace detail {
 
 // The two TF32 splits x = big + small of the 3xTF32 products (plain TF32
-// uses big only), with big = tf32(x) and small = tf32(x - big), both
-// rounded to nearest, ties away from zero (cvt.rna.tf32.f32):
-//  * SplitTf32: cvt.rna itself, any x. For operands whose NaN must reach
+// uses big only), with big = tf32(x) rounded to nearest, ties away from
+// zero (cvt.rna.tf32.f32), and small = x - big exactly (a float32: big
+// holds x's leading 11 bits, so the rest fits), NOT rounded to TF32. The
+// tensor cores read a TF32 operand's top 19 bits and ignore the low 13
+// (mmasim's measurements, modelled by kernels/cuda/emu/ptx_emu.h), so the
+// product sees small truncated to TF32: x is then represented to within
+// 2^-21 |x| (|small| <= 2^-11 |x|, truncation loses < 2^-10 |small|)
+// instead of the 2^-22 |x| of a rounded small half, for one float add per
+// split instead of three more instructions (sm_90: 14 % fewer instructions
+// per tile in the 64-row 3xTF32 register-softmax forward, 9 % in the
+// 64-row kGradMma; kernels/cuda/README.md, "Cheaper softmax and splits").
+//  * SplitTf32: big by cvt.rna itself, any x. For operands whose NaN must reach
 //    the product: the probabilities of the expected code and the weights of
 //    the codes gradient, where a NaN row shows only through them.
-//  * SplitTf32Finite: the same bits for every finite x, in the integer form
+//  * SplitTf32Finite: the same bits for every finite x, big in the integer form
 //    ptxas itself emits for cvt.rna on a finite input (add half a TF32 ulp
 //    to the bit pattern, clear the 13 low bits; a carry into the exponent
-//    rounds up, to infinity past the largest TF32), without its test for a
-//    non-finite input: 5 instructions per split instead of 7 (sm_90 SASS;
-//    ptxas merges some, kernels/cuda/README.md).
+//    rounds up, to infinity past the largest TF32), without cvt.rna's test
+//    for a non-finite input (sm_90 SASS: 2 instructions for big instead of
+//    about 4; kernels/cuda/README.md).
 //    For u and the codes, the operands that are read once per tile by every
 //    warp: u is finite or NaN, and a NaN row's logits are NaN through its
 //    row term rowc = -s/2 ||u||^2 (and its codes-gradient products through
@@ -37,12 +46,13 @@ __device__ __forceinline__ uint32_t RoundTf32Finite(float x) {
 
 __device__ __forceinline__ void SplitTf32(float x, uint32_t* big, uint32_t* small) {
   *big = ptx::cvt_rna_tf32(x);
-  *small = ptx::cvt_rna_tf32(x - __uint_as_float(*big));
+  // A NaN x: big is NaN, and so is small.
+  *small = __float_as_uint(x - __uint_as_float(*big));
 }
 
 __device__ __forceinline__ void SplitTf32Finite(float x, uint32_t* big, uint32_t* small) {
   *big = RoundTf32Finite(x);
-  *small = RoundTf32Finite(x - __uint_as_float(*big));
+  *small = __float_as_uint(x - __uint_as_float(*big));
 }
 
 // SplitTf32Finite where kFinite, else SplitTf32 (same bits on finite x):

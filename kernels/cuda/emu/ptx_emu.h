@@ -16,6 +16,7 @@
 #ifndef KERAS_ECOC_KERNELS_CUDA_EMU_PTX_EMU_H_
 #define KERAS_ECOC_KERNELS_CUDA_EMU_PTX_EMU_H_
 
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -234,6 +235,15 @@ KERAS_ECOC_EMU_MODEL_FN void MmaM16N8K8Collective(const void* const* in, void* c
 namespace keras_ecoc {
 namespace cuda {
 namespace ptx {
+
+// ex2.approx.ftz.f32: the correctly rounded 2^x (exp2f) with the card's
+// flushes (a subnormal x counts as 0, a subnormal result is +0); the
+// card's own approximation error, about 2 ulp, is not modelled.
+__device__ __forceinline__ float ex2_approx_ftz(float x) {
+  if (std::fabs(x) < FLT_MIN) x = 0.0f;
+  const float y = exp2f(x);
+  return y < FLT_MIN ? 0.0f : y;
+}
 
 __device__ __forceinline__ uint32_t cvt_rna_tf32(float x) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
