@@ -455,13 +455,22 @@ __global__ void __launch_bounds__(NW * kWarpSize,
     const int64_t tile0 = (t_begin + q) * CT;
     const int nvalid =
         static_cast<int>(a.num_classes - tile0 < CT ? a.num_classes - tile0 : CT);
-    int label_cl[2];  // the label's tile-local class, -1 outside this tile
+    const int clbase = wc * CW + 2 * t;
+    // Where the label's logit lies, as its offset from clbase when this
+    // thread holds it (classes clbase + 8 nt and clbase + 8 nt + 1), else
+    // -1: the store below is then one test per row instead of a compare
+    // and a predicated store per logit (sm_90: 64 of a 64-row tile's
+    // instructions), and the warp takes it in the few tiles that hold one
+    // of its rows' labels.
+    int label_at[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int64_t l = label[h] - tile0;
-      label_cl[h] = l >= 0 && l < nvalid ? static_cast<int>(l) : -1;
+      // Compared before the subtraction: an invalid int64 label may be any
+      // value.
+      const bool in_tile = label[h] >= tile0 && label[h] < tile0 + nvalid;
+      const int rel = (in_tile ? static_cast<int>(label[h] - tile0) : -CT) - clbase;
+      label_at[h] = rel >= 0 && rel < NT * 8 && (rel & 6) == 0 ? rel : -1;
     }
-    const int clbase = wc * CW + 2 * t;
     float sq[NT][2];
     float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -476,9 +485,20 @@ __global__ void __launch_bounds__(NW * kWarpSize,
         const float ct = kFold ? ClassTerm(scale, msq) : terms[0];
         if (h == 0) sq[nt][e & 1] = msq;
         const float x = valid ? Logit(d[nt][e], scale, ct, rowc[h]) : -INFINITY;
-        if (cl == label_cl[h]) a.label_logit[row[h]] = x;
         d[nt][e] = x;
         tile_max[h] = NanMax(tile_max[h], x);
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (label_at[h] >= 0) {
+        float x = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) x = label_at[h] == nt * 8 + c ? d[nt][2 * h + c] : x;
+        }
+        a.label_logit[row[h]] = x;
       }
     }
     float alpha[2];
