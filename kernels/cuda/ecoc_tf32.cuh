@@ -18,8 +18,9 @@ namespace detail {
 // zero (cvt.rna.tf32.f32), and small = x - big exactly (a float32: big
 // holds x's leading 11 bits, so the rest fits), NOT rounded to TF32. The
 // tensor cores read a TF32 operand's top 19 bits and ignore the low 13
-// (mmasim's measurements, modelled by kernels/cuda/emu/ptx_emu.h), so the
-// product sees small truncated to TF32: x is then represented to within
+// (mmasim's measurements, modelled by kernels/cuda/emu/ptx_emu.h, whose
+// mma reproduced an H100's on operands with full float32 mantissas:
+// emu/selftest/mma_random.cu), so the product sees small truncated to TF32: x is then represented to within
 // 2^-21 |x| (|small| <= 2^-11 |x|, truncation loses < 2^-10 |small|)
 // instead of the 2^-22 |x| of a rounded small half, for one float add per
 // split instead of three more instructions (sm_90: 14 % fewer instructions
