@@ -765,6 +765,41 @@ def test_the_finite_tf32_split_rounds_big_as_cvt_rna_and_keeps_the_exact_rest(tm
     assert big == 0x80000000 and np.isnan(np.uint32(small).view(np.float32))
 
 
+def test_the_fast_softmax_exp_keeps_its_error_bound_and_flushes_tiny_results(tmp_path):
+    """SoftmaxExp<true> (ecoc_common.cuh), the tensor-core modes' exp: 2^(x log2 e)
+    by ex2.approx.ftz. Against float64 exp its relative error stays within the
+    bound its comment states for the emulated model, 2^-23 |x| for the
+    roundings of log2 e and of x log2 e plus one float32 rounding (the card
+    adds MUFU's ~2 ulp, which the emulator does not model); a result below
+    2^-126 is +0 where expf (SoftmaxExp<false>) gives a subnormal; -inf gives
+    0 and NaN stays NaN in both."""
+    rng = np.random.default_rng(7)
+    x = np.concatenate([rng.uniform(-17.0, 0.0, 3000), rng.uniform(-87.0, -17.0, 500),
+                        [0.0, -0.0, -1e-30, -87.3, -87.4, -88.0, -100.0, -103.0, -np.inf, np.nan]])
+    x = x.astype(np.float32)
+    inp, out = tmp_path / "x", tmp_path / "y"
+    x.astype("<f4").tofile(inp)
+    res = run_emu("--arch", "90", "--program", str(SELFTEST / "softmax_exp.cu"), "--",
+                  str(inp), str(out), str(x.size))
+    assert res.returncode == 0, _fail_message(res)
+    raw = np.fromfile(out, dtype="<f4")
+    fast, accurate = raw[:x.size], raw[x.size:]
+    ref = np.exp(x.astype(np.float64))
+    normal = np.isfinite(x) & (ref >= 2.0 ** -126)
+    rel = np.abs(fast[normal] - ref[normal]) / ref[normal]
+    bound = 2.0 ** -23 * np.abs(x[normal].astype(np.float64)) + 2.0 ** -23
+    assert np.all(rel <= bound), f"worst {np.max(rel / bound):.2f} x the bound"
+    # The bound is not slack: the roundings show at large |x|, above half of it.
+    assert np.max(rel / bound) > 0.5
+    # expf stays within 2 ulp everywhere the fast form is normal.
+    assert np.all(np.abs(accurate[normal] - ref[normal]) / ref[normal] <= 2.0 ** -22)
+    tiny = np.isfinite(x) & (ref < 2.0 ** -126)
+    assert tiny.sum() >= 3 and np.all(fast[tiny] == 0.0)
+    assert np.all(accurate[tiny] > 0.0) and np.all(accurate[tiny] < 2.0 ** -126)
+    assert fast[x == -np.inf][0] == 0.0 and accurate[x == -np.inf][0] == 0.0
+    assert np.isnan(fast[np.isnan(x)][0]) and np.isnan(accurate[np.isnan(x)][0])
+
+
 def test_emulated_mma_on_special_values_follows_ieee_with_a_canonical_nan(tmp_path):
     def tile(av, bv, cv):
         a = np.zeros((1, 16, 8), np.float32)

@@ -101,8 +101,9 @@ __device__ __forceinline__ float ExpDiff(float a, float b) {
 // exp(x) in a softmax: expf (kFast = false: the FP32 math mode) or, in the
 // tensor-core math modes, 2^(x log2 e) by ex2.approx.ftz (FMUL and
 // MUFU.EX2, 2 instructions where expf takes about 9 on sm_90, __expf 4).
-// Its error is mostly the rounding of x log2 e, a relative 2^-24 |x| in
-// exp(x): at most 1e-6 for the x >= -17 (p >= 4e-8) that carry a softmax,
+// Its error is mostly the rounding of log2 e and of x log2 e, a relative
+// 2^-23 |x| at most in exp(x): 2e-6 for the x >= -17 (p >= 4e-8) that carry
+// a softmax (tests/test_cuda_emulator.py checks the bound),
 // the size of the error a 3xTF32 logit already has (2^-20 of |s u.M|),
 // plus ex2's 2 ulp. p, the log-sum-exp built from it and the gradients
 // move by that much; the logits (and the label's) do not. A result below
