@@ -115,7 +115,7 @@ __device__ __forceinline__ void LoadClassTerms(const CodesGradArgs& a, const flo
 // 0 writes w; 1 (TF32) the big half of w (SplitTf32's bits) into W_s; 2
 // (3xTF32) also the small half into W_lo [BT][kSPitch]. w is then split
 // once per element, not once per element and warp. kFastExp: p by
-// SoftmaxExp's __expf (the tensor-core math modes) instead of expf.
+// SoftmaxExp<true> (ex2.approx; the tensor-core math modes), else expf.
 template <int RW, int kTf32Halves, bool kFastExp>
 __device__ __forceinline__ float WriteTileWeights(const CodesGradArgs& a, float* W_s,
                                                   const float* ct_s, float scale, int64_t c0,
@@ -260,7 +260,8 @@ __global__ void __launch_bounds__(kThreads, BT == 16 ? (kMath == kMath3xTf32 ? 8
       engine.Store(W_s);
       // W_s and (first batch tile) ct_s complete.
       __syncthreads();
-      WriteTileWeights<RW, 0, kMath != kMathFp32>(a, W_s, ct_s, scale, c0, b0, rows_valid, warp, lane);
+      WriteTileWeights<RW, 0, kMath != kMathFp32>(a, W_s, ct_s, scale, c0, b0, rows_valid, warp,
+                                                  lane);
       // Every w of the tile is written before any thread reads another
       // warp's rows.
       __syncthreads();  // [barrier-mutation-test]

@@ -100,14 +100,14 @@ __device__ __forceinline__ float ExpDiff(float a, float b) {
 
 // exp(x) in a softmax: expf (kFast = false: the FP32 math mode) or, in the
 // tensor-core math modes, 2^(x log2 e) by ex2.approx.ftz (FMUL and
-// MUFU.EX2, 2 instructions where expf takes about 9 on sm_90, __expf 4).
-// Its error is mostly the rounding of log2 e and of x log2 e, a relative
-// 2^-23 |x| at most in exp(x): 2e-6 for the x >= -17 (p >= 4e-8) that carry
-// a softmax (tests/test_cuda_emulator.py checks the bound),
-// the size of the error a 3xTF32 logit already has (2^-20 of |s u.M|),
-// plus ex2's 2 ulp. p, the log-sum-exp built from it and the gradients
-// move by that much; the logits (and the label's) do not. A result below
-// 2^-126 is 0 (expf: a subnormal).
+// MUFU.EX2, 2 instructions where expf takes about 9 on sm_90; __expf adds
+// the scaling of subnormal results). Its error is mostly the rounding of
+// log2 e and of x log2 e, a relative 2^-23 |x| at most in exp(x): 2e-6 for
+// the x >= -17 (p >= 4e-8) that carry a softmax (tests/test_cuda_emulator.py
+// holds the emulated model to it), about the error a 3xTF32 logit already
+// has (2^-20 of s sum_j |u_j M_ij|), plus ex2's 2 ulp. p, the log-sum-exp
+// built from it and the gradients move by that much; the logits (and the
+// label's) do not. A result below 2^-126 is 0 (expf: a subnormal).
 template <bool kFast>
 __device__ __forceinline__ float SoftmaxExp(float x) {
   if constexpr (kFast) {

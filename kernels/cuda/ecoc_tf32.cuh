@@ -20,17 +20,19 @@ namespace detail {
 // tensor cores read a TF32 operand's top 19 bits and ignore the low 13
 // (mmasim's measurements, modelled by kernels/cuda/emu/ptx_emu.h, whose
 // mma reproduced an H100's on operands with full float32 mantissas:
-// emu/selftest/mma_random.cu), so the product sees small truncated to TF32: x is then represented to within
-// 2^-21 |x| (|small| <= 2^-11 |x|, truncation loses < 2^-10 |small|)
-// instead of the 2^-22 |x| of a rounded small half, for one float add per
-// split instead of three more instructions (sm_90: 14 % fewer instructions
-// per tile in the 64-row 3xTF32 register-softmax forward, 9 % in the
-// 64-row kGradMma; kernels/cuda/README.md, "Cheaper softmax and splits").
-//  * SplitTf32: big by cvt.rna itself, any x. For operands whose NaN must reach
-//    the product: the probabilities of the expected code and the weights of
-//    the codes gradient, where a NaN row shows only through them.
-//  * SplitTf32Finite: the same bits for every finite x, big in the integer form
-//    ptxas itself emits for cvt.rna on a finite input (add half a TF32 ulp
+// emu/selftest/mma_random.cu), so the product sees small truncated to
+// TF32: x is then represented to within 2^-21 |x| (|small| <= 2^-11 |x|,
+// truncation loses < 2^-10 |small|) instead of the 2^-22 |x| of a rounded
+// small half, for one float add per split instead of three more
+// instructions (sm_90, with the exponential below: 11-13 % fewer
+// instructions per tile in the 64-row 3xTF32 register-softmax forward,
+// 9-11 % in the 64-row kGradMma; kernels/cuda/README.md, "Cheaper softmax
+// and splits").
+//  * SplitTf32: big by cvt.rna itself, any x. For operands whose NaN must
+//    reach the product: the probabilities of the expected code and the
+//    weights of the codes gradient, where a NaN row shows only through them.
+//  * SplitTf32Finite: the same bits for every finite x, big in the integer
+//    form ptxas itself emits for cvt.rna on a finite input (add half a TF32 ulp
 //    to the bit pattern, clear the 13 low bits; a carry into the exponent
 //    rounds up, to infinity past the largest TF32), without cvt.rna's test
 //    for a non-finite input (sm_90 SASS: 2 instructions for big instead of
