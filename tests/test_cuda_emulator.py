@@ -766,13 +766,13 @@ def test_the_finite_tf32_split_rounds_big_as_cvt_rna_and_keeps_the_exact_rest(tm
 
 
 def test_the_fast_softmax_exp_keeps_its_error_bound_and_flushes_tiny_results(tmp_path):
-    """SoftmaxExp<true> (ecoc_common.cuh), the tensor-core modes' exp: 2^(x log2 e)
-    by ex2.approx.ftz. Against float64 exp its relative error stays within the
-    bound its comment states for the emulated model, 2^-23 |x| for the
+    """SoftmaxExp<kMath3xTf32> (ecoc_common.cuh), the tensor-core modes' exp:
+    2^(x log2 e) by ex2.approx.ftz. Against float64 exp its relative error
+    stays within the bound its comment states for the emulated model, 2^-23 |x| for the
     roundings of log2 e and of x log2 e plus one float32 rounding (the card
     adds MUFU's ~2 ulp, which the emulator does not model); a result below
-    2^-126 is +0 where expf (SoftmaxExp<false>) gives a subnormal; -inf gives
-    0 and NaN stays NaN in both."""
+    2^-126 is +0 where expf (SoftmaxExp<kMathFp32>) gives a subnormal; -inf
+    gives 0 and NaN stays NaN in both."""
     rng = np.random.default_rng(7)
     x = np.concatenate([rng.uniform(-17.0, 0.0, 3000), rng.uniform(-87.0, -17.0, 500),
                         [0.0, -0.0, -1e-30, -87.3, -87.4, -88.0, -100.0, -103.0, -np.inf, np.nan]])

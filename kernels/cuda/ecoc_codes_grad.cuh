@@ -114,9 +114,9 @@ __device__ __forceinline__ void LoadClassTerms(const CodesGradArgs& a, const flo
 // kTf32Halves (CodesGradMmaKernel, whose products take w as TF32 operands):
 // 0 writes w; 1 (TF32) the big half of w (SplitTf32's bits) into W_s; 2
 // (3xTF32) also the small half into W_lo [BT][kSPitch]. w is then split
-// once per element, not once per element and warp. kFastExp: p by
-// SoftmaxExp<true> (ex2.approx; the tensor-core math modes), else expf.
-template <int RW, int kTf32Halves, bool kFastExp>
+// once per element, not once per element and warp. p by SoftmaxExp of the
+// kernel's math mode kMath.
+template <int RW, int kTf32Halves, int kMath>
 __device__ __forceinline__ float WriteTileWeights(const CodesGradArgs& a, float* W_s,
                                                   const float* ct_s, float scale, int64_t c0,
                                                   int64_t b0, int rows_valid, int warp,
@@ -148,7 +148,7 @@ __device__ __forceinline__ float WriteTileWeights(const CodesGradArgs& a, float*
     // Evaluated for every element and selected, without a branch: a row
     // past the batch or a class past n takes 0 whatever its logit.
     const float x = Logit(W_s[r * kSPitch + lane], scale, ct, rowc);
-    const float p = SoftmaxExp<kFastExp>(x - lse);
+    const float p = SoftmaxExp<kMath>(x - lse);
     const float w = cvalid && i < rows_mine ? g * (p - (label == lane ? 1.0f : 0.0f)) : 0.0f;
     if constexpr (kTf32Halves > 0) {
       uint32_t big, small;
@@ -207,6 +207,9 @@ __global__ void __launch_bounds__(kThreads, BT == 16 ? (kMath == kMath3xTf32 ? 8
   constexpr bool kWFirst = BT == kWarps * 16;
   static_assert(BT * kSPitch % 4 == 0 && CT % 4 == 0, "stage buffers 16-byte aligned");
   const int64_t k = a.code_length;
+  // stage_s spelt out rather than as ct_s + CT: that form, the same address,
+  // cost the TF32 instantiations' TileGradSum loop a load in flight (3.9 ->
+  // 3.0 on average, sm_90, sass_loop_stats.py --loads-ahead).
   float* const stage_s =
       kWFirst ? smem + BT * kSPitch + (a.g_in_smem ? CT * k : 0) + CT : smem;
   float* W_s = kWFirst ? smem : smem + a.stages * stage_floats;
@@ -260,8 +263,7 @@ __global__ void __launch_bounds__(kThreads, BT == 16 ? (kMath == kMath3xTf32 ? 8
       engine.Store(W_s);
       // W_s and (first batch tile) ct_s complete.
       __syncthreads();
-      WriteTileWeights<RW, 0, kMath != kMathFp32>(a, W_s, ct_s, scale, c0, b0, rows_valid, warp,
-                                                  lane);
+      WriteTileWeights<RW, 0, kMath>(a, W_s, ct_s, scale, c0, b0, rows_valid, warp, lane);
       // Every w of the tile is written before any thread reads another
       // warp's rows.
       __syncthreads();  // [barrier-mutation-test]

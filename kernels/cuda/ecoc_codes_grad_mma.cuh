@@ -173,8 +173,8 @@ __global__ void __launch_bounds__(kThreads, BT == 16 ? kGradMmaMinBlocks16 : 0)
     // W_s and (first batch tile) ct_s complete.
     __syncthreads();
     cs_s[warp * CT + lane] =
-        WriteTileWeights<RW, kSplit ? 2 : 1, true>(a, W_s, ct_s, scale, c0, b0, rows_valid, warp,
-                                                   lane, W_lo);
+        WriteTileWeights<RW, kSplit ? 2 : 1, kMath>(a, W_s, ct_s, scale, c0, b0, rows_valid, warp,
+                                                    lane, W_lo);
     // Every w and partial column sum of the tile is written before any
     // warp reads the whole tile.
     __syncthreads();  // [barrier-mutation-test]

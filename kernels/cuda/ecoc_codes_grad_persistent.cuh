@@ -104,8 +104,7 @@ __global__ void __launch_bounds__(kThreads, BT == 64 ? 5 : 0) CodesGradPersisten
     engine.Store(W_s);
     // W_s and ct_s complete.
     __syncthreads();
-    WriteTileWeights<RW, 0, kMath != kMathFp32>(a, W_s, ct_s, scale, c0, 0, rows_valid, warp,
-                                                lane);
+    WriteTileWeights<RW, 0, kMath>(a, W_s, ct_s, scale, c0, 0, rows_valid, warp, lane);
     // Every w of the tile is written before any thread reads another
     // warp's rows.
     __syncthreads();  // [barrier-mutation-test]

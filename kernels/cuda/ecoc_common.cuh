@@ -20,6 +20,11 @@ namespace keras_ecoc {
 namespace cuda {
 namespace detail {
 
+// MathMode as a template argument (0 = FP32, 1 = 3xTF32, 2 = TF32).
+constexpr int kMathFp32 = 0;
+constexpr int kMath3xTf32 = 1;
+constexpr int kMathTf32 = 2;
+
 constexpr int kWarpSize = 32;
 constexpr int kWarps = 4;  // every kernel runs 4 warps per block
 constexpr int kThreads = kWarpSize * kWarps;
@@ -98,7 +103,7 @@ __device__ __forceinline__ float ExpDiff(float a, float b) {
   return a == -INFINITY ? 0.0f : expf(a - b);
 }
 
-// exp(x) in a softmax: expf (kFast = false: the FP32 math mode) or, in the
+// exp(x) in a softmax of math mode kMath: expf in the FP32 mode or, in the
 // tensor-core math modes, 2^(x log2 e) by ex2.approx.ftz (FMUL and
 // MUFU.EX2, 2 instructions where expf takes about 9 on sm_90; __expf adds
 // the scaling of subnormal results). Its error is mostly the rounding of
@@ -108,9 +113,9 @@ __device__ __forceinline__ float ExpDiff(float a, float b) {
 // has (2^-20 of s sum_j |u_j M_ij|), plus ex2's 2 ulp. p, the log-sum-exp
 // built from it and the gradients move by that much; the logits (and the
 // label's) do not. A result below 2^-126 is 0 (expf: a subnormal).
-template <bool kFast>
+template <int kMath>
 __device__ __forceinline__ float SoftmaxExp(float x) {
-  if constexpr (kFast) {
+  if constexpr (kMath != kMathFp32) {
     return ptx::ex2_approx_ftz(x * 1.44269504088896341f);
   } else {
     return expf(x);
@@ -122,9 +127,9 @@ __device__ __forceinline__ float SoftmaxExp(float x) {
 // loops use it (ptxas branched around each expf there, sm_90: 34 of the 70
 // branches of a 64-row tile's loop); the split kernels keep ExpDiff, whose
 // code was timed (this form spills in the FP32 folded-norms forward).
-template <bool kFast>
+template <int kMath>
 __device__ __forceinline__ float ExpDiffSelect(float a, float b) {
-  const float e = SoftmaxExp<kFast>(a - b);
+  const float e = SoftmaxExp<kMath>(a - b);
   return a == -INFINITY ? 0.0f : e;
 }
 

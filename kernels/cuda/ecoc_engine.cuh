@@ -33,11 +33,6 @@ namespace keras_ecoc {
 namespace cuda {
 namespace detail {
 
-// MathMode as a template argument (0 = FP32, 1 = 3xTF32, 2 = TF32).
-constexpr int kMathFp32 = 0;
-constexpr int kMath3xTf32 = 1;
-constexpr int kMathTf32 = 2;
-
 __host__ __device__ constexpr int TilePitch(int kc) { return kc + 4; }
 
 // Walks the items v = threadIdx.x, threadIdx.x + nthreads, ... < count of a

@@ -508,7 +508,7 @@ __global__ void __launch_bounds__(NW * kWarpSize,
       m = NanMax(m, __shfl_xor_sync(kFullMask, m, 1));
       m = NanMax(m, __shfl_xor_sync(kFullMask, m, 2));
       const float new_max = NanMax(run_max[h], m);
-      alpha[h] = ExpDiffSelect<kMath != kMathFp32>(run_max[h], new_max);
+      alpha[h] = ExpDiffSelect<kMath>(run_max[h], new_max);
       run_max[h] = new_max;
       run_sum[h] *= alpha[h];
       run_sqn[h] *= alpha[h];
@@ -518,7 +518,7 @@ __global__ void __launch_bounds__(NW * kWarpSize,
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int h = e / 2;
-        const float p = ExpDiffSelect<kMath != kMathFp32>(d[nt][e], run_max[h]);
+        const float p = ExpDiffSelect<kMath>(d[nt][e], run_max[h]);
         d[nt][e] = p;
         run_sum[h] += p;
         run_sqn[h] = fmaf(p, sq[nt][e & 1], run_sqn[h]);

@@ -1,7 +1,8 @@
 // Emulator self-test of the softmax's exponential (SoftmaxExp, ecoc_common.cuh):
-// reads V float32 values from IN, evaluates SoftmaxExp<true> (the tensor-core
-// modes: ex2.approx.ftz of x log2 e) and SoftmaxExp<false> (expf) on each,
-// and writes the V fast results, then the V accurate ones, to OUT.
+// reads V float32 values from IN, evaluates SoftmaxExp<kMath3xTf32> (the
+// tensor-core modes: ex2.approx.ftz of x log2 e) and SoftmaxExp<kMathFp32>
+// (expf) on each, and writes the V fast results, then the V accurate ones,
+// to OUT.
 // The same source builds with nvcc, so a GPU run shows MUFU's own error too:
 //   nvcc -O2 -arch=sm_90 -std=c++17 -Ikernels/cuda -x cu kernels/cuda/emu/selftest/softmax_exp.cu
 // Usage: softmax_exp IN OUT V
@@ -16,8 +17,9 @@
 
 __global__ void Exp(const float* x, float* fast, float* accurate, int n) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
-    fast[i] = keras_ecoc::cuda::detail::SoftmaxExp<true>(x[i]);
-    accurate[i] = keras_ecoc::cuda::detail::SoftmaxExp<false>(x[i]);
+    using namespace keras_ecoc::cuda::detail;
+    fast[i] = SoftmaxExp<kMath3xTf32>(x[i]);
+    accurate[i] = SoftmaxExp<kMathFp32>(x[i]);
   }
 }
 
