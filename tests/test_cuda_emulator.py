@@ -800,6 +800,28 @@ def test_the_fast_softmax_exp_keeps_its_error_bound_and_flushes_tiny_results(tmp
     assert np.isnan(fast[np.isnan(x)][0]) and np.isnan(accurate[np.isnan(x)][0])
 
 
+def test_emulated_ldmatrix_gives_each_lane_the_words_plain_loads_give_and_checks_addresses(
+        tmp_path):
+    """ptx::ldmatrix_x4 / _x2 on 32-bit words (emu/selftest/ldmatrix.cu): over
+    64 trials of pitches and row starts, lane l's register j equals a plain
+    shared load of word l % 4 of row l / 4 of matrix j, the property that
+    lets the mma kernels load fragments with it and keep their bits. A row
+    address off a 16-byte boundary, or past the block's shared memory,
+    aborts the launch as it would fault on a card."""
+    out = tmp_path / "out"
+    res = run_emu("--arch", "90", "--program", str(SELFTEST / "ldmatrix.cu"), "--", str(out), "ok")
+    assert res.returncode == 0, _fail_message(res)
+    bad, compared = np.fromfile(out, dtype="<u4")
+    assert compared == 64 * 32 * 6 and bad == 0
+    for mode, lane, words in (("misaligned", 5, "not 16-byte aligned"),
+                              ("outside", 9, "outside the block's")):
+        res = run_emu("--arch", "90", "--program", str(SELFTEST / "ldmatrix.cu"), "--",
+                      str(tmp_path / mode), mode)
+        assert res.returncode != 0
+        assert "ldmatrix.x4" in res.stderr and f"thread {lane} reads" in res.stderr, res.stderr
+        assert words in res.stderr, res.stderr
+
+
 def test_emulated_mma_on_special_values_follows_ieee_with_a_canonical_nan(tmp_path):
     def tile(av, bv, cv):
         a = np.zeros((1, 16, 8), np.float32)

@@ -103,8 +103,12 @@ __global__ void __launch_bounds__(kThreads, BT == 16 ? kGradMmaMinBlocks16 : 0)
     CodesGradMmaKernel(CodesGradArgs a) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   extern __shared__ __align__(16) float smem[];
-  using Engine = typename EngineFor<kMath, BT>::type;
   constexpr bool kSplit = kMath == kMath3xTf32;
+  // The 16-row 3xTF32 engine reads u by scalar loads (MmaEngine's
+  // kLdmatrixA): no spill under its register bound.
+  using Engine = std::conditional_t<kSplit && BT == 16,
+                                    MmaEngine<BT, true, false>,
+                                    typename EngineFor<kMath, BT>::type>;
   constexpr int CT = kClassTile;
   constexpr int RW = BT / kWarps;
   constexpr int NJ = GradMmaTilesPerWarp(KMAX);

@@ -113,6 +113,44 @@ __device__ __forceinline__ void StageTile(float* dst, int pitch,
   }
 }
 
+// Row addresses for ptx::ldmatrix_x4 / _x2 (ecoc_ptx.cuh) of mma.m16n8k8
+// TF32 fragments from a tile stored K-contiguous at `pitch` floats a row
+// (u's rows, the codes' rows; pitch = 4 mod 8 and 16-byte aligned rows, as
+// TilePitch gives for a multiple of 8: no bank conflict), at k step 0 (add
+// ks for step ks). The registers hold what the scalar loads of the PTX
+// fragment layout gave, so the products keep their bits.
+//  * FragRowA: the A fragment of rows 0-15 of `rows`: the 4 matrices are
+//    (rows 0-7, col 0), (rows 8-15, col 0), (rows 0-7, col 4), (rows 8-15,
+//    col 4), i.e. a[0] .. a[3].
+//  * FragRowB: the B fragments of two n8 tiles, classes 0-7 and 8-15 of
+//    `cls`: matrices (classes 0-7, col 0), (0-7, col 4), (8-15, col 0),
+//    (8-15, col 4), i.e. b[0], b[1] of the first tile, then of the second.
+//    With ldmatrix_x2 (one tile) lanes 16-31's rows are not read.
+__device__ __forceinline__ const float* FragRowA(const float* rows, int pitch, int lane) {
+  return rows + (lane % 8 + 8 * ((lane / 8) % 2)) * pitch + 4 * (lane / 16);
+}
+__device__ __forceinline__ const float* FragRowB(const float* cls, int pitch, int lane) {
+  return cls + (lane % 8 + 8 * (lane / 16)) * pitch + 4 * ((lane / 8) % 2);
+}
+
+// b[nt][0..1] for the NT consecutive n8 tiles of classes from FragRowB's
+// row `lb` at k step ks: one ldmatrix_x4 per two tiles, ldmatrix_x2 for an
+// odd last one.
+template <int NT>
+__device__ __forceinline__ void LoadFragsB(uint32_t (&b)[NT][2], const float* lb, int pitch,
+                                           int ks) {
+#pragma unroll
+  for (int np = 0; np < NT / 2; ++np) {
+    uint32_t r[4];
+    ptx::ldmatrix_x4(r, lb + np * 16 * pitch + ks);
+    b[2 * np][0] = r[0];
+    b[2 * np][1] = r[1];
+    b[2 * np + 1][0] = r[2];
+    b[2 * np + 1][1] = r[3];
+  }
+  if constexpr (NT % 2 == 1) ptx::ldmatrix_x2(b[NT - 1], lb + (NT - 1) * 8 * pitch + ks);
+}
+
 template <int BT>
 struct Fp32Engine {
   static constexpr int kRowsPerThread = BT / kWarps;
@@ -166,7 +204,12 @@ struct Fp32Engine {
 // of the 18 and 18 of warps that each took 8 classes of all four m16 tiles.
 // Each logit is the same mma position (row mod 16, class mod 8) of the same
 // k-steps in either layout: the same bits.
-template <int BT, bool kSplit>
+// kLdmatrixA = false loads the A fragment (u) by 4 scalar loads: for the
+// 16-row 3xTF32 kGradMma, whose register bound (64 on sm_90 for 8 blocks
+// per SM, 80 on sm_80) spilled 4 bytes with ldmatrix's register quad at
+// KMAX = 128 (sm_90) and 64 (sm_80), and which issued about as many
+// instructions per tile either way (sm_90 SASS).
+template <int BT, bool kSplit, bool kLdmatrixA = true>
 struct MmaEngine {
   static_assert(BT == 16 || BT == kWarps * 16, "one m16 tile, or one per warp");
   static_assert(kClassTile == kWarps * 8, "one n8 tile of classes per warp at BT = 16");
@@ -198,20 +241,32 @@ struct MmaEngine {
                                        int kc) {
     const int warp = threadIdx.x / kWarpSize;
     const int lane = threadIdx.x % kWarpSize;
-    const int g = lane / 4;
-    const int t = lane % 4;
-    const float* cb = C + (Class0(warp) + g) * pitch + t;
+    // The fragments by ldmatrix (FragRowA / FragRowB): one instruction for
+    // A and one per two n8 tiles of B instead of 4 scalar loads each.
+    const float* la = FragRowA(R + Row0(warp) * pitch, pitch, lane);
+    const float* lb = FragRowB(C + Class0(warp) * pitch, pitch, lane);
     auto step = [&](int ks) {
-      const float* ra = R + (Row0(warp) + g) * pitch + ks + t;
-      const float av[4] = {ra[0], ra[8 * pitch], ra[4], ra[8 * pitch + 4]};
+      uint32_t av[4];
+      if constexpr (kLdmatrixA) {
+        ptx::ldmatrix_x4(av, la + ks);
+      } else {
+        const int g = lane / 4, t = lane % 4;
+        const float* ra = R + (Row0(warp) + g) * pitch + ks + t;
+        av[0] = __float_as_uint(ra[0]);
+        av[1] = __float_as_uint(ra[8 * pitch]);
+        av[2] = __float_as_uint(ra[4]);
+        av[3] = __float_as_uint(ra[8 * pitch + 4]);
+      }
       uint32_t a_big[4], a_small[4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) SplitTf32Finite(av[e], &a_big[e], &a_small[e]);
+      for (int e = 0; e < 4; ++e) SplitTf32Finite(__uint_as_float(av[e]), &a_big[e], &a_small[e]);
+      uint32_t bv[kNTiles][2];
+      LoadFragsB<kNTiles>(bv, lb, pitch, ks);
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt) {
         uint32_t b_big[2], b_small[2];
-        SplitTf32Finite(cb[nt * 8 * pitch + ks], &b_big[0], &b_small[0]);
-        SplitTf32Finite(cb[nt * 8 * pitch + ks + 4], &b_big[1], &b_small[1]);
+        SplitTf32Finite(__uint_as_float(bv[nt][0]), &b_big[0], &b_small[0]);
+        SplitTf32Finite(__uint_as_float(bv[nt][1]), &b_big[1], &b_small[1]);
         if (kSplit) {
           ptx::mma_m16n8k8_tf32(d[nt], a_small, b_big, d[nt]);
           ptx::mma_m16n8k8_tf32(d[nt], a_big, b_small, d[nt]);

@@ -20,17 +20,21 @@
 //    rescales by the same alpha) reduced over the quad once, at the end.
 //    The label's logit is the fragment value itself (the softmax uses the
 //    same number).
+//  * Fragments of u and of the codes by ldmatrix (ecoc_engine.cuh:
+//    FragRowA, LoadFragsB): the registers the PTX layout's scalar loads
+//    gave, one instruction per A fragment and per two n8 B fragments.
 //  * Expected code from registers: acc (16 rows x kp columns of the warp,
 //    m16n8 accumulator fragments, kp <= kRegMaxK) is rescaled by alpha and
 //    then accumulates P.M with mma, P taken from the logit fragments as the A
-//    operand. An accumulator fragment holds classes 2t, 2t + 1 where the A
+//    operand. In the 4-warp kernels the columns of each 4 blocks interleave
+//    (RegAccColumn), so that the codes come by 16-byte loads. An accumulator fragment holds classes 2t, 2t + 1 where the A
 //    operand wants t, t + 4; the order of a dot product's terms is free, so
 //    A's k index t stands for class 2t and t + 4 for class 2t + 1, and the B
 //    operand (the codes) is read with the same permutation. 3xTF32 splits p
 //    and M as the logit engine does; plain TF32 does not.
 //  * u stays resident in shared memory (one stage for the whole block: the
-//    row is never split into column stages here); only the code tiles are
-//    double-buffered, each with its classes' ct and ||M||^2 in the rows'
+//    row is never split into column stages here), after the code tiles;
+//    only the code tiles are double-buffered, each with its classes' ct and ||M||^2 in the rows'
 //    padding columns, so the softmax reads no global memory.
 //  * Each warp keeps its own softmax state over its classes: with WC > 1 a
 //    block writes WC partial states per (row, split), slot split * WC + wc,
@@ -68,21 +72,19 @@ constexpr int kRegShortK = 32;
 // Expected-code blocks per test in the 4-warp kernels (AccumulateExpectedCode's
 // kGroup), per instantiation: the group that gave ptxas (sm_90) the fewest
 // stall cycles per tile (sass_loop_stats.py) without spills under the
-// kernel's launch bound, and no more wasted blocks than it needs.
+// kernel's launch bound.
 //  * 64-row, KMAX = kRegMaxK: 8. Groups of 2 or 4 still left runs of 20-23
 //    dependent products in the 3xTF32 kernels' SASS; 16 left none either,
 //    but at 219 registers and up to 15 wasted blocks.
-//  * 16-row, KMAX = kRegMaxK: 4, but 2 in the unfolded 3xTF32 kernel, where
-//    4 spills 4 bytes at its 128-register bound. In the folded TF32 kernel a
-//    group of 2 took 162 registers, 4 takes 128.
-//  * KMAX = kRegShortK (four blocks): 4 in the 64-row kernels (one group, no
-//    test: 9-10 % fewer stall cycles than 2 in 3xTF32), but 2 in the folded
-//    TF32 one, where 4 spills 28 bytes, and in the 16-row kernels (4 spilled
-//    24 bytes in the folded 3xTF32 one and took 16 % more stall cycles in
-//    the unfolded TF32 one).
-__host__ __device__ constexpr int RegExpectedGroup(int bt, int kmax, bool split, bool fold) {
-  return kmax == kRegMaxK ? (bt == 64 ? 8 : split && !fold ? 2 : 4)
-                          : (bt == 64 && (split || !fold) ? 4 : 2);
+//  * Every other 4-warp kernel: 4, one set of interleaved columns
+//    (RegVecColumns). Before the fragments came by ldmatrix, 4 spilled in
+//    the unfolded 16-row 3xTF32 kernel at KMAX = kRegMaxK and in the folded
+//    kernels at kRegShortK, which took 2; with it none spills (sm_80, sm_90)
+//    and 4 takes 2-9 % fewer instructions and up to 10 % fewer stall
+//    cycles per tile than 2 (sm_90). At kp < 32 it computes up to 3 blocks
+//    of columns past kp (at most 1 with 2); those rows are short.
+__host__ __device__ constexpr int RegExpectedGroup(int bt, int kmax) {
+  return kmax == kRegMaxK && bt == 64 ? 8 : 4;
 }
 
 // Whether ForwardRegKernel<kMath, bt, nw, fold, kmax> splits each code tile
@@ -106,15 +108,35 @@ __host__ __device__ constexpr bool RegPreSplitsCodes(int bt, int nw, bool fold, 
 // more shared load at an immediate offset from its big half's address.
 constexpr int kRegSmallHalves = 2 * kRegClassTile * (kRegShortK + 4);
 
-// Shared-memory floats of ForwardRegKernel: the resident u tile and two
-// code tiles, all at the engine's pitch kp + 4, and with `small_halves`
-// (RegPreSplitsCodes in 3xTF32, kp <= 32) their small halves. Each code
-// row's first two padding columns (kp, kp + 1) hold its class's ct and
-// ||M||^2.
+// Shared-memory floats of ForwardRegKernel: two code tiles (with
+// `small_halves`, RegPreSplitsCodes in 3xTF32 at kp <= 32: their big halves,
+// then from kRegSmallHalves their small halves), then the resident u tile,
+// all at the engine's pitch kp + 4. Each code row's first two padding
+// columns (kp, kp + 1) hold its class's ct and ||M||^2.
 __host__ __device__ constexpr int64_t ForwardRegSmemFloats(int bt, int kp,
                                                            bool small_halves = false) {
   return small_halves ? int64_t{bt} * TilePitch(kp) + 2 * int64_t{kRegSmallHalves}
                       : int64_t{bt + 2 * kRegClassTile} * TilePitch(kp);
+}
+
+// Whether a kernel's expected-code blocks interleave their columns by sets
+// of 4 (AccumulateExpectedCode's kVec): where its group of blocks per test
+// is a whole number of sets, so that the interleave costs no product.
+__host__ __device__ constexpr bool RegVecColumns(int group) { return group > 0 && group % 4 == 0; }
+// ... except in the 16-row 3xTF32 kernel below sm_90, where the interleave
+// spilled 24 bytes at its 128-register bound (sm_80; none on sm_90).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+constexpr bool kRegVec16Split = false;
+#else
+constexpr bool kRegVec16Split = true;
+#endif
+
+// The column of the expected code that accumulator block jn holds at n8
+// index n (the accumulator layout's column 2t or 2t + 1): with the
+// interleave (RegVecColumns), blocks 4 jv .. 4 jv + 3 hold the columns
+// 32 jv + 4 n + (jn % 4); else block jn holds jn * 8 + n.
+__host__ __device__ constexpr int RegAccColumn(bool vec, int jn, int n) {
+  return vec ? (jn / 4) * 32 + 4 * n + jn % 4 : jn * 8 + n;
 }
 
 // Splits the kp columns of the CT-row code tile `tile` into TF32 halves in
@@ -189,9 +211,9 @@ __device__ __forceinline__ void MmaMode(float d[4], const uint32_t ab[4], const 
 // acc[jn] = alpha * acc[jn] + P.M for the 8-column blocks jn < kn of the
 // warp's 16 rows: P = the NT logit fragments d (already p), as the A operand
 // (k index t = class 2t, t + 4 = class 2t + 1 of each n8 fragment), M read
-// from mb (the warp's code rows, offset by the thread's 2t rows and g
-// columns) with the same permutation. Each acc[jn] receives its NT products
-// in increasing nt in either order below, so both give the same bits:
+// from the warp's code rows (mrow: the thread's row 2t) with the same
+// permutation. Each acc[jn] receives its NT products in increasing nt in
+// every order below, so all give the same bits:
 //  * kGroup > 0 (the 4-warp kernels): the P fragments are split once; then
 //    the blocks go kGroup at a time behind one test (the group's first
 //    block < kn), nt outer and the group's blocks inner, so that the
@@ -200,21 +222,40 @@ __device__ __forceinline__ void MmaMode(float d[4], const uint32_t ab[4], const 
 //    3 x NT dependent products back to back (24 on one accumulator per
 //    block in the 64-row 3xTF32 kernel, sm_90 SASS): the tensor pipe waited
 //    on each product's latency. A group's blocks past kn read the codes of
-//    block kn - 1 and their accumulators are never stored (at most
-//    kGroup - 1 blocks of wasted products, none where kn is a multiple of
-//    kGroup). Holds the NT split P fragments: ptxas (sm_90) spills 4 bytes
+//    block kn - 1 (with kVec: the columns past kp, below) and their
+//    accumulators are never stored (at most kGroup - 1 blocks of wasted
+//    products, none where kn is a multiple of kGroup). Holds the NT split P fragments: ptxas (sm_90) spills 4 bytes
 //    at the 8-warp kernel's 128-register bound (64-row tile), so that
 //    kernel keeps
 //  * kGroup = 0: one P fragment split at a time, then its product with each
 //    block jn < kn (a test per product; consecutive products are on
 //    different accumulators).
+//  * kVec (RegVecColumns: kGroup a multiple of 4): the columns of 4
+//    consecutive blocks are interleaved (RegAccColumn), so that a thread's
+//    B operands of the 4 blocks are 4 adjacent floats of a code row: one
+//    16-byte shared load per code row and 4 blocks instead of 4 scalar
+//    loads, each with its own address (sm_90: ~500 of the 64-row TF32
+//    kernel's 3,659 instructions per tile at kp = 128 were these loads).
+//    Each accumulator still receives the same products in the same order
+//    (in 3xTF32 each of the three passes runs over the set's 4
+//    accumulators in turn); only which accumulator holds which column
+//    changes, and the mma's arithmetic per output does not depend on its
+//    column. A group's blocks
+//    past kn then read the columns past kp (the row's padding, the next
+//    rows, and past the second tile's last row the u tile, which the
+//    kernel lays out after the code tiles): their accumulators hold
+//    columns >= kp, which are never stored.
+// mrow: the code row of class 2t of the warp's first n8 fragment.
 template <bool kSplit, int NT, int KN, int kGroup, bool kFiniteSplit,
-          bool kPreSplit = false>
+          bool kPreSplit = false, bool kVec = false>
 __device__ __forceinline__ void AccumulateExpectedCode(float (&acc)[KN][4],
                                                        const float (&d)[NT][4],
-                                                       const float* mb, int pitch, int kn,
+                                                       const float* mrow, int pitch, int kn,
                                                        const float (&alpha)[2]) {
   static_assert(KN % (kGroup > 0 ? kGroup : 1) == 0, "kGroup divides KN");
+  static_assert(!kVec || (kGroup > 0 && kGroup % 4 == 0), "kVec: groups of whole 4-block sets");
+  const int g = threadIdx.x % kWarpSize / 4;
+  const float* mb = mrow + g;  // scalar form: column jc * 8 + g
   uint32_t pb[kGroup > 0 ? NT : 1][4], ps[kGroup > 0 ? NT : 1][4];
   auto split_p = [&](int nt, uint32_t(&b)[4], uint32_t(&s)[4]) {
     const float pa[4] = {d[nt][0], d[nt][2], d[nt][1], d[nt][3]};
@@ -237,6 +278,43 @@ __device__ __forceinline__ void AccumulateExpectedCode(float (&acc)[KN][4],
     }
     MmaMode<kSplit>(acc[jn], b, s, bb, bs);
   };
+  // acc[4 jv + jj] += P(nt).M for jj < 4: the 4 blocks of set jv, their
+  // columns 32 jv + 4 n + jj (n = g for this thread's B operands).
+  auto product_set = [&](int nt, int jv, const uint32_t(&b)[4], const uint32_t(&s)[4]) {
+    const float* r = mrow + nt * 8 * pitch + jv * 32 + 4 * g;
+    const float4 x0 = *reinterpret_cast<const float4*>(r);
+    const float4 x1 = *reinterpret_cast<const float4*>(r + pitch);
+    float4 y0 = x0, y1 = x1;  // kPreSplit: the small halves, kRegSmallHalves on
+    if constexpr (kPreSplit && kSplit) {
+      y0 = *reinterpret_cast<const float4*>(r + kRegSmallHalves);
+      y1 = *reinterpret_cast<const float4*>(r + pitch + kRegSmallHalves);
+    }
+    const float v0[4] = {x0.x, x0.y, x0.z, x0.w}, v1[4] = {x1.x, x1.y, x1.z, x1.w};
+    const float w0[4] = {y0.x, y0.y, y0.z, y0.w}, w1[4] = {y1.x, y1.y, y1.z, y1.w};
+    uint32_t bb[4][2], bs[4][2];
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      if constexpr (kPreSplit) {
+        bb[jj][0] = __float_as_uint(v0[jj]);
+        bb[jj][1] = __float_as_uint(v1[jj]);
+        bs[jj][0] = kSplit ? __float_as_uint(w0[jj]) : 0u;
+        bs[jj][1] = kSplit ? __float_as_uint(w1[jj]) : 0u;
+      } else {
+        SplitTf32Operand<kFiniteSplit>(v0[jj], &bb[jj][0], &bs[jj][0]);
+        SplitTf32Operand<kFiniteSplit>(v1[jj], &bb[jj][1], &bs[jj][1]);
+      }
+    }
+    // MmaMode's products, each pass over the 4 accumulators in turn: the
+    // same order per accumulator, 4 independent products back to back.
+    if constexpr (kSplit) {
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) ptx::mma_m16n8k8_tf32(acc[4 * jv + jj], s, bb[jj], acc[4 * jv + jj]);
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) ptx::mma_m16n8k8_tf32(acc[4 * jv + jj], b, bs[jj], acc[4 * jv + jj]);
+    }
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) ptx::mma_m16n8k8_tf32(acc[4 * jv + jj], b, bb[jj], acc[4 * jv + jj]);
+  };
   auto rescale = [&](int jn) {
     acc[jn][0] *= alpha[0];
     acc[jn][1] *= alpha[0];
@@ -253,10 +331,15 @@ __device__ __forceinline__ void AccumulateExpectedCode(float (&acc)[KN][4],
         for (int jj = 0; jj < kGroup; ++jj) rescale(j0 + jj);
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
+          if constexpr (kVec) {
 #pragma unroll
-          for (int jj = 0; jj < kGroup; ++jj) {
-            const int jn = j0 + jj;
-            product(nt, jn, jn < kn ? jn : kn - 1, pb[nt], ps[nt]);
+            for (int jv = j0 / 4; jv < (j0 + kGroup) / 4; ++jv) product_set(nt, jv, pb[nt], ps[nt]);
+          } else {
+#pragma unroll
+            for (int jj = 0; jj < kGroup; ++jj) {
+              const int jn = j0 + jj;
+              product(nt, jn, jn < kn ? jn : kn - 1, pb[nt], ps[nt]);
+            }
           }
         }
       }
@@ -281,7 +364,10 @@ __device__ __forceinline__ void AccumulateExpectedCode(float (&acc)[KN][4],
 // at most 128 registers per thread (65536 / 512). The 16-row 3xTF32 kernel
 // asks for 4 (128 registers), the 4 blocks per SM by registers it had
 // before u and the codes took the finite split (ptxas then chose 141,
-// sm_90).
+// sm_90). The 64-row 3xTF32 kernels at KMAX = kRegShortK ask for 4 as well:
+// with fragments by ldmatrix the folded one took 129 registers (3 blocks per
+// SM by registers, 8 by shared memory), and under the bound 126 with no
+// spill and 1 % more instructions per tile (sm_90).
 //
 // KMAX: the widest padded code row the instantiation takes, which sizes
 // the expected-code accumulators (KMAX / 8 fragments of 4 floats per
@@ -306,6 +392,7 @@ template <int kMath, int BT, int NW = kWarps, bool kFold = false, int KMAX = kRe
 __global__ void __launch_bounds__(NW * kWarpSize,
                                   NW == 8 ? 2
                                   : BT == 16 && kMath == kMath3xTf32 ? (KMAX <= kRegShortK ? 8 : 4)
+                                  : BT == 64 && kMath == kMath3xTf32 && KMAX <= kRegShortK ? 4
                                                                      : 0)
     ForwardRegKernel(ForwardSplitArgs a) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
@@ -338,9 +425,17 @@ __global__ void __launch_bounds__(NW * kWarpSize,
   const int kn = kp / 8;
   // kPreSplit: the code tiles split once per block (RegPreSplitsCodes).
   constexpr bool kPreSplit = RegPreSplitsCodes(BT, NW, kFold, KMAX);
+  // The expected code's blocks per test, and whether their columns
+  // interleave (acc[jn] holds the columns RegAccColumn(kVec, jn, .)).
+  constexpr int kGroup = NW == 4 ? RegExpectedGroup(BT, KMAX) : 0;
+  constexpr bool kVec = RegVecColumns(kGroup) && (BT == 64 || !kSplit || kRegVec16Split);
+  static_assert(!kVec || !kMerge, "the merge stores blocks in column order");
   static_assert(!kPreSplit || kFiniteSplit, "the pre-split is the finite split");
-  float* u_s = smem;
-  float* m_s = smem + BT * pitch;  // kPreSplit, 3xTF32: small halves kRegSmallHalves on
+  // The code tiles first, then u: the interleaved expected-code columns
+  // (kVec) read up to 20 floats past the second tile's last row where kp is
+  // not a multiple of 32 (AccumulateExpectedCode), which then land in u.
+  float* m_s = smem;  // kPreSplit, 3xTF32: small halves kRegSmallHalves on
+  float* u_s = smem + (kPreSplit && kSplit ? 2 * kRegSmallHalves : 2 * CT * pitch);
 
   const int64_t k = a.code_length;
   const float scale = ReadScale(a.scale_ptr, a.scale);
@@ -404,29 +499,37 @@ __global__ void __launch_bounds__(NW * kWarpSize,
 #pragma unroll
       for (int e = 0; e < 4; ++e) d[nt][e] = 0.0f;
     }
-    const float* ra = u_s + (wr * 16 + g) * pitch + t;
-    const float* cb = cur + (wc * CW + g) * pitch + t;
+    // The fragments by ldmatrix (ecoc_engine.cuh: FragRowA, LoadFragsB):
+    // the same registers as scalar loads, in a quarter of the instructions.
+    const float* la = FragRowA(u_s + wr * 16 * pitch, pitch, lane);
+    const float* lb = FragRowB(cur + wc * CW * pitch, pitch, lane);
     float fold[kFold ? NT : 1];  // kFold: thread t's share of ||M||^2, class g of fragment nt
     if (kFold) {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) fold[nt] = 0.0f;
     }
     for (int ks = 0; ks < kp; ks += 8) {
-      const float av[4] = {ra[ks], ra[8 * pitch + ks], ra[ks + 4], ra[8 * pitch + ks + 4]};
+      uint32_t av[4];
+      ptx::ldmatrix_x4(av, la + ks);
       uint32_t ab[4], as[4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) SplitTf32Operand<kFiniteSplit>(av[e], &ab[e], &as[e]);
+      for (int e = 0; e < 4; ++e) {
+        SplitTf32Operand<kFiniteSplit>(__uint_as_float(av[e]), &ab[e], &as[e]);
+      }
+      uint32_t mv[NT][2];  // kPreSplit: the big halves
+      LoadFragsB<NT>(mv, lb, pitch, ks);
+      uint32_t ms[kPreSplit && kSplit ? NT : 1][2];  // ... and the small ones
+      if constexpr (kPreSplit && kSplit) LoadFragsB<NT>(ms, lb + kRegSmallHalves, pitch, ks);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        const float m0 = cb[nt * 8 * pitch + ks], m1 = cb[nt * 8 * pitch + ks + 4];
+        const float m0 = __uint_as_float(mv[nt][0]), m1 = __uint_as_float(mv[nt][1]);
         if (kFold) fold[nt] = NormChainStep(m1, NormChainStep(m0, fold[nt]));
         uint32_t bb[2], bs[2];
-        if constexpr (kPreSplit) {  // m0, m1: the big halves
-          bb[0] = __float_as_uint(m0);
-          bb[1] = __float_as_uint(m1);
-          const float* cl = cb + nt * 8 * pitch + ks + kRegSmallHalves;
-          bs[0] = kSplit ? __float_as_uint(cl[0]) : 0u;
-          bs[1] = kSplit ? __float_as_uint(cl[4]) : 0u;
+        if constexpr (kPreSplit) {
+          bb[0] = mv[nt][0];
+          bb[1] = mv[nt][1];
+          bs[0] = kSplit ? ms[nt][0] : 0u;
+          bs[1] = kSplit ? ms[nt][1] : 0u;
         } else {
           SplitTf32Operand<kFiniteSplit>(m0, &bb[0], &bs[0]);
           SplitTf32Operand<kFiniteSplit>(m1, &bb[1], &bs[1]);
@@ -528,9 +631,8 @@ __global__ void __launch_bounds__(NW * kWarpSize,
     // acc = alpha * acc + P.M, P from the fragments (A: k index t = class
     // 2t, t + 4 = class 2t + 1 of each n8 fragment), M from the staged tile
     // with the same permutation.
-    constexpr int kGroup = NW == 4 ? RegExpectedGroup(BT, KMAX, kSplit, kFold) : 0;
-    AccumulateExpectedCode<kSplit, NT, KN, kGroup, kFiniteSplit, kPreSplit>(
-        acc, d, cur + (wc * CW + 2 * t) * pitch + g, pitch, kn, alpha);
+    AccumulateExpectedCode<kSplit, NT, KN, kGroup, kFiniteSplit, kPreSplit, kVec>(
+        acc, d, cur + (wc * CW + 2 * t) * pitch, pitch, kn, alpha);
     // Buffer q & 1 is free for the prefetch of tile q + 2. The emulator sees
     // a missing one only with eager copies and one warp running ahead.
     __syncthreads();  // [barrier-mutation-test] cp-async=eager schedule=warps
@@ -618,12 +720,13 @@ __global__ void __launch_bounds__(NW * kWarpSize,
           a.part_sqn[slot] = sqn * inv;
         }
         float* out = a.part_acc + slot * k;
+        // Columns past k (blocks never computed, or past kp) are not stored.
 #pragma unroll
         for (int jn = 0; jn < KN; ++jn) {
-          if (jn < kn) {
-            const int64_t j = jn * 8 + 2 * t;
-            if (j < k) out[j] = acc[jn][2 * h] * inv;
-            if (j + 1 < k) out[j + 1] = acc[jn][2 * h + 1] * inv;
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int j = RegAccColumn(kVec, jn, 2 * t + c);
+            if (j < k) out[j] = acc[jn][2 * h + c] * inv;
           }
         }
       }

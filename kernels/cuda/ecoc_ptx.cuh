@@ -7,6 +7,7 @@
 // Architecture rules (callers guard with __CUDA_ARCH__):
 //   cp_async_*         sm_80 and later (plain loads before that).
 //   cvt_rna_tf32, mma_m16n8k8_tf32   sm_80 and later.
+//   ldmatrix_x2, ldmatrix_x4         sm_75 and later (the mma kernels' sm_80+).
 //   ex2_approx_ftz     every architecture.
 #ifndef KERAS_ECOC_KERNELS_CUDA_ECOC_PTX_CUH_
 #define KERAS_ECOC_KERNELS_CUDA_ECOC_PTX_CUH_
@@ -54,6 +55,33 @@ __device__ __forceinline__ void mma_m16n8k8_tf32(float d[4], const uint32_t a[4]
 #else
   __trap();  // callers never reach this below sm_80
 #endif
+}
+
+// Warp-collective loads of mma fragments from shared memory
+// (ldmatrix.sync.aligned.m8n8.{x2,x4}.shared.b16), used here on tiles of
+// 32-bit values: a "matrix" is 8 rows of 16 contiguous bytes (4 floats),
+// and lane l receives in r[j] the 32-bit word l % 4 of row l / 4 of
+// matrix j, i.e. exactly what a plain load of row[l / 4][l % 4] gives (the
+// instruction copies bits; its b16 element type only names the layout).
+// Lane l supplies the address of row l % 8 of matrix l / 8 (16-byte
+// aligned); with x2 only lanes 0-15 are read. One instruction replaces the
+// 2 or 4 scalar shared loads per lane of an A or B fragment of
+// mma.m16n8k8.tf32 whose operand is stored K-contiguous (u's rows, the codes'
+// rows), and the fragment's registers hold the same bits. Rows at a pitch of
+// p floats with p = 4 (mod 8) fall in 8 distinct groups of 4 banks: no
+// conflict.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* row) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+__device__ __forceinline__ void ldmatrix_x2(uint32_t r[2], const void* row) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(a));
 }
 
 // 2^x by the special-function unit (ex2.approx.ftz.f32: one MUFU.EX2 on

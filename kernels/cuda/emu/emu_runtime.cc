@@ -836,6 +836,18 @@ void CpAsync(void* dst, const void* src, int size, int src_bytes, const char* fi
   f->open.push_back(Copy{dst, src, src_bytes, size});
 }
 
+void CheckSharedAccess(const void* p, int bytes, const char* what, const char* file, int line) {
+  Fiber* f = Current(what);
+  const char* c = static_cast<const char*>(p);
+  if ((reinterpret_cast<uintptr_t>(p) & static_cast<uintptr_t>(bytes - 1)) != 0)
+    FatalInBlock("%s (%s:%d): thread %u reads %p, which is not %d-byte aligned", what, file, line,
+                 f->tid, p, bytes);
+  if (c < g_launch->smem || c + bytes > g_launch->smem + g_launch->smem_size)
+    FatalInBlock("%s (%s:%d): thread %u reads %p, outside the block's %zu bytes of dynamic "
+                 "shared memory",
+                 what, file, line, f->tid, p, g_launch->smem_size);
+}
+
 void CpAsyncCommit() {
   Fiber* f = Current("cp_async_commit");
   f->committed.push_back(std::move(f->open));

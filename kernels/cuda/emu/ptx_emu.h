@@ -230,6 +230,30 @@ KERAS_ECOC_EMU_MODEL_FN void MmaM16N8K8Collective(const void* const* in, void* c
 }
 
 }  // namespace tf32
+
+// ldmatrix.sync.aligned.m8n8.{x2,x4}.shared.b16 on 32-bit words: lane l
+// gives the address of row l % 8 of matrix l / 8 (checked by the lane
+// before the rendezvous: 16-byte aligned, inside the block's dynamic shared
+// memory) and receives word l % 4 of row l / 4 of each matrix. The rows are
+// read here, when the whole warp has arrived (AddressSanitizer sees the
+// reads).
+struct LdMatrixLaneIn {
+  const unsigned char* row;
+};
+struct LdMatrixLaneOut {
+  uint32_t r[4];
+};
+template <int kMatrices>
+void LdMatrixCollective(const void* const* in, void* const* out) {
+  for (int lane = 0; lane < 32; ++lane) {
+    LdMatrixLaneOut& o = *static_cast<LdMatrixLaneOut*>(out[lane]);
+    for (int j = 0; j < kMatrices; ++j) {
+      const auto& src = *static_cast<const LdMatrixLaneIn*>(in[8 * j + lane / 4]);
+      std::memcpy(&o.r[j], src.row + 4 * (lane % 4), 4);
+    }
+  }
+}
+
 }  // namespace keras_ecoc_emu
 
 namespace keras_ecoc {
@@ -243,6 +267,31 @@ __device__ __forceinline__ float ex2_approx_ftz(float x) {
   if (std::fabs(x) < FLT_MIN) x = 0.0f;
   const float y = exp2f(x);
   return y < FLT_MIN ? 0.0f : y;
+}
+
+template <int kMatrices>
+__device__ __forceinline__ void LdMatrix(uint32_t* r, const void* row, const char* what,
+                                         const char* file, int line) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  ::keras_ecoc_emu::LdMatrixLaneIn in{static_cast<const unsigned char*>(row)};
+  // Lanes past the matrices' rows (x2: 16-31) supply no address.
+  if (lane < 8 * kMatrices) ::keras_ecoc_emu::CheckSharedAccess(row, 16, what, file, line);
+  ::keras_ecoc_emu::LdMatrixLaneOut out;
+  ::keras_ecoc_emu::WarpCollective(what, &::keras_ecoc_emu::LdMatrixCollective<kMatrices>,
+                                   &in, &out, file, line);
+  for (int j = 0; j < kMatrices; ++j) r[j] = out.r[j];
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* row,
+                                            const char* file = __builtin_FILE(),
+                                            int line = __builtin_LINE()) {
+  LdMatrix<4>(r, row, "ldmatrix.x4", file, line);
+}
+
+__device__ __forceinline__ void ldmatrix_x2(uint32_t r[2], const void* row,
+                                            const char* file = __builtin_FILE(),
+                                            int line = __builtin_LINE()) {
+  LdMatrix<2>(r, row, "ldmatrix.x2", file, line);
 }
 
 __device__ __forceinline__ uint32_t cvt_rna_tf32(float x) {

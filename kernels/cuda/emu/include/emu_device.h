@@ -52,6 +52,10 @@ void* DynamicSharedMemory();
 // [0, size] are read and the rest zero-filled.
 void CpAsync(void* dst, const void* src, int size, int src_bytes, const char* file, int line);
 void CpAsyncCommit();
+// A shared-memory access of `bytes` bytes at p by the calling thread (an
+// ldmatrix row): aborts unless p is `bytes`-aligned and inside the block's
+// dynamic shared memory.
+void CheckSharedAccess(const void* p, int bytes, const char* what, const char* file, int line);
 void CpAsyncWait(int pending);
 // Compute capability the emulated device reports, times 10 (e.g. 900).
 int DeviceArch();
