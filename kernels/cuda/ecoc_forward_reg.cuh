@@ -27,15 +27,17 @@
 //    m16n8 accumulator fragments, kp <= kRegMaxK) is rescaled by alpha and
 //    then accumulates P.M with mma, P taken from the logit fragments as the A
 //    operand. In the 4-warp kernels the columns of each 4 blocks interleave
-//    (RegAccColumn), so that the codes come by 16-byte loads. An accumulator fragment holds classes 2t, 2t + 1 where the A
-//    operand wants t, t + 4; the order of a dot product's terms is free, so
+//    (RegAccColumn), so that the codes come by 16-byte loads. An
+//    accumulator fragment holds classes 2t, 2t + 1 where the A operand
+//    wants t, t + 4; the order of a dot product's terms is free, so
 //    A's k index t stands for class 2t and t + 4 for class 2t + 1, and the B
 //    operand (the codes) is read with the same permutation. 3xTF32 splits p
 //    and M as the logit engine does; plain TF32 does not.
 //  * u stays resident in shared memory (one stage for the whole block: the
 //    row is never split into column stages here), after the code tiles;
-//    only the code tiles are double-buffered, each with its classes' ct and ||M||^2 in the rows'
-//    padding columns, so the softmax reads no global memory.
+//    only the code tiles are double-buffered, each with its classes' ct
+//    and ||M||^2 in the rows' padding columns, so the softmax reads no
+//    global memory.
 //  * Each warp keeps its own softmax state over its classes: with WC > 1 a
 //    block writes WC partial states per (row, split), slot split * WC + wc,
 //    and the combine merges splits * WC states in that fixed order.
@@ -224,9 +226,9 @@ __device__ __forceinline__ void MmaMode(float d[4], const uint32_t ab[4], const 
 //    on each product's latency. A group's blocks past kn read the codes of
 //    block kn - 1 (with kVec: the columns past kp, below) and their
 //    accumulators are never stored (at most kGroup - 1 blocks of wasted
-//    products, none where kn is a multiple of kGroup). Holds the NT split P fragments: ptxas (sm_90) spills 4 bytes
-//    at the 8-warp kernel's 128-register bound (64-row tile), so that
-//    kernel keeps
+//    products, none where kn is a multiple of kGroup). Holds the NT split
+//    P fragments: ptxas (sm_90) spills 4 bytes at the 8-warp kernel's
+//    128-register bound (64-row tile), so that kernel keeps
 //  * kGroup = 0: one P fragment split at a time, then its product with each
 //    block jn < kn (a test per product; consecutive products are on
 //    different accumulators).
@@ -240,11 +242,10 @@ __device__ __forceinline__ void MmaMode(float d[4], const uint32_t ab[4], const 
 //    (in 3xTF32 each of the three passes runs over the set's 4
 //    accumulators in turn); only which accumulator holds which column
 //    changes, and the mma's arithmetic per output does not depend on its
-//    column. A group's blocks
-//    past kn then read the columns past kp (the row's padding, the next
-//    rows, and past the second tile's last row the u tile, which the
-//    kernel lays out after the code tiles): their accumulators hold
-//    columns >= kp, which are never stored.
+//    column. A group's blocks past kn then read the columns past kp (the
+//    row's padding, the next rows, and past the second tile's last row the
+//    u tile, which the kernel lays out after the code tiles): their
+//    accumulators hold columns >= kp, which are never stored.
 // mrow: the code row of class 2t of the warp's first n8 fragment.
 template <bool kSplit, int NT, int KN, int kGroup, bool kFiniteSplit,
           bool kPreSplit = false, bool kVec = false>
@@ -308,12 +309,18 @@ __device__ __forceinline__ void AccumulateExpectedCode(float (&acc)[KN][4],
     // same order per accumulator, 4 independent products back to back.
     if constexpr (kSplit) {
 #pragma unroll
-      for (int jj = 0; jj < 4; ++jj) ptx::mma_m16n8k8_tf32(acc[4 * jv + jj], s, bb[jj], acc[4 * jv + jj]);
+      for (int jj = 0; jj < 4; ++jj) {
+        ptx::mma_m16n8k8_tf32(acc[4 * jv + jj], s, bb[jj], acc[4 * jv + jj]);
+      }
 #pragma unroll
-      for (int jj = 0; jj < 4; ++jj) ptx::mma_m16n8k8_tf32(acc[4 * jv + jj], b, bs[jj], acc[4 * jv + jj]);
+      for (int jj = 0; jj < 4; ++jj) {
+        ptx::mma_m16n8k8_tf32(acc[4 * jv + jj], b, bs[jj], acc[4 * jv + jj]);
+      }
     }
 #pragma unroll
-    for (int jj = 0; jj < 4; ++jj) ptx::mma_m16n8k8_tf32(acc[4 * jv + jj], b, bb[jj], acc[4 * jv + jj]);
+    for (int jj = 0; jj < 4; ++jj) {
+      ptx::mma_m16n8k8_tf32(acc[4 * jv + jj], b, bb[jj], acc[4 * jv + jj]);
+    }
   };
   auto rescale = [&](int jn) {
     acc[jn][0] *= alpha[0];
@@ -333,7 +340,9 @@ __device__ __forceinline__ void AccumulateExpectedCode(float (&acc)[KN][4],
         for (int nt = 0; nt < NT; ++nt) {
           if constexpr (kVec) {
 #pragma unroll
-            for (int jv = j0 / 4; jv < (j0 + kGroup) / 4; ++jv) product_set(nt, jv, pb[nt], ps[nt]);
+            for (int jv = j0 / 4; jv < (j0 + kGroup) / 4; ++jv) {
+              product_set(nt, jv, pb[nt], ps[nt]);
+            }
           } else {
 #pragma unroll
             for (int jj = 0; jj < kGroup; ++jj) {
