@@ -36,7 +36,7 @@
 #
 # Budget: DEVICE_RUN_BUDGET seconds in all (default 465); the last phase ends
 # at most ~15 s after it. The kernels phase gets at most its steps' caps + 10 s
-# (395 s with a prebuilt harness, 475 s without) and leaves at
+# (400 s with a prebuilt harness, 480 s without) and leaves at
 # least DEVICE_RUN_GPULOSS_MIN (110) s for gpuloss; DEVICE_RUN_IMPORT_LIMIT
 # (30) s for each import check. On the H100 (2026-11-26) the run took 450 s
 # and the device call held the machine 480 s: give the call timeout_s >= 500. DEVICE_CHECK_T_* set a
@@ -206,7 +206,9 @@ PREBUILT_MATCH=0; [[ "$PREBUILT_LINE" == "prebuilt: match "* ]] && PREBUILT_MATC
 # - bench (every variant and the per-launch tables) 53 s on the H100 and
 #   54 s on the H200 of 2026-11-27: 65;
 # - ncu 16 s for 12 forward profiles on the H100 of 2026-11-26, 23 s for
-#   16 on 2026-11-27; ncu-codes-grad 8 s for its five profiles.
+#   16 on 2026-11-27; ncu-codes-grad 8 s for its five profiles;
+# - ldmatrix (since 2026-11-28, not yet run on a GPU): nvcc on one small
+#   file and one warp's trials, a few seconds: 8.
 # CAP is device_check.sh's default. Room above the sum of the needs goes to
 # each step in proportion to its CAP - NEED; below it (only when the
 # earlier phases ran far over their measured times, or the harness must be
@@ -216,8 +218,8 @@ PREBUILT_MATCH=0; [[ "$PREBUILT_LINE" == "prebuilt: match "* ]] && PREBUILT_MATC
 # DEVICE_RUN_GPULOSS_MIN. On 2026-11-26 the earlier phases took 34 s, on
 # 2026-11-27 37 s.
 if ((PREBUILT_MATCH)); then BUILD_PLAN=BUILD:5:15; else BUILD_PLAN=BUILD:80:95; fi
-STEP_PLAN=("$BUILD_PLAN" CHECK:12:20 GRID:95:115 SMEM:3:10 MEMCHECK:5:15 RACECHECK:45:60
-           BENCH:65:100 NCU:26:35 NCUGRAD:13:25)
+STEP_PLAN=("$BUILD_PLAN" LDMATRIX:8:15 CHECK:12:20 GRID:95:115 SMEM:3:10 MEMCHECK:5:15
+           RACECHECK:45:60 BENCH:65:90 NCU:26:35 NCUGRAD:13:25)
 NEED_SUM=0 CAP_SUM=0
 for plan in "${STEP_PLAN[@]}"; do
   IFS=: read -r _ need cap <<<"$plan"

@@ -198,8 +198,11 @@ def test_device_check_script_parses_and_dry_runs_every_step(tmp_path):
                           timeout=60, env=dict(os.environ, OUT=str(tmp_path)))
     assert proc.returncode == 0, proc.stderr
     steps = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("step ")]
-    assert steps == ["build", "checks", "grid", "smem-limit", "memcheck", "racecheck", "bench",
-                     "ncu", "ncu-codes-grad"]
+    assert steps == ["build", "ldmatrix", "checks", "grid", "smem-limit", "memcheck", "racecheck",
+                     "bench", "ncu", "ncu-codes-grad"]
+    # The card's ldmatrix against plain loads: the selftest the emulator's model runs too.
+    ldm = next(line for line in proc.stdout.splitlines() if line.startswith("step ldmatrix"))
+    assert "emu/selftest/ldmatrix.cu" in ldm and '"$4/ldm.bin" ok' in ldm, ldm
     # Every launch variant timed side by side; the ncu profiles of the forward
     # and of the codes gradient, both from `harness --profile`.
     assert "--bench-only --quick --variant all" in proc.stdout
@@ -309,8 +312,8 @@ def test_device_check_plumbing_with_a_fake_gpu_writes_one_table(tmp_path):
     report = (out / "device_check.md").read_text()
     rows = [line for line in report.splitlines() if line.startswith("| ") and " | pass | " in line]
     assert [r.split(" | ")[0][2:] for r in rows] == [
-        "build", "checks", "grid", "smem-limit", "memcheck", "racecheck", "bench", "ncu",
-        "ncu-codes-grad"], report
+        "build", "ldmatrix", "checks", "grid", "smem-limit", "memcheck", "racecheck", "bench",
+        "ncu", "ncu-codes-grad"], report
     # The seconds column is bash's whole-second $SECONDS difference: a fake
     # step that straddles a second boundary reports 1, not 0.
     for step in ("ncu", "ncu-codes-grad"):

@@ -259,8 +259,8 @@ def test_device_run_dry_run_fits_eight_minutes_even_when_every_phase_runs_to_its
     end = max(lim + at for _, lim, at in phases)
     assert end <= 465 and end + 15 <= 480  # +15: the last phase's kill margin
     kernels = dict((n, lim) for n, lim, _ in phases)["kernels"]
-    assert set(steps) == {"build", "checks", "grid", "smem-limit", "memcheck", "racecheck",
-                          "bench", "ncu", "ncu-codes-grad"}
+    assert set(steps) == {"build", "ldmatrix", "checks", "grid", "smem-limit", "memcheck",
+                          "racecheck", "bench", "ncu", "ncu-codes-grad"}
     assert sum(steps.values()) <= kernels - 10  # device_check.sh finishes, writes its table
     assert dict((n, lim) for n, lim, _ in phases)["gpuloss"] >= 100
     files = out.splitlines()[0].rsplit(": ", 1)[1].split()
@@ -272,7 +272,7 @@ def test_device_run_dry_run_gives_the_grid_more_time_with_a_longer_budget_and_ho
     _, phases, steps = _dry_run(DEVICE_RUN_BUDGET="900", DEVICE_CHECK_T_MEMCHECK="33")
     assert steps["grid"] == 115 and steps["build"] == 95 and steps["memcheck"] == 33
     assert short["grid"] < steps["grid"]
-    assert dict((n, lim) for n, lim, _ in phases)["kernels"] == 485  # device_check.sh's defaults (475) + 10
+    assert dict((n, lim) for n, lim, _ in phases)["kernels"] == 490  # device_check.sh's defaults (480) + 10
 
 
 def test_device_run_gives_the_kernel_steps_what_the_gpus_measured_when_earlier_phases_are_typical(

@@ -5,7 +5,9 @@
 #
 #   1. builds kernels/cuda/harness.cu + ecoc_kernels.cu.cc for the card's own
 #      architecture (nvidia-smi --query-gpu=compute_cap), with OpenMP for the
-#      host reference;
+#      host reference; then builds and runs emu/selftest/ldmatrix.cu (step
+#      ldmatrix: the card's ldmatrix on 32-bit words against plain loads, the
+#      layout the mma kernels' fragment loads and the emulator assume);
 #   2. runs the harness's checks (odd shapes, float16/bfloat16 z, int64 labels,
 #      NaN/zero rows, ties, every launch variant) in each math mode (fp32,
 #      3xtf32, tf32) against the float64 reference;
@@ -112,7 +114,8 @@ if [[ -z "$SANITIZER" ]]; then
     if [[ -n "$candidate" && -x "$candidate" ]]; then SANITIZER="$candidate"; break; fi
   done
 fi
-# Seconds per step; together 475 s. Measured on the H200 of 2026-11-27
+# Seconds per step; together 480 s (ldmatrix: nvcc on one small file and
+# one warp's trials, not yet run on a GPU). Measured on the H200 of 2026-11-27
 # (docs/device_runs/2026-11-27-h200, 2026-11-27-kauto): build 73 s, checks
 # 10 s, bench 54 s, racecheck 32 s; on that day's H100: grid 92 s, bench
 # 53 s, ncu 23 s, ncu-codes-grad 8 s, racecheck over 32 s.
@@ -130,9 +133,10 @@ fi
 # raised) from the environment, e.g. DEVICE_CHECK_T_GRID=60, to fit a shorter
 # device lease (benchmarks/device_run.sh does); a step that runs out of time
 # is reported as failed.
-T_BUILD=95 T_CHECK=20 T_GRID=115 T_SMEM=10 T_MEMCHECK=15 T_RACECHECK=60 T_BENCH=100 T_NCU=35
-T_NCUGRAD=25
-for step_var in T_BUILD T_CHECK T_GRID T_SMEM T_MEMCHECK T_RACECHECK T_BENCH T_NCU T_NCUGRAD; do
+T_BUILD=95 T_CHECK=20 T_GRID=115 T_SMEM=10 T_MEMCHECK=15 T_RACECHECK=60 T_BENCH=90 T_NCU=35
+T_NCUGRAD=25 T_LDMATRIX=15
+for step_var in T_BUILD T_CHECK T_GRID T_SMEM T_MEMCHECK T_RACECHECK T_BENCH T_NCU T_NCUGRAD \
+    T_LDMATRIX; do
   env_var="DEVICE_CHECK_$step_var"
   if [[ -n "${!env_var:-}" ]]; then
     if [[ ! "${!env_var}" =~ ^[1-9][0-9]*$ ]]; then
@@ -161,6 +165,11 @@ build_cmd() {  # arch output -> the compile command, one word per line
     "$HERE/harness.cu" "$HERE/ecoc_kernels.cu.cc" -o "$2"
 }
 mapfile -t BUILD_CMD < <(build_cmd "${ARCH:-90}" "$EXE")
+# Step ldmatrix: emu/selftest/ldmatrix.cu built for the card and run (exit 1
+# if any register differs from the plain loads).
+LDMATRIX_SH='"$1" -O2 "$2" -std=c++17 -I"$3" -x cu "$3/emu/selftest/ldmatrix.cu" -o "$4/ldm"'
+LDMATRIX_SH+=' && "$4/ldm" "$4/ldm.bin" ok'
+LDMATRIX_CMD=(bash -c "$LDMATRIX_SH" ldmatrix "$NVCC" "$(gencode "${ARCH:-90}")" "$HERE" "$WORK")
 # What a harness binary was built from: the flags, the compiler and every
 # source and header of kernels/cuda (more than the harness includes: an edit
 # anywhere there costs a build, never a stale binary).
@@ -236,6 +245,7 @@ NCU_GRAD_CMD=("$NCU" --section SpeedOfLight --section MemoryWorkloadAnalysis --s
   --section LaunchStats --section WarpStateStats --kernel-name "regex:CodesGrad(Split|Mma|Persistent)Kernel")
 STEPS=(
   "build|$T_BUILD|${BUILD_CMD[*]}"
+  "ldmatrix|$T_LDMATRIX|${LDMATRIX_CMD[*]}"
   "checks|$T_CHECK|$EXE --check-only"
   "grid|$T_GRID|$EXE --grid"
   "smem-limit|$T_SMEM|$EXE --smem-limit"
@@ -293,6 +303,8 @@ run_step() {  # name limit command...
       if [[ "$PREBUILT_STATE" == match ]]; then
         note="${note:+$note; }copied the prebuilt $(basename "$PREBUILT") (stamp matches this tree and nvcc) and ran it once"
       fi ;;
+    ldmatrix)
+      note="${note:+$note; }$(tail -n +"$((from + 1))" "$LOG" | grep -E '^ldmatrix: ' | tail -n1)" ;;
     checks|grid|smem-limit)
       note="${note:+$note; }$(tail -n +"$((from + 1))" "$LOG" | grep -E '^[0-9]+ checks, [0-9]+ failed' | tail -n1)" ;;
     ncu)
@@ -310,6 +322,8 @@ run_step() {  # name limit command...
 }
 
 if run_step build "$T_BUILD" "${BUILD_CMD[@]}"; then
+  # A few seconds: nvcc on one small file, one warp's trials.
+  run_step ldmatrix "$T_LDMATRIX" "${LDMATRIX_CMD[@]}"
   run_step checks "$T_CHECK" "$EXE" --check-only
   run_step grid "$T_GRID" "$EXE" --grid
   run_step smem-limit "$T_SMEM" "$EXE" --smem-limit

@@ -7,7 +7,8 @@
 // 4, different per matrix and trial) and rows step by the pitch. For each
 // trial and lane the program compares the x4 and x2 registers with the
 // plain loads and counts mismatches; it writes the mismatch count and the
-// number of registers compared to OUT (two uint32).
+// number of registers compared to OUT (two uint32), and exits 1 if any
+// register differs.
 // MODE "ok" runs the trials; "misaligned" gives lane 5 an address 4 bytes
 // off a 16-byte boundary and "outside" gives lane 9 one past the end of the
 // block's shared memory: both must abort the emulated launch.
@@ -76,5 +77,5 @@ int main(int argc, char** argv) {
   std::fwrite(h, 4, 2, f);
   std::fclose(f);
   std::printf("ldmatrix: %u of %u registers differ from plain loads\n", h[0], h[1]);
-  return 0;
+  return h[0] == 0 && h[1] > 0 ? 0 : 1;
 }
