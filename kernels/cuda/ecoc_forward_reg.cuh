@@ -497,8 +497,11 @@ __global__ void __launch_bounds__(NW * kWarpSize,
     __syncthreads();  // [barrier-mutation-test]
     if constexpr (kPreSplit) {
       SplitCodeTile<kSplit, CT, NTH>(m_s + (q & 1) * CT * pitch, pitch, kp);
-      // Every half written before any warp reads its fragments.
-      __syncthreads();  // [barrier-mutation-test]
+      // Every half written before any warp reads its fragments. (The
+      // emulator sees a missing one with the warp-major schedule: in its
+      // default rounds the warps meet at u's ldmatrix before any reads a
+      // code fragment.)
+      __syncthreads();  // [barrier-mutation-test] schedule=warps
     }
 
     // Logits u.M of the warp's 16 rows x CW classes, in registers.

@@ -232,13 +232,15 @@ KERAS_ECOC_EMU_MODEL_FN void MmaM16N8K8Collective(const void* const* in, void* c
 }  // namespace tf32
 
 // ldmatrix.sync.aligned.m8n8.{x2,x4}.shared.b16 on 32-bit words: lane l
-// gives the address of row l % 8 of matrix l / 8 (checked by the lane
-// before the rendezvous: 16-byte aligned, inside the block's dynamic shared
-// memory) and receives word l % 4 of row l / 4 of each matrix. The rows are
-// read here, when the whole warp has arrived (AddressSanitizer sees the
-// reads).
+// gives the address of row l % 8 of matrix l / 8 (checked by the lane:
+// 16-byte aligned, inside the block's dynamic shared memory) and receives
+// word l % 4 of row l / 4 of each matrix. Each lane reads its own row when
+// it arrives, before the rendezvous, as a scalar load would: reading at the
+// rendezvous instead saw other warps' copies that landed while this warp
+// waited for its last lane, and hid a missing barrier (the emulator test
+// that deletes each marked barrier caught that).
 struct LdMatrixLaneIn {
-  const unsigned char* row;
+  uint32_t words[4];
 };
 struct LdMatrixLaneOut {
   uint32_t r[4];
@@ -249,7 +251,7 @@ void LdMatrixCollective(const void* const* in, void* const* out) {
     LdMatrixLaneOut& o = *static_cast<LdMatrixLaneOut*>(out[lane]);
     for (int j = 0; j < kMatrices; ++j) {
       const auto& src = *static_cast<const LdMatrixLaneIn*>(in[8 * j + lane / 4]);
-      std::memcpy(&o.r[j], src.row + 4 * (lane % 4), 4);
+      o.r[j] = src.words[lane % 4];
     }
   }
 }
@@ -273,9 +275,12 @@ template <int kMatrices>
 __device__ __forceinline__ void LdMatrix(uint32_t* r, const void* row, const char* what,
                                          const char* file, int line) {
   const int lane = static_cast<int>(threadIdx.x % 32);
-  ::keras_ecoc_emu::LdMatrixLaneIn in{static_cast<const unsigned char*>(row)};
+  ::keras_ecoc_emu::LdMatrixLaneIn in{};
   // Lanes past the matrices' rows (x2: 16-31) supply no address.
-  if (lane < 8 * kMatrices) ::keras_ecoc_emu::CheckSharedAccess(row, 16, what, file, line);
+  if (lane < 8 * kMatrices) {
+    ::keras_ecoc_emu::CheckSharedAccess(row, 16, what, file, line);
+    std::memcpy(in.words, row, 16);
+  }
   ::keras_ecoc_emu::LdMatrixLaneOut out;
   ::keras_ecoc_emu::WarpCollective(what, &::keras_ecoc_emu::LdMatrixCollective<kMatrices>,
                                    &in, &out, file, line);
