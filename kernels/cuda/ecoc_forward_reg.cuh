@@ -198,6 +198,20 @@ __host__ __device__ constexpr int RegWarpSplits(int bt, int nw = kWarps) {
 static_assert(8 * 16 * kRegMaxK + 3 * 8 * 16 <= 2 * kRegClassTile * (kRegMaxK + 4),
               "merge scratch exceeds the code buffers");
 
+// The TF32 halves of a code element for the tensor-core products: with
+// kPreSplit x is already its big half and xs its small half (read from the
+// pre-split tile's small halves, kRegSmallHalves on; unused in plain TF32),
+// else x is split here.
+template <bool kSplit, bool kPreSplit, bool kFiniteSplit>
+__device__ __forceinline__ void CodeOperand(float x, float xs, uint32_t* big, uint32_t* small) {
+  if constexpr (kPreSplit) {
+    *big = __float_as_uint(x);
+    *small = kSplit ? __float_as_uint(xs) : 0u;
+  } else {
+    SplitTf32Operand<kFiniteSplit>(x, big, small);
+  }
+}
+
 // d += a * b in the math mode from split operands: 3xTF32 (small products
 // first, as MmaEngine) or plain TF32 (the small halves unused).
 template <bool kSplit>
@@ -263,20 +277,17 @@ __device__ __forceinline__ void AccumulateExpectedCode(float (&acc)[KN][4],
 #pragma unroll
     for (int e = 0; e < 4; ++e) SplitTf32(pa[e], &b[e], &s[e]);
   };
+  auto code = [](float x, float xs, uint32_t* big, uint32_t* small) {
+    CodeOperand<kSplit, kPreSplit, kFiniteSplit>(x, xs, big, small);
+  };
   // acc[jn] += P(nt).M, M from the code columns of block jc (jn but for
   // the blocks past kn of a group).
   auto product = [&](int nt, int jn, int jc, const uint32_t(&b)[4], const uint32_t(&s)[4]) {
     uint32_t bb[2], bs[2];
     const int o0 = nt * 8 * pitch + jc * 8, o1 = (nt * 8 + 1) * pitch + jc * 8;
-    if constexpr (kPreSplit) {  // mb: the big halves, the small ones kRegSmallHalves on
-      bb[0] = __float_as_uint(mb[o0]);
-      bb[1] = __float_as_uint(mb[o1]);
-      bs[0] = kSplit ? __float_as_uint(mb[o0 + kRegSmallHalves]) : 0u;
-      bs[1] = kSplit ? __float_as_uint(mb[o1 + kRegSmallHalves]) : 0u;
-    } else {
-      SplitTf32Operand<kFiniteSplit>(mb[o0], &bb[0], &bs[0]);
-      SplitTf32Operand<kFiniteSplit>(mb[o1], &bb[1], &bs[1]);
-    }
+    constexpr bool kSmall = kPreSplit && kSplit;  // small halves in shared memory
+    code(mb[o0], kSmall ? mb[o0 + kRegSmallHalves] : 0.0f, &bb[0], &bs[0]);
+    code(mb[o1], kSmall ? mb[o1 + kRegSmallHalves] : 0.0f, &bb[1], &bs[1]);
     MmaMode<kSplit>(acc[jn], b, s, bb, bs);
   };
   // acc[4 jv + jj] += P(nt).M for jj < 4: the 4 blocks of set jv, their
@@ -295,15 +306,8 @@ __device__ __forceinline__ void AccumulateExpectedCode(float (&acc)[KN][4],
     uint32_t bb[4][2], bs[4][2];
 #pragma unroll
     for (int jj = 0; jj < 4; ++jj) {
-      if constexpr (kPreSplit) {
-        bb[jj][0] = __float_as_uint(v0[jj]);
-        bb[jj][1] = __float_as_uint(v1[jj]);
-        bs[jj][0] = kSplit ? __float_as_uint(w0[jj]) : 0u;
-        bs[jj][1] = kSplit ? __float_as_uint(w1[jj]) : 0u;
-      } else {
-        SplitTf32Operand<kFiniteSplit>(v0[jj], &bb[jj][0], &bs[jj][0]);
-        SplitTf32Operand<kFiniteSplit>(v1[jj], &bb[jj][1], &bs[jj][1]);
-      }
+      code(v0[jj], w0[jj], &bb[jj][0], &bs[jj][0]);
+      code(v1[jj], w1[jj], &bb[jj][1], &bs[jj][1]);
     }
     // MmaMode's products, each pass over the 4 accumulators in turn: the
     // same order per accumulator, 4 independent products back to back.
@@ -537,15 +541,11 @@ __global__ void __launch_bounds__(NW * kWarpSize,
         const float m0 = __uint_as_float(mv[nt][0]), m1 = __uint_as_float(mv[nt][1]);
         if (kFold) fold[nt] = NormChainStep(m1, NormChainStep(m0, fold[nt]));
         uint32_t bb[2], bs[2];
-        if constexpr (kPreSplit) {
-          bb[0] = mv[nt][0];
-          bb[1] = mv[nt][1];
-          bs[0] = kSplit ? ms[nt][0] : 0u;
-          bs[1] = kSplit ? ms[nt][1] : 0u;
-        } else {
-          SplitTf32Operand<kFiniteSplit>(m0, &bb[0], &bs[0]);
-          SplitTf32Operand<kFiniteSplit>(m1, &bb[1], &bs[1]);
-        }
+        constexpr bool kSmall = kPreSplit && kSplit;
+        CodeOperand<kSplit, kPreSplit, kFiniteSplit>(
+            m0, kSmall ? __uint_as_float(ms[nt][0]) : 0.0f, &bb[0], &bs[0]);
+        CodeOperand<kSplit, kPreSplit, kFiniteSplit>(
+            m1, kSmall ? __uint_as_float(ms[nt][1]) : 0.0f, &bb[1], &bs[1]);
         MmaMode<kSplit>(d[nt], ab, as, bb, bs);
       }
     }

@@ -24,7 +24,8 @@ namespace detail {
 // TF32: x is then represented to within 2^-21 |x| (|small| <= 2^-11 |x|,
 // truncation loses < 2^-10 |small|) instead of the 2^-22 |x| of a rounded
 // small half, for one float add per split instead of three more
-// instructions (sm_90, with the exponential below: 11-13 % fewer
+// instructions (sm_90, with ex2 for the softmax's exponential,
+// ecoc_common.cuh's SoftmaxExp: 11-13 % fewer
 // instructions per tile in the 64-row 3xTF32 register-softmax forward,
 // 9-11 % in the 64-row kGradMma; kernels/cuda/README.md, "Cheaper softmax
 // and splits").

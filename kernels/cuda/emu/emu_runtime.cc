@@ -811,6 +811,12 @@ void* DynamicSharedMemory() {
   return g_launch->smem;
 }
 
+// Whether [p, p + bytes) lies inside the current block's dynamic shared memory.
+static bool InBlockSharedMemory(const void* p, size_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  return c >= g_launch->smem && c + bytes <= g_launch->smem + g_launch->smem_size;
+}
+
 void CpAsync(void* dst, const void* src, int size, int src_bytes, const char* file, int line) {
   const char* what = size == 16 ? "cp_async_16" : "cp_async_4";
   Fiber* f = Current(what);
@@ -822,8 +828,7 @@ void CpAsync(void* dst, const void* src, int size, int src_bytes, const char* fi
       (reinterpret_cast<uintptr_t>(src) & align) != 0)
     FatalInBlock("%s (%s:%d): thread %u copies %p -> %p; both must be %d-byte aligned", what,
                  file, line, f->tid, src, dst, size);
-  char* d = static_cast<char*>(dst);
-  if (d < g_launch->smem || d + size > g_launch->smem + g_launch->smem_size)
+  if (!InBlockSharedMemory(dst, static_cast<size_t>(size)))
     FatalInBlock("%s (%s:%d): thread %u writes %p, outside the block's %zu bytes of "
                  "dynamic shared memory",
                  what, file, line, f->tid, dst, g_launch->smem_size);
@@ -838,11 +843,10 @@ void CpAsync(void* dst, const void* src, int size, int src_bytes, const char* fi
 
 void CheckSharedAccess(const void* p, int bytes, const char* what, const char* file, int line) {
   Fiber* f = Current(what);
-  const char* c = static_cast<const char*>(p);
   if ((reinterpret_cast<uintptr_t>(p) & static_cast<uintptr_t>(bytes - 1)) != 0)
     FatalInBlock("%s (%s:%d): thread %u reads %p, which is not %d-byte aligned", what, file, line,
                  f->tid, p, bytes);
-  if (c < g_launch->smem || c + bytes > g_launch->smem + g_launch->smem_size)
+  if (!InBlockSharedMemory(p, static_cast<size_t>(bytes)))
     FatalInBlock("%s (%s:%d): thread %u reads %p, outside the block's %zu bytes of dynamic "
                  "shared memory",
                  what, file, line, f->tid, p, g_launch->smem_size);
