@@ -222,6 +222,11 @@ def test_harness_checks_pass_under_the_emulator(run_id, options, harness_args, t
         for variant in ("regsoftmax+warps8", "rows64+regsoftmax+warps8"):
             assert re.search(rf"^PASS regsoftmax\+warps8 .*variant={re.escape(variant)} ",
                              res.stdout, re.M), f"no {variant} check ran"
+        # So did the 128-row one with pre-split code tiles (kRows128), in both
+        # TF32 modes.
+        for mode in ("3xtf32", "tf32"):
+            assert re.search(rf"^PASS rows128 \[math={mode} variant=rows128\+regsoftmax\+warps8 ",
+                             res.stdout, re.M), f"no rows128 {mode} check ran"
         # So did the codes gradient's mma second product (kGradMma), in both
         # TF32 modes and on both row tiles, against float64.
         for variant in ("gradmma", "rows64+gradmma"):
@@ -404,7 +409,7 @@ def test_bench_times_each_forward_launch_once_and_splits_auto_into_launches(tmp_
     assert res.returncode == 0, _fail_message(res)
     raw = json.loads(out.read_text())
     gpu_loss = load_script(REPO / "benchmarks" / "bench_gpu_loss.py", "bench_gpu_loss")
-    assert len(gpu_loss.load_harness_json(str(out))) == len(raw) == 2 * 12 * 3
+    assert len(gpu_loss.load_harness_json(str(out))) == len(raw) == 2 * 13 * 3
     rows = {(r["mode"], r["B"]): r for r in raw}
     auto_forward = set()
     for r in raw:

@@ -122,11 +122,13 @@ fi
 # Measured on an H100 on 2026-11-26
 # (docs/device_runs/2026-11-26-h100-variants): build 31 s, checks 2 s, grid
 # 75-81 s, smem-limit 1 s, memcheck 1 s, racecheck 16 s, bench ~47 s for six
-# launch variants (eleven now, with auto, two kWarps8 and two kGradMma: ~86 s,
+# launch variants (eleven then, with auto, two kWarps8 and two kGradMma: ~86 s,
 # ~80 s since gradmma, rows64+gradmma and auto reuse the forward ms of the
 # column whose forward launch they run; ~86 s with the gradpersistent
 # column of 2026-11-27, which reuses v2's forward: ~6 s, as each kGradMma
-# one, untimed; `all` leaves out rows64+gradpersistent, whose launches there
+# one, untimed; 54 s measured on the H200 of 2026-11-28; thirteen in `all`
+# since rows128+regsoftmax+warps8, a forward of its own: ~5 s more,
+# untimed; `all` leaves out rows64+gradpersistent, whose launches there
 # are gradpersistent's or rows64's);
 # racecheck's --small runs them all too: ~29 s; the per-launch tables of
 # 2026-11-27 add three traced calls per cell to the 36 columns, ~8 %, untimed), ncu 16 s. Each can be lowered (or

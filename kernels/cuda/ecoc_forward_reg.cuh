@@ -48,6 +48,10 @@
 //    increasing wc (= class) order in shared memory (the code buffers,
 //    free after the last tile) and writes one partial state per (row,
 //    split), so the combine reads no more states than with 4 warps.
+//  * BT = 128 (variant kRows128, 8 warps): 8 x 1, every warp 16 rows and
+//    all 64 classes of each tile, as in the 4-warp 64-row kernel, so no
+//    merge; the block splits each landed code tile into its TF32 halves
+//    once (RegPreSplitsCodes), which the 8 row warps share.
 // The launcher uses it only on sm_80+ in a TF32 math mode with kp <= 128;
 // other calls of the variant run ForwardSplitKernel (see MakePlan).
 #ifndef KERAS_ECOC_KERNELS_CUDA_ECOC_FORWARD_REG_CUH_
@@ -71,13 +75,18 @@ constexpr int kRegMaxK = 128;
 // quarter of the accumulators, so fewer registers per thread.
 constexpr int kRegShortK = 32;
 
-// Expected-code blocks per test in the 4-warp kernels (AccumulateExpectedCode's
-// kGroup), per instantiation: the group that gave ptxas (sm_90) the fewest
-// stall cycles per tile (sass_loop_stats.py) without spills under the
-// kernel's launch bound.
-//  * 64-row, KMAX = kRegMaxK: 8. Groups of 2 or 4 still left runs of 20-23
-//    dependent products in the 3xTF32 kernels' SASS; 16 left none either,
-//    but at 219 registers and up to 15 wasted blocks.
+// The 128-row tile of the 8-warp kernel (variant kRows128): 8 row warps of
+// 16 rows share each staged, pre-split code tile.
+constexpr int kRegRows128 = 128;
+
+// Expected-code blocks per test in the kernels with one class group per
+// warp (AccumulateExpectedCode's kGroup; the 8-warp kernels that merge their
+// warps' states take 0), per instantiation: the group that gave ptxas
+// (sm_90) the fewest stall cycles per tile (sass_loop_stats.py) without
+// spills under the kernel's launch bound.
+//  * 64- and 128-row, KMAX = kRegMaxK: 8. Groups of 2 or 4 still left runs
+//    of 20-23 dependent products in the 64-row 3xTF32 kernels' SASS; 16
+//    left none either, but at 219 registers and up to 15 wasted blocks.
 //  * Every other 4-warp kernel: 4, one set of interleaved columns
 //    (RegVecColumns). Before the fragments came by ldmatrix, 4 spilled in
 //    the unfolded 16-row 3xTF32 kernel at KMAX = kRegMaxK and in the folded
@@ -86,7 +95,7 @@ constexpr int kRegShortK = 32;
 //    cycles per tile than 2 (sm_90). At kp < 32 it computes up to 3 blocks
 //    of columns past kp (at most 1 with 2); those rows are short.
 __host__ __device__ constexpr int RegExpectedGroup(int bt, int kmax) {
-  return kmax == kRegMaxK && bt == 64 ? 8 : 4;
+  return kmax == kRegMaxK && bt >= 64 ? 8 : 4;
 }
 
 // Whether ForwardRegKernel<kMath, bt, nw, fold, kmax> splits each code tile
@@ -96,28 +105,35 @@ __host__ __device__ constexpr int RegExpectedGroup(int bt, int kmax) {
 // classes of the tile, and split every code element it read, once for the
 // logits and once for the expected code: 8 splits per element and tile,
 // about a fifth of its tile loop's instructions at kp <= 32 (sm_90 SASS).
-// Only there: the small halves cost two 64-row tiles of shared memory
-// (18 KiB at kp <= 32, 66 KiB at kp = 128, which would cost blocks per
-// SM), the 16-row kernels give each warp its own classes, and the
-// folded-norms kernel reads the codes themselves.
+// There at kp <= 32 only: at kp = 128 the small halves (66 KiB) would
+// leave one 4-warp block per SM. The 128-row 8-warp kernel (kRows128)
+// exists for this split: its 8 row warps share each tile, so every code
+// element is split once where 4 warps split it 8 times, and with the small
+// halves its 203 KiB at kp = 128 hold as many warps per SM (8) as two
+// 4-warp 64-row blocks. The 16-row kernels give each warp its own
+// classes, and the folded-norms kernel reads the codes themselves.
 __host__ __device__ constexpr bool RegPreSplitsCodes(int bt, int nw, bool fold, int kmax) {
-  return bt == 64 && nw == kWarps && !fold && kmax <= kRegShortK;
+  return (bt == 64 && nw == kWarps && !fold && kmax <= kRegShortK) || bt == kRegRows128;
 }
 
-// Where the small halves of a pre-split code tile lie: this many floats
-// after its big halves. A compile-time distance (the two code buffers at
-// the widest pitch of kp <= 32), so that a fragment's small half is one
-// more shared load at an immediate offset from its big half's address.
-constexpr int kRegSmallHalves = 2 * kRegClassTile * (kRegShortK + 4);
+// Where the small halves of a pre-split code tile lie in the instantiation
+// for padded rows up to kmax: this many floats after its big halves. A
+// compile-time distance (the two code buffers at the widest pitch, kmax + 4),
+// so that a fragment's small half is one more shared load at an immediate
+// offset from its big half's address.
+__host__ __device__ constexpr int RegSmallHalves(int kmax) {
+  return 2 * kRegClassTile * (kmax + 4);
+}
 
 // Shared-memory floats of ForwardRegKernel: two code tiles (with
-// `small_halves`, RegPreSplitsCodes in 3xTF32 at kp <= 32: their big halves,
-// then from kRegSmallHalves their small halves), then the resident u tile,
-// all at the engine's pitch kp + 4. Each code row's first two padding
-// columns (kp, kp + 1) hold its class's ct and ||M||^2.
+// `small_halves`, RegPreSplitsCodes in 3xTF32: their big halves, then from
+// RegSmallHalves(kmax) their small halves), then the resident u tile, all
+// at the engine's pitch kp + 4. Each code row's first two padding columns
+// (kp, kp + 1) hold its class's ct and ||M||^2.
 __host__ __device__ constexpr int64_t ForwardRegSmemFloats(int bt, int kp,
-                                                           bool small_halves = false) {
-  return small_halves ? int64_t{bt} * TilePitch(kp) + 2 * int64_t{kRegSmallHalves}
+                                                           bool small_halves = false,
+                                                           int kmax = kRegShortK) {
+  return small_halves ? int64_t{bt} * TilePitch(kp) + 2 * int64_t{RegSmallHalves(kmax)}
                       : int64_t{bt + 2 * kRegClassTile} * TilePitch(kp);
 }
 
@@ -142,17 +158,21 @@ __host__ __device__ constexpr int RegAccColumn(bool vec, int jn, int n) {
 }
 
 // Splits the kp columns of the CT-row code tile `tile` into TF32 halves in
-// place (the big half) and, in 3xTF32, kRegSmallHalves floats on (the small half), with
-// SplitTf32Finite, the split the warps applied to each element before
-// (the same bits). The padding columns (ct, ||M||^2) are left as they are.
-// 128 threads: thread (r, c) takes the 4 columns 4c of rows r, r + 16, ...
-template <bool kSplit, int CT, int NTH>
+// place (the big half) and, in 3xTF32, RegSmallHalves(KMAX) floats on (the
+// small half), with SplitTf32Finite, the split the warps applied to each
+// element before (the same bits). The padding columns (ct, ||M||^2) are
+// left as they are. A row is KMAX / 4 four-column slots: thread i takes
+// slot i % (KMAX / 4) of rows i / (KMAX / 4), + NTH / (KMAX / 4), ... (at
+// KMAX = 128 a warp stores one row's 512 bytes: no bank conflict).
+template <bool kSplit, int CT, int NTH, int KMAX>
 __device__ __forceinline__ void SplitCodeTile(float* tile, int pitch, int kp) {
-  static_assert(NTH == 128 && CT % 16 == 0, "16 rows x 8 four-column slots per pass");
-  const int c = (threadIdx.x % 8) * 4;
-  if (c >= kp) return;  // kp <= 32: slots past the row idle
+  constexpr int kSlots = KMAX / 4;
+  constexpr int kRowsPerPass = NTH / kSlots;
+  static_assert(NTH % kSlots == 0 && CT % kRowsPerPass == 0, "whole rows per pass");
+  const int c = (threadIdx.x % kSlots) * 4;
+  if (c >= kp) return;  // slots past the row idle
 #pragma unroll
-  for (int r = threadIdx.x / 8; r < CT; r += 16) {
+  for (int r = threadIdx.x / kSlots; r < CT; r += kRowsPerPass) {
     float4* hp = reinterpret_cast<float4*>(tile + r * pitch + c);
     const float4 x = *hp;
     uint32_t b[4], sm[4];
@@ -163,7 +183,7 @@ __device__ __forceinline__ void SplitCodeTile(float* tile, int pitch, int kp) {
     *hp = make_float4(__uint_as_float(b[0]), __uint_as_float(b[1]), __uint_as_float(b[2]),
                       __uint_as_float(b[3]));
     if (kSplit) {
-      *reinterpret_cast<float4*>(tile + kRegSmallHalves + r * pitch + c) =
+      *reinterpret_cast<float4*>(tile + RegSmallHalves(KMAX) + r * pitch + c) =
           make_float4(__uint_as_float(sm[0]), __uint_as_float(sm[1]), __uint_as_float(sm[2]),
                       __uint_as_float(sm[3]));
     }
@@ -200,7 +220,7 @@ static_assert(8 * 16 * kRegMaxK + 3 * 8 * 16 <= 2 * kRegClassTile * (kRegMaxK + 
 
 // The TF32 halves of a code element for the tensor-core products: with
 // kPreSplit x is already its big half and xs its small half (read from the
-// pre-split tile's small halves, kRegSmallHalves on; unused in plain TF32),
+// pre-split tile's small halves, RegSmallHalves(KMAX) on; unused in plain TF32),
 // else x is split here.
 template <bool kSplit, bool kPreSplit, bool kFiniteSplit>
 __device__ __forceinline__ void CodeOperand(float x, float xs, uint32_t* big, uint32_t* small) {
@@ -271,6 +291,7 @@ __device__ __forceinline__ void AccumulateExpectedCode(float (&acc)[KN][4],
   static_assert(!kVec || (kGroup > 0 && kGroup % 4 == 0), "kVec: groups of whole 4-block sets");
   const int g = threadIdx.x % kWarpSize / 4;
   const float* mb = mrow + g;  // scalar form: column jc * 8 + g
+  constexpr int kSmallAt = RegSmallHalves(KN * 8);  // kPreSplit: the small halves
   uint32_t pb[kGroup > 0 ? NT : 1][4], ps[kGroup > 0 ? NT : 1][4];
   auto split_p = [&](int nt, uint32_t(&b)[4], uint32_t(&s)[4]) {
     const float pa[4] = {d[nt][0], d[nt][2], d[nt][1], d[nt][3]};
@@ -286,8 +307,8 @@ __device__ __forceinline__ void AccumulateExpectedCode(float (&acc)[KN][4],
     uint32_t bb[2], bs[2];
     const int o0 = nt * 8 * pitch + jc * 8, o1 = (nt * 8 + 1) * pitch + jc * 8;
     constexpr bool kSmall = kPreSplit && kSplit;  // small halves in shared memory
-    code(mb[o0], kSmall ? mb[o0 + kRegSmallHalves] : 0.0f, &bb[0], &bs[0]);
-    code(mb[o1], kSmall ? mb[o1 + kRegSmallHalves] : 0.0f, &bb[1], &bs[1]);
+    code(mb[o0], kSmall ? mb[o0 + kSmallAt] : 0.0f, &bb[0], &bs[0]);
+    code(mb[o1], kSmall ? mb[o1 + kSmallAt] : 0.0f, &bb[1], &bs[1]);
     MmaMode<kSplit>(acc[jn], b, s, bb, bs);
   };
   // acc[4 jv + jj] += P(nt).M for jj < 4: the 4 blocks of set jv, their
@@ -296,10 +317,10 @@ __device__ __forceinline__ void AccumulateExpectedCode(float (&acc)[KN][4],
     const float* r = mrow + nt * 8 * pitch + jv * 32 + 4 * g;
     const float4 x0 = *reinterpret_cast<const float4*>(r);
     const float4 x1 = *reinterpret_cast<const float4*>(r + pitch);
-    float4 y0 = x0, y1 = x1;  // kPreSplit: the small halves, kRegSmallHalves on
+    float4 y0 = x0, y1 = x1;  // kPreSplit: the small halves, kSmallAt on
     if constexpr (kPreSplit && kSplit) {
-      y0 = *reinterpret_cast<const float4*>(r + kRegSmallHalves);
-      y1 = *reinterpret_cast<const float4*>(r + pitch + kRegSmallHalves);
+      y0 = *reinterpret_cast<const float4*>(r + kSmallAt);
+      y1 = *reinterpret_cast<const float4*>(r + pitch + kSmallAt);
     }
     const float v0[4] = {x0.x, x0.y, x0.z, x0.w}, v1[4] = {x1.x, x1.y, x1.z, x1.w};
     const float w0[4] = {y0.x, y0.y, y0.z, y0.w}, w1[4] = {y1.x, y1.y, y1.z, y1.w};
@@ -374,10 +395,12 @@ __device__ __forceinline__ void AccumulateExpectedCode(float (&acc)[KN][4],
 }
 
 // NW = 4 or 8 warps; with 8 the launch bound asks for 2 blocks per SM, i.e.
-// at most 128 registers per thread (65536 / 512). The 16-row 3xTF32 kernel
-// asks for 4 (128 registers), the 4 blocks per SM by registers it had
-// before u and the codes took the finite split (ptxas then chose 141,
-// sm_90). The 64-row 3xTF32 kernels at KMAX = kRegShortK ask for 4 as well:
+// at most 128 registers per thread (65536 / 512), but for the 128-row tile
+// (kRows128), whose 198 KiB of shared memory (3xTF32, kp = 128) leave one
+// block per SM anyway: 1 (sm_90: 192 registers in 3xTF32, 176 in TF32).
+// The 16-row 3xTF32 kernel asks for 4 (128 registers), the 4 blocks per SM
+// by registers it had before u and the codes took the finite split (ptxas
+// then chose 141, sm_90). The 64-row 3xTF32 kernels at KMAX = kRegShortK ask for 4 as well:
 // with fragments by ldmatrix the folded one took 129 registers (3 blocks per
 // SM by registers, 8 by shared memory), and under the bound 126 with no
 // spill and 1 % more instructions per tile (sm_90).
@@ -403,7 +426,8 @@ __device__ __forceinline__ void AccumulateExpectedCode(float (&acc)[KN][4],
 // per loaded code, a butterfly and two shuffles per fragment and tile.
 template <int kMath, int BT, int NW = kWarps, bool kFold = false, int KMAX = kRegMaxK>
 __global__ void __launch_bounds__(NW * kWarpSize,
-                                  NW == 8 ? 2
+                                  BT == kRegRows128 ? 1
+                                  : NW == 8 ? 2
                                   : BT == 16 && kMath == kMath3xTf32 ? (KMAX <= kRegShortK ? 8 : 4)
                                   : BT == 64 && kMath == kMath3xTf32 && KMAX <= kRegShortK ? 4
                                                                      : 0)
@@ -422,7 +446,8 @@ __global__ void __launch_bounds__(NW * kWarpSize,
   constexpr int NT = CW / 8;   // n8 fragments of logits per warp
   constexpr int KN = KMAX / 8;
   static_assert(KMAX % 8 == 0 && KMAX <= kRegMaxK, "KMAX: a multiple of 8, at most kRegMaxK");
-  static_assert(BT == 16 || BT == 64, "row tile 16 or 64");
+  static_assert(BT == 16 || BT == 64 || (BT == kRegRows128 && NW == 8 && KMAX == kRegMaxK),
+                "row tile 16 or 64; 128 with 8 warps at KMAX = kRegMaxK");
   static_assert(NW == 4 || NW == 8, "4 or 8 warps");
   static_assert(!kFold || NW == 4, "folded norms with 4 warps only");
   // In-block merge of the warps' states (8 warps) or one state per warp.
@@ -440,15 +465,16 @@ __global__ void __launch_bounds__(NW * kWarpSize,
   constexpr bool kPreSplit = RegPreSplitsCodes(BT, NW, kFold, KMAX);
   // The expected code's blocks per test, and whether their columns
   // interleave (acc[jn] holds the columns RegAccColumn(kVec, jn, .)).
-  constexpr int kGroup = NW == 4 ? RegExpectedGroup(BT, KMAX) : 0;
-  constexpr bool kVec = RegVecColumns(kGroup) && (BT == 64 || !kSplit || kRegVec16Split);
+  constexpr int kGroup = kMerge ? 0 : RegExpectedGroup(BT, KMAX);
+  constexpr bool kVec = RegVecColumns(kGroup) && (BT >= 64 || !kSplit || kRegVec16Split);
   static_assert(!kVec || !kMerge, "the merge stores blocks in column order");
   static_assert(!kPreSplit || kFiniteSplit, "the pre-split is the finite split");
   // The code tiles first, then u: the interleaved expected-code columns
   // (kVec) read up to 20 floats past the second tile's last row where kp is
   // not a multiple of 32 (AccumulateExpectedCode), which then land in u.
-  float* m_s = smem;  // kPreSplit, 3xTF32: small halves kRegSmallHalves on
-  float* u_s = smem + (kPreSplit && kSplit ? 2 * kRegSmallHalves : 2 * CT * pitch);
+  constexpr int kSmallAt = RegSmallHalves(KMAX);
+  float* m_s = smem;  // kPreSplit, 3xTF32: small halves kSmallAt on
+  float* u_s = smem + (kPreSplit && kSplit ? 2 * kSmallAt : 2 * CT * pitch);
 
   const int64_t k = a.code_length;
   const float scale = ReadScale(a.scale_ptr, a.scale);
@@ -500,7 +526,7 @@ __global__ void __launch_bounds__(NW * kWarpSize,
     // Tile q (and u) visible to every thread after this barrier.
     __syncthreads();  // [barrier-mutation-test]
     if constexpr (kPreSplit) {
-      SplitCodeTile<kSplit, CT, NTH>(m_s + (q & 1) * CT * pitch, pitch, kp);
+      SplitCodeTile<kSplit, CT, NTH, KMAX>(m_s + (q & 1) * CT * pitch, pitch, kp);
       // Every half written before any warp reads its fragments. (The
       // emulator sees a missing one with the warp-major schedule: in its
       // default rounds the warps meet at u's ldmatrix before any reads a
@@ -535,7 +561,7 @@ __global__ void __launch_bounds__(NW * kWarpSize,
       uint32_t mv[NT][2];  // kPreSplit: the big halves
       LoadFragsB<NT>(mv, lb, pitch, ks);
       uint32_t ms[kPreSplit && kSplit ? NT : 1][2];  // ... and the small ones
-      if constexpr (kPreSplit && kSplit) LoadFragsB<NT>(ms, lb + kRegSmallHalves, pitch, ks);
+      if constexpr (kPreSplit && kSplit) LoadFragsB<NT>(ms, lb + kSmallAt, pitch, ks);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         const float m0 = __uint_as_float(mv[nt][0]), m1 = __uint_as_float(mv[nt][1]);

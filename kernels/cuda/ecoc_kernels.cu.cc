@@ -52,6 +52,7 @@ using detail::kThreads;
 // when the batch has more than 16 rows, in every pass.
 constexpr int kRowTile = 16;
 constexpr int kRowTile64 = 64;
+constexpr int kRowTile128 = detail::kRegRows128;  // kRows128's forward only
 // Upper bound on the class (or batch) splits: bounds the combine's shared
 // memory (4 bytes per split) and the grid's y dimension.
 constexpr int kMaxSplits = 1024;
@@ -159,7 +160,7 @@ size_t AlignUp(size_t x) {
 // the workspace query and the entry point.
 struct Plan {
   int math = detail::kMathFp32;  // effective engine
-  int row_tile = kRowTile;       // rows per batch tile (16 or 64)
+  int row_tile = kRowTile;       // rows per batch tile (16, 64; 128: kRows128's forward)
   bool fold = false;             // forward: ||M||^2 from the staged tiles
   bool prep_classes = true;      // PrepClasses fills ||M||^2, ct in the workspace
   bool reg = false;              // forward: ForwardRegKernel (kRegSoftmax)
@@ -204,6 +205,9 @@ SplitKernel<detail::ForwardSplitArgs> ForwardKernelFor(const Plan& p) {
   if constexpr (kMath != detail::kMathFp32) {
     using detail::ForwardRegKernel;
     if (p.reg && p.reg_warps == 8) {
+      if (p.row_tile == kRowTile128) {
+        return {ForwardRegKernel<kMath, kRowTile128, 8>, 8 * detail::kWarpSize};
+      }
       return {rows64 ? ForwardRegKernel<kMath, kRowTile64, 8> : ForwardRegKernel<kMath, kRowTile, 8>,
               8 * detail::kWarpSize};
     }
@@ -425,8 +429,10 @@ bool BadLabelType(IndexType t) {
 bool BadVariant(KernelVariant v) {
   const int i = static_cast<int>(v);
   // kAuto (-1); 0-5; kWarps8 only with kRegSoftmax (12, 13); kGradMma
-  // alone or with kRows64 (16, 17); kGradPersistent the same (32, 33).
-  return i < -1 || i > 33 || (i > 5 && i < 12) || (i > 13 && i < 16) || (i > 17 && i < 32);
+  // alone or with kRows64 (16, 17); kGradPersistent the same (32, 33);
+  // kRows128 only with kRows64RegSoftmaxWarps8 (77).
+  return i != 77 &&
+         (i < -1 || i > 33 || (i > 5 && i < 12) || (i > 13 && i < 16) || (i > 17 && i < 32));
 }
 
 cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVariant variant,
@@ -456,7 +462,25 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
   const bool reg_wanted = pass == Pass::kForward &&
                           (v & static_cast<int>(KernelVariant::kRegSoftmax)) != 0;
   const int64_t kp_reg = std::max<int64_t>(8, CeilDiv(k, 8) * 8);
-  if (reg_wanted && p->math != detail::kMathFp32 && kp_reg <= detail::kRegMaxK) {
+  // kRows128: the 128-row 8-warp kernel with pre-split code tiles where the
+  // batch has more than one 64-row tile and its shared memory fits the
+  // device (3xTF32 at kp = 128: 198 KiB, an H100 or H200 but not an A100);
+  // otherwise the same call runs as kRows64RegSoftmaxWarps8.
+  const bool rows128_wanted = (v & static_cast<int>(KernelVariant::kRows128)) != 0;
+  if (reg_wanted && rows128_wanted && p->math != detail::kMathFp32 &&
+      kp_reg <= detail::kRegMaxK && B > kRowTile64) {
+    const int64_t smem_floats = detail::ForwardRegSmemFloats(
+        kRowTile128, static_cast<int>(kp_reg), p->math == detail::kMath3xTf32, detail::kRegMaxK);
+    if (smem_floats * 4 <= info.smem_optin) {
+      p->row_tile = kRowTile128;
+      p->reg = true;
+      p->reg_warps = 8;
+      p->warp_splits = 1;  // one class group: no merge, one state per split
+      p->reg_kmax = detail::kRegMaxK;
+      UseOneStage(p, kp_reg, smem_floats);
+    }
+  }
+  if (reg_wanted && !p->reg && p->math != detail::kMathFp32 && kp_reg <= detail::kRegMaxK) {
     // kWarps8: the block merges its warps' states, one state per split.
     const int reg_warps = (v & static_cast<int>(KernelVariant::kWarps8)) != 0 ? 8 : 4;
     // One row tile: the forward would read the codes twice, once in
@@ -472,7 +496,7 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
     const bool small_halves = p->math == detail::kMath3xTf32 &&
                               detail::RegPreSplitsCodes(p->row_tile, reg_warps, reg_fold, kmax);
     const int64_t smem_floats =
-        detail::ForwardRegSmemFloats(p->row_tile, static_cast<int>(kp_reg), small_halves);
+        detail::ForwardRegSmemFloats(p->row_tile, static_cast<int>(kp_reg), small_halves, kmax);
     if (smem_floats * 4 <= info.smem_optin) {
       p->reg = true;
       p->reg_warps = reg_warps;

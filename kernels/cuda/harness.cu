@@ -10,7 +10,8 @@
 //                      [--variant v2|rows64|foldnorms|rows64+foldnorms|regsoftmax|
 //                                 rows64+regsoftmax|regsoftmax+warps8|
 //                                 rows64+regsoftmax+warps8|gradmma|rows64+gradmma|
-//                                 gradpersistent|rows64+gradpersistent|auto|all]
+//                                 gradpersistent|rows64+gradpersistent|
+//                                 rows128+regsoftmax+warps8|auto|all]
 //                      [--auto-table]
 // (add -Xcompiler -fopenmp to spread the host reference of --grid over cores)
 // (one command; "-x cu" is needed because nvcc would hand a .cc file to the
@@ -155,6 +156,8 @@ constexpr VariantName kVariants[] = {
     // (keras_ecoc::cuda::ResolveVariant) from its shape, math mode and the
     // device's compute capability.
     {KernelVariant::kAuto, "auto"},
+    // Last, so that the checks of RunVariants before it keep their seeds.
+    {KernelVariant::kRows128RegSoftmaxWarps8, "rows128+regsoftmax+warps8"},
 };
 
 const char* VariantString(KernelVariant v) {
@@ -1018,7 +1021,7 @@ void RunVariantValidation() {
   const int64_t B = 4, n = 10, k = 8;
   int accepted = 0, refused = 0, wrong = 0;
   std::string first_wrong;
-  for (int i = -3; i <= 70; ++i) {
+  for (int i = -3; i <= 80; ++i) {
     const KernelVariant v = static_cast<KernelVariant>(i);
     const bool valid = std::any_of(std::begin(kVariants), std::end(kVariants),
                                    [v](const VariantName& e) { return e.variant == v; });
@@ -1043,7 +1046,7 @@ void RunVariantValidation() {
   char detail[160];
   std::snprintf(detail, sizeof(detail), "%d accepted, %d refused, %d wrong%s%s", accepted,
                 refused, wrong, wrong > 0 ? ", first: " : "", first_wrong.c_str());
-  Report("variant validation [-3 .. 70, four workspace queries]", wrong == 0, detail);
+  Report("variant validation [-3 .. 80, four workspace queries]", wrong == 0, detail);
 }
 
 // The scale as a device pointer (contract field scale_ptr) gives the same
@@ -1368,13 +1371,14 @@ struct SweepShape {
   int64_t B, k, n;
 };
 
-// The checks of one pair of launch variants in every math mode against
+// The checks of one or two launch variants in every math mode against
 // float64: B = 1, 7, 16, 33, 129, 256 x k = 1, 31, 32, 128 x n = 1, 33, 1000,
 // ties and NaN rules on B > 2 (NaN rows on the shapes of index parity
 // `nan_parity`), bfloat16 z and int64 labels on every fourth 3xTF32 shape.
 // --quick (the CPU emulator's): the shapes `few` in 3xTF32 and the first of
 // them in TF32, no FP32. Case names are `name`; seeds count up from `seed`.
-void RunVariantSweep(const char* name, const KernelVariant (&variants)[2],
+template <size_t N>
+void RunVariantSweep(const char* name, const KernelVariant (&variants)[N],
                      const std::vector<SweepShape>& few, int nan_parity, uint64_t seed,
                      bool quick) {
   std::vector<SweepShape> all;
@@ -1414,6 +1418,18 @@ void RunRegSoftmaxWarps8(bool quick) {
   RunVariantSweep("regsoftmax+warps8",
                   {KernelVariant::kRegSoftmaxWarps8, KernelVariant::kRows64RegSoftmaxWarps8},
                   {{33, 128, 70}, {129, 31, 33}, {1, 1, 1}}, 0, 888000, quick);
+}
+
+// The 128-row register-softmax forward with pre-split code tiles (kRows128):
+// the sweep above (B = 129 and 256: one full 128-row tile and a partial
+// one, two full ones; B <= 64 and FP32 run kRows64RegSoftmaxWarps8's
+// launches), NaN rows on the odd shapes. --quick: a full tile and a
+// one-row one at k = 128 (kp = 128: the small halves at their widest
+// pitch) over a partial class tile; a partial tile at k = 40 over 5 class
+// tiles, with column sets past kp; two full tiles at k = 1 (kp = 8).
+void RunRows128(bool quick) {
+  RunVariantSweep("rows128", {KernelVariant::kRows128RegSoftmaxWarps8},
+                  {{129, 128, 33}, {200, 40, 301}, {256, 1, 70}}, 1, 889000, quick);
 }
 
 // The codes gradient's mma second product (kGradMma, 16- and 64-row tiles;
@@ -1618,6 +1634,7 @@ void RunChecks(int sms, bool quick) {
   RunRegFold();
   RunCombine();
   RunRegSoftmaxWarps8(quick);
+  RunRows128(quick);
   RunGradMma(quick);
   RunGradPersistent(quick);
   RunAuto(quick);
@@ -2499,8 +2516,8 @@ const char kUsage[] =
     "          [--math fp32|3xtf32|tf32]\n"
     "          [--variant v2|rows64|foldnorms|rows64+foldnorms|regsoftmax|rows64+regsoftmax|\n"
     "                     regsoftmax+warps8|rows64+regsoftmax+warps8|gradmma|\n"
-    "                     rows64+gradmma|gradpersistent|rows64+gradpersistent|auto|\n"
-    "                     all] [--auto-table]\n"
+    "                     rows64+gradmma|gradpersistent|rows64+gradpersistent|\n"
+    "                     rows128+regsoftmax+warps8|auto|all] [--auto-table]\n"
     "  (default)      the checks, then the benchmark table\n"
     "  --check-only   the checks over odd shapes and dtypes (--quick: the smallest shapes\n"
     "                 that reach every launch variant, for the CPU emulator)\n"
@@ -2580,7 +2597,7 @@ int main(int argc, char** argv) {
                      "--variant must be v2, rows64, foldnorms, rows64+foldnorms, regsoftmax, "
                      "rows64+regsoftmax, regsoftmax+warps8, rows64+regsoftmax+warps8, "
                      "gradmma, rows64+gradmma, gradpersistent, rows64+gradpersistent, "
-                     "auto or all; got %s\n",
+                     "rows128+regsoftmax+warps8, auto or all; got %s\n",
                      v);
         return 3;
       }
