@@ -50,8 +50,10 @@
 //    split), so the combine reads no more states than with 4 warps.
 //  * BT = 128 (variant kRows128, 8 warps): 8 x 1, every warp 16 rows and
 //    all 64 classes of each tile, as in the 4-warp 64-row kernel, so no
-//    merge; the block splits each landed code tile into its TF32 halves
-//    once (RegPreSplitsCodes), which the 8 row warps share.
+//    merge. The block loads each code tile into registers while the
+//    previous one runs and stores it split into its TF32 halves, once, by
+//    rows (the logits' B operand) and transposed (the expected code's A
+//    operand: that product runs transposed, AccumulateExpectedCodeT).
 // The launcher uses it only on sm_80+ in a TF32 math mode with kp <= 128;
 // other calls of the variant run ForwardSplitKernel (see MakePlan).
 #ifndef KERAS_ECOC_KERNELS_CUDA_ECOC_FORWARD_REG_CUH_
@@ -75,18 +77,16 @@ constexpr int kRegMaxK = 128;
 // quarter of the accumulators, so fewer registers per thread.
 constexpr int kRegShortK = 32;
 
-// The 128-row tile of the 8-warp kernel (variant kRows128): 8 row warps of
-// 16 rows share each staged, pre-split code tile.
+// The 128-row tile of the 8-warp kernel (variant kRows128).
 constexpr int kRegRows128 = 128;
 
-// Expected-code blocks per test in the kernels with one class group per
-// warp (AccumulateExpectedCode's kGroup; the 8-warp kernels that merge their
-// warps' states take 0), per instantiation: the group that gave ptxas
-// (sm_90) the fewest stall cycles per tile (sass_loop_stats.py) without
-// spills under the kernel's launch bound.
-//  * 64- and 128-row, KMAX = kRegMaxK: 8. Groups of 2 or 4 still left runs
-//    of 20-23 dependent products in the 64-row 3xTF32 kernels' SASS; 16
-//    left none either, but at 219 registers and up to 15 wasted blocks.
+// Expected-code blocks per test in the 4-warp kernels (AccumulateExpectedCode's
+// kGroup), per instantiation: the group that gave ptxas (sm_90) the fewest
+// stall cycles per tile (sass_loop_stats.py) without spills under the
+// kernel's launch bound.
+//  * 64-row, KMAX = kRegMaxK: 8. Groups of 2 or 4 still left runs of 20-23
+//    dependent products in the 3xTF32 kernels' SASS; 16 left none either,
+//    but at 219 registers and up to 15 wasted blocks.
 //  * Every other 4-warp kernel: 4, one set of interleaved columns
 //    (RegVecColumns). Before the fragments came by ldmatrix, 4 spilled in
 //    the unfolded 16-row 3xTF32 kernel at KMAX = kRegMaxK and in the folded
@@ -95,7 +95,7 @@ constexpr int kRegRows128 = 128;
 //    cycles per tile than 2 (sm_90). At kp < 32 it computes up to 3 blocks
 //    of columns past kp (at most 1 with 2); those rows are short.
 __host__ __device__ constexpr int RegExpectedGroup(int bt, int kmax) {
-  return kmax == kRegMaxK && bt >= 64 ? 8 : 4;
+  return kmax == kRegMaxK && bt == 64 ? 8 : 4;
 }
 
 // Whether ForwardRegKernel<kMath, bt, nw, fold, kmax> splits each code tile
@@ -106,34 +106,30 @@ __host__ __device__ constexpr int RegExpectedGroup(int bt, int kmax) {
 // logits and once for the expected code: 8 splits per element and tile,
 // about a fifth of its tile loop's instructions at kp <= 32 (sm_90 SASS).
 // There at kp <= 32 only: at kp = 128 the small halves (66 KiB) would
-// leave one 4-warp block per SM. The 128-row 8-warp kernel (kRows128)
-// exists for this split: its 8 row warps share each tile, so every code
-// element is split once where 4 warps split it 8 times, and with the small
-// halves its 203 KiB at kp = 128 hold as many warps per SM (8) as two
-// 4-warp 64-row blocks. The 16-row kernels give each warp its own
-// classes, and the folded-norms kernel reads the codes themselves.
+// leave one 4-warp block per SM. The 128-row 8-warp kernel (kRows128) is
+// built around the split: its 8 row warps share each tile, which its block
+// splits on the way from registers to shared memory (StoreRows128Codes),
+// and its 200 KiB at kp = 128 hold as many warps per SM (8) as two 4-warp
+// 64-row blocks. The 16-row kernels give each warp its own classes, and the
+// folded-norms kernel reads the codes themselves.
 __host__ __device__ constexpr bool RegPreSplitsCodes(int bt, int nw, bool fold, int kmax) {
   return (bt == 64 && nw == kWarps && !fold && kmax <= kRegShortK) || bt == kRegRows128;
 }
 
-// Where the small halves of a pre-split code tile lie in the instantiation
-// for padded rows up to kmax: this many floats after its big halves. A
-// compile-time distance (the two code buffers at the widest pitch, kmax + 4),
-// so that a fragment's small half is one more shared load at an immediate
-// offset from its big half's address.
-__host__ __device__ constexpr int RegSmallHalves(int kmax) {
-  return 2 * kRegClassTile * (kmax + 4);
-}
+// Where the small halves of a pre-split code tile lie: this many floats
+// after its big halves. A compile-time distance (the two code buffers at
+// the widest pitch of kp <= 32), so that a fragment's small half is one
+// more shared load at an immediate offset from its big half's address.
+constexpr int kRegSmallHalves = 2 * kRegClassTile * (kRegShortK + 4);
 
 // Shared-memory floats of ForwardRegKernel: two code tiles (with
-// `small_halves`, RegPreSplitsCodes in 3xTF32: their big halves, then from
-// RegSmallHalves(kmax) their small halves), then the resident u tile, all
-// at the engine's pitch kp + 4. Each code row's first two padding columns
-// (kp, kp + 1) hold its class's ct and ||M||^2.
+// `small_halves`, RegPreSplitsCodes in 3xTF32 at kp <= 32: their big halves,
+// then from kRegSmallHalves their small halves), then the resident u tile,
+// all at the engine's pitch kp + 4. Each code row's first two padding
+// columns (kp, kp + 1) hold its class's ct and ||M||^2.
 __host__ __device__ constexpr int64_t ForwardRegSmemFloats(int bt, int kp,
-                                                           bool small_halves = false,
-                                                           int kmax = kRegShortK) {
-  return small_halves ? int64_t{bt} * TilePitch(kp) + 2 * int64_t{RegSmallHalves(kmax)}
+                                                           bool small_halves = false) {
+  return small_halves ? int64_t{bt} * TilePitch(kp) + 2 * int64_t{kRegSmallHalves}
                       : int64_t{bt + 2 * kRegClassTile} * TilePitch(kp);
 }
 
@@ -158,21 +154,17 @@ __host__ __device__ constexpr int RegAccColumn(bool vec, int jn, int n) {
 }
 
 // Splits the kp columns of the CT-row code tile `tile` into TF32 halves in
-// place (the big half) and, in 3xTF32, RegSmallHalves(KMAX) floats on (the
-// small half), with SplitTf32Finite, the split the warps applied to each
-// element before (the same bits). The padding columns (ct, ||M||^2) are
-// left as they are. A row is KMAX / 4 four-column slots: thread i takes
-// slot i % (KMAX / 4) of rows i / (KMAX / 4), + NTH / (KMAX / 4), ... (at
-// KMAX = 128 a warp stores one row's 512 bytes: no bank conflict).
-template <bool kSplit, int CT, int NTH, int KMAX>
+// place (the big half) and, in 3xTF32, kRegSmallHalves floats on (the small half), with
+// SplitTf32Finite, the split the warps applied to each element before
+// (the same bits). The padding columns (ct, ||M||^2) are left as they are.
+// 128 threads: thread (r, c) takes the 4 columns 4c of rows r, r + 16, ...
+template <bool kSplit, int CT, int NTH>
 __device__ __forceinline__ void SplitCodeTile(float* tile, int pitch, int kp) {
-  constexpr int kSlots = KMAX / 4;
-  constexpr int kRowsPerPass = NTH / kSlots;
-  static_assert(NTH % kSlots == 0 && CT % kRowsPerPass == 0, "whole rows per pass");
-  const int c = (threadIdx.x % kSlots) * 4;
-  if (c >= kp) return;  // slots past the row idle
+  static_assert(NTH == 128 && CT % 16 == 0, "16 rows x 8 four-column slots per pass");
+  const int c = (threadIdx.x % 8) * 4;
+  if (c >= kp) return;  // kp <= 32: slots past the row idle
 #pragma unroll
-  for (int r = threadIdx.x / kSlots; r < CT; r += kRowsPerPass) {
+  for (int r = threadIdx.x / 8; r < CT; r += 16) {
     float4* hp = reinterpret_cast<float4*>(tile + r * pitch + c);
     const float4 x = *hp;
     uint32_t b[4], sm[4];
@@ -183,7 +175,7 @@ __device__ __forceinline__ void SplitCodeTile(float* tile, int pitch, int kp) {
     *hp = make_float4(__uint_as_float(b[0]), __uint_as_float(b[1]), __uint_as_float(b[2]),
                       __uint_as_float(b[3]));
     if (kSplit) {
-      *reinterpret_cast<float4*>(tile + RegSmallHalves(KMAX) + r * pitch + c) =
+      *reinterpret_cast<float4*>(tile + kRegSmallHalves + r * pitch + c) =
           make_float4(__uint_as_float(sm[0]), __uint_as_float(sm[1]), __uint_as_float(sm[2]),
                       __uint_as_float(sm[3]));
     }
@@ -220,7 +212,7 @@ static_assert(8 * 16 * kRegMaxK + 3 * 8 * 16 <= 2 * kRegClassTile * (kRegMaxK + 
 
 // The TF32 halves of a code element for the tensor-core products: with
 // kPreSplit x is already its big half and xs its small half (read from the
-// pre-split tile's small halves, RegSmallHalves(KMAX) on; unused in plain TF32),
+// pre-split tile's small halves, kRegSmallHalves on; unused in plain TF32),
 // else x is split here.
 template <bool kSplit, bool kPreSplit, bool kFiniteSplit>
 __device__ __forceinline__ void CodeOperand(float x, float xs, uint32_t* big, uint32_t* small) {
@@ -242,6 +234,198 @@ __device__ __forceinline__ void MmaMode(float d[4], const uint32_t ab[4], const 
     ptx::mma_m16n8k8_tf32(d, ab, bs, d);
   }
   ptx::mma_m16n8k8_tf32(d, ab, bb, d);
+}
+
+// ---------------------------------------------------------------------------
+// The 128-row kernel (kRows128). Its expected code runs transposed,
+//   acc^T (kp x 16 rows) += M^T (kp x 8 classes) . P^T (8 classes x 16 rows),
+// so that P^T is the B operand straight from the logit fragments (thread
+// (g, t) holds p of row g at classes 2t, 2t + 1 and of row g + 8: b[0], b[1]
+// of the n8 tiles of rows 0-7 and 8-15, with k index t = class 2t and
+// t + 4 = class 2t + 1 as in AccumulateExpectedCode) and M^T the A operand,
+// which ldmatrix loads from a transposed copy of the code tile (FragRowA):
+// each code column a row of kRegTPitch floats, the classes of each 8 in the
+// order 0, 2, 4, 6, 1, 3, 5, 7 (RegTransposedClass), so that a row's 4
+// words at 8 nt and 8 nt + 4 are classes 2t and 2t + 1. The mma's register
+// pairs then come from the loads as they are; reading pre-split halves row
+// by row instead (the 4-warp kernels' expected code) costs a move per loaded
+// half (sm_90 SASS).
+//
+// Shared memory (floats, all offsets compile-time but u's rows): the code
+// tile's big halves by rows at the pitch kp + 4 (ct and ||M||^2 in the
+// padding), in 3xTF32 its small halves (Rows128RowMajor on), the transposed
+// big halves, in 3xTF32 the transposed small halves (Rows128Transposed on),
+// then the resident u tile. One copy of each: the block stores tile q + 1
+// from registers (LoadRows128Codes, issued while tile q runs) after the
+// barrier that ends tile q.
+constexpr int kRegTPitch = kRegClassTile + 4;  // 68 = 4 (mod 32): ldmatrix rows conflict-free
+
+// Where class cl of a tile sits in a row of the transposed copy.
+__host__ __device__ constexpr int RegTransposedClass(int cl) {
+  return (cl & ~7) | ((cl & 1) != 0 ? 4 + ((cl & 7) >> 1) : (cl & 7) >> 1);
+}
+__host__ __device__ constexpr int Rows128RowMajor(int kmax) { return kRegClassTile * (kmax + 4); }
+__host__ __device__ constexpr int Rows128Transposed(int kmax) { return kmax * kRegTPitch; }
+// Shared-memory floats of the 128-row kernel at padded row kp: 200 KiB in
+// 3xTF32 at kp = 128 (split), 133 KiB in TF32.
+__host__ __device__ constexpr int64_t ForwardRows128SmemFloats(int kp, bool split,
+                                                               int kmax = kRegMaxK) {
+  return (split ? 2 : 1) * int64_t{Rows128RowMajor(kmax) + Rows128Transposed(kmax)} +
+         int64_t{kRegRows128} * TilePitch(kp);
+}
+
+// One thread's share of a code tile on its way to shared memory: class
+// (warp % 2) * 32 + lane of the tile, columns (warp / 2) * 32 .. + 31 (8
+// warps x 32 columns = kRegMaxK), zero past k and past n; ct and ||M||^2 of
+// the class in the threads of columns 0-31.
+struct Rows128Codes {
+  float v[kRegMaxK / 4];
+  float ct, sqn;
+};
+
+// Loads the share of the tile at class c0 (each lane 128 contiguous bytes of
+// its class's row, as 16-byte loads where a.codes_vec). Columns at or past
+// kp are not loaded: their slots idle.
+__device__ __forceinline__ void LoadRows128Codes(Rows128Codes& r, const ForwardSplitArgs& a,
+                                                 int64_t c0, int kp) {
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int64_t c = c0 + (warp % 2) * kWarpSize + lane;
+  const int j0 = (warp / 2) * 32;
+  const int64_t k = a.code_length;
+  const bool row_ok = c < a.num_classes;
+  const float* src = row_ok ? a.codes + c * k : a.codes;  // read only where ok
+  if (j0 < kp) {
+    if (a.codes_vec) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int j = j0 + 4 * i;
+        // k is a multiple of 4 here: a vector is all in or all out.
+        const float4 x = row_ok && j < k ? *reinterpret_cast<const float4*>(src + j)
+                                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        r.v[4 * i] = x.x;
+        r.v[4 * i + 1] = x.y;
+        r.v[4 * i + 2] = x.z;
+        r.v[4 * i + 3] = x.w;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) r.v[i] = row_ok && j0 + i < k ? src[j0 + i] : 0.0f;
+    }
+  }
+  if (j0 == 0) {
+    r.ct = row_ok ? a.ct[c] : 0.0f;
+    r.sqn = row_ok ? a.sqn[c] : 0.0f;
+  }
+}
+
+// Stores a share (LoadRows128Codes) as TF32 halves (SplitTf32Finite, the
+// split the warps would apply): by rows into rows (pitch kp + 4; the small
+// halves Rows128RowMajor on, in 3xTF32) and transposed into trans (the small
+// halves Rows128Transposed on). Lanes are classes, so the transposed stores
+// of a warp are 32 consecutive words and its row stores 16-byte vectors at
+// the pitch's 4 (mod 8): no bank conflict either way. kp is a multiple of 8,
+// so a vector of 4 columns is all below kp or all at or past it.
+template <bool kSplit>
+__device__ __forceinline__ void StoreRows128Codes(const Rows128Codes& r, float* rows,
+                                                  float* trans, int pitch, int kp) {
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int cl = (warp % 2) * kWarpSize + lane;
+  const int j0 = (warp / 2) * 32;
+  float* rrow = rows + cl * pitch;
+  float* tcol = trans + RegTransposedClass(cl);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int j = j0 + 4 * i;
+    if (j < kp) {
+      uint32_t b[4], sm[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) SplitTf32Finite(r.v[4 * i + e], &b[e], &sm[e]);
+      *reinterpret_cast<float4*>(rrow + j) =
+          make_float4(__uint_as_float(b[0]), __uint_as_float(b[1]), __uint_as_float(b[2]),
+                      __uint_as_float(b[3]));
+      if (kSplit) {
+        *reinterpret_cast<float4*>(rrow + Rows128RowMajor(kRegMaxK) + j) =
+            make_float4(__uint_as_float(sm[0]), __uint_as_float(sm[1]), __uint_as_float(sm[2]),
+                        __uint_as_float(sm[3]));
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        tcol[(j + e) * kRegTPitch] = __uint_as_float(b[e]);
+        if (kSplit) tcol[Rows128Transposed(kRegMaxK) + (j + e) * kRegTPitch] = __uint_as_float(sm[e]);
+      }
+    }
+  }
+  if (j0 == 0) {
+    rrow[kp] = r.ct;
+    rrow[kp + 1] = r.sqn;
+  }
+}
+
+// acc^T = alpha * acc^T + M^T . P^T for the warp's 16 rows (the header
+// above): acc[2 mt + h] is the fragment of code columns 16 mt .. 16 mt + 15
+// and rows 8 h .. 8 h + 7 of the warp's, thread (g, t) holding columns
+// 16 mt + g (e < 2) and 16 mt + g + 8 (e >= 2) of rows 8 h + 2t + (e & 1).
+// arow[h][c]: alpha of row 8 h + 2t + c. Column tiles go 4 at a time
+// behind one test (64 columns: those past kp are never stored; their
+// transposed rows lie inside the copy, which has kRegMaxK of them), nt
+// outer, so that each accumulator takes its products in increasing nt and
+// 8 independent accumulators take each fragment's.
+template <bool kSplit, int NT, int KN>
+__device__ __forceinline__ void AccumulateExpectedCodeT(float (&acc)[KN][4],
+                                                        const float (&d)[NT][4],
+                                                        const float* trans, int kp,
+                                                        const float (&arow)[2][2]) {
+  constexpr int MT = KN / 2;  // 16-column tiles
+  static_assert(MT % 4 == 0, "column tiles by fours");
+  const int lane = threadIdx.x % kWarpSize;
+  const float* la = FragRowA(trans, kRegTPitch, lane);
+#pragma unroll
+  for (int m0 = 0; m0 < MT; m0 += 4) {
+    if (m0 * 16 < kp) {
+#pragma unroll
+      for (int mt = m0; mt < m0 + 4; ++mt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          acc[2 * mt][e] *= arow[0][e & 1];
+          acc[2 * mt + 1][e] *= arow[1][e & 1];
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    // P^T: b[0] = p(row g, class 2t), b[1] = p(row g, class 2t + 1) of the
+    // rows 0-7 (h = 0) and 8-15 (h = 1).
+    uint32_t pb[2][2], ps[2][2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      SplitTf32(d[nt][2 * h], &pb[h][0], &ps[h][0]);
+      SplitTf32(d[nt][2 * h + 1], &pb[h][1], &ps[h][1]);
+    }
+#pragma unroll
+    for (int m0 = 0; m0 < MT; m0 += 4) {
+      if (m0 * 16 < kp) {
+#pragma unroll
+        for (int mt = m0; mt < m0 + 4; ++mt) {
+          uint32_t ab[4], as[4] = {0u, 0u, 0u, 0u};
+          ptx::ldmatrix_x4(ab, la + mt * 16 * kRegTPitch + nt * 8);
+          if (kSplit) {
+            ptx::ldmatrix_x4(as, la + Rows128Transposed(kRegMaxK) + mt * 16 * kRegTPitch + nt * 8);
+          }
+          // MmaMode's order of the products in the row-wise form (P as A):
+          // Ps.Mb, Pb.Ms, Pb.Mb, so that acc^T holds the bits acc would.
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            if (kSplit) {
+              ptx::mma_m16n8k8_tf32(acc[2 * mt + h], ab, ps[h], acc[2 * mt + h]);
+              ptx::mma_m16n8k8_tf32(acc[2 * mt + h], as, pb[h], acc[2 * mt + h]);
+            }
+            ptx::mma_m16n8k8_tf32(acc[2 * mt + h], ab, pb[h], acc[2 * mt + h]);
+          }
+        }
+      }
+    }
+  }
 }
 
 // acc[jn] = alpha * acc[jn] + P.M for the 8-column blocks jn < kn of the
@@ -291,7 +475,6 @@ __device__ __forceinline__ void AccumulateExpectedCode(float (&acc)[KN][4],
   static_assert(!kVec || (kGroup > 0 && kGroup % 4 == 0), "kVec: groups of whole 4-block sets");
   const int g = threadIdx.x % kWarpSize / 4;
   const float* mb = mrow + g;  // scalar form: column jc * 8 + g
-  constexpr int kSmallAt = RegSmallHalves(KN * 8);  // kPreSplit: the small halves
   uint32_t pb[kGroup > 0 ? NT : 1][4], ps[kGroup > 0 ? NT : 1][4];
   auto split_p = [&](int nt, uint32_t(&b)[4], uint32_t(&s)[4]) {
     const float pa[4] = {d[nt][0], d[nt][2], d[nt][1], d[nt][3]};
@@ -307,8 +490,8 @@ __device__ __forceinline__ void AccumulateExpectedCode(float (&acc)[KN][4],
     uint32_t bb[2], bs[2];
     const int o0 = nt * 8 * pitch + jc * 8, o1 = (nt * 8 + 1) * pitch + jc * 8;
     constexpr bool kSmall = kPreSplit && kSplit;  // small halves in shared memory
-    code(mb[o0], kSmall ? mb[o0 + kSmallAt] : 0.0f, &bb[0], &bs[0]);
-    code(mb[o1], kSmall ? mb[o1 + kSmallAt] : 0.0f, &bb[1], &bs[1]);
+    code(mb[o0], kSmall ? mb[o0 + kRegSmallHalves] : 0.0f, &bb[0], &bs[0]);
+    code(mb[o1], kSmall ? mb[o1 + kRegSmallHalves] : 0.0f, &bb[1], &bs[1]);
     MmaMode<kSplit>(acc[jn], b, s, bb, bs);
   };
   // acc[4 jv + jj] += P(nt).M for jj < 4: the 4 blocks of set jv, their
@@ -317,10 +500,10 @@ __device__ __forceinline__ void AccumulateExpectedCode(float (&acc)[KN][4],
     const float* r = mrow + nt * 8 * pitch + jv * 32 + 4 * g;
     const float4 x0 = *reinterpret_cast<const float4*>(r);
     const float4 x1 = *reinterpret_cast<const float4*>(r + pitch);
-    float4 y0 = x0, y1 = x1;  // kPreSplit: the small halves, kSmallAt on
+    float4 y0 = x0, y1 = x1;  // kPreSplit: the small halves, kRegSmallHalves on
     if constexpr (kPreSplit && kSplit) {
-      y0 = *reinterpret_cast<const float4*>(r + kSmallAt);
-      y1 = *reinterpret_cast<const float4*>(r + pitch + kSmallAt);
+      y0 = *reinterpret_cast<const float4*>(r + kRegSmallHalves);
+      y1 = *reinterpret_cast<const float4*>(r + pitch + kRegSmallHalves);
     }
     const float v0[4] = {x0.x, x0.y, x0.z, x0.w}, v1[4] = {x1.x, x1.y, x1.z, x1.w};
     const float w0[4] = {y0.x, y0.y, y0.z, y0.w}, w1[4] = {y1.x, y1.y, y1.z, y1.w};
@@ -395,13 +578,14 @@ __device__ __forceinline__ void AccumulateExpectedCode(float (&acc)[KN][4],
 }
 
 // NW = 4 or 8 warps; with 8 the launch bound asks for 2 blocks per SM, i.e.
-// at most 128 registers per thread (65536 / 512), but for the 128-row tile
-// (kRows128), whose 198 KiB of shared memory (3xTF32, kp = 128) leave one
-// block per SM anyway: 1 (sm_90: 192 registers in 3xTF32, 176 in TF32).
-// The 16-row 3xTF32 kernel asks for 4 (128 registers), the 4 blocks per SM
-// by registers it had before u and the codes took the finite split (ptxas
-// then chose 141, sm_90). The 64-row 3xTF32 kernels at KMAX = kRegShortK ask for 4 as well:
-// with fragments by ldmatrix the folded one took 129 registers (3 blocks per
+// at most 128 registers per thread (65536 / 512). The 128-row tile
+// (kRows128) asks for 1: its shared memory (200 KiB in 3xTF32 at kp = 128)
+// holds one block per SM, and its registers (sm_90: 232 in 3xTF32, 228 in
+// TF32) hold the next tile's share. The 16-row 3xTF32 kernel asks for 4
+// (128 registers), the 4 blocks per SM by registers it had before u and the
+// codes took the finite split (ptxas then chose 141, sm_90). The 64-row
+// 3xTF32 kernels at KMAX = kRegShortK ask for 4 as well: with fragments by
+// ldmatrix the folded one took 129 registers (3 blocks per
 // SM by registers, 8 by shared memory), and under the bound 126 with no
 // spill and 1 % more instructions per tile (sm_90).
 //
@@ -463,18 +647,24 @@ __global__ void __launch_bounds__(NW * kWarpSize,
   const int kn = kp / 8;
   // kPreSplit: the code tiles split once per block (RegPreSplitsCodes).
   constexpr bool kPreSplit = RegPreSplitsCodes(BT, NW, kFold, KMAX);
+  // kT (the 128-row kernel): the tile staged through registers by rows and
+  // transposed, the expected code transposed (AccumulateExpectedCodeT).
+  constexpr bool kT = BT == kRegRows128;
   // The expected code's blocks per test, and whether their columns
   // interleave (acc[jn] holds the columns RegAccColumn(kVec, jn, .)).
-  constexpr int kGroup = kMerge ? 0 : RegExpectedGroup(BT, KMAX);
-  constexpr bool kVec = RegVecColumns(kGroup) && (BT >= 64 || !kSplit || kRegVec16Split);
+  constexpr int kGroup = NW == 4 ? RegExpectedGroup(BT, KMAX) : 0;
+  constexpr bool kVec = RegVecColumns(kGroup) && (BT == 64 || !kSplit || kRegVec16Split);
   static_assert(!kVec || !kMerge, "the merge stores blocks in column order");
   static_assert(!kPreSplit || kFiniteSplit, "the pre-split is the finite split");
   // The code tiles first, then u: the interleaved expected-code columns
   // (kVec) read up to 20 floats past the second tile's last row where kp is
   // not a multiple of 32 (AccumulateExpectedCode), which then land in u.
-  constexpr int kSmallAt = RegSmallHalves(KMAX);
+  // kT: by rows (small halves kSmallAt on), then transposed (t_s), then u.
+  constexpr int kSmallAt = kT ? Rows128RowMajor(KMAX) : kRegSmallHalves;
   float* m_s = smem;  // kPreSplit, 3xTF32: small halves kSmallAt on
-  float* u_s = smem + (kPreSplit && kSplit ? 2 * kSmallAt : 2 * CT * pitch);
+  [[maybe_unused]] float* t_s = smem + (kSplit ? 2 : 1) * Rows128RowMajor(KMAX);
+  float* u_s = kT ? t_s + (kSplit ? 2 : 1) * Rows128Transposed(KMAX)
+                  : smem + (kPreSplit && kSplit ? 2 * kSmallAt : 2 * CT * pitch);
 
   const int64_t k = a.code_length;
   const float scale = ReadScale(a.scale_ptr, a.scale);
@@ -511,11 +701,26 @@ __global__ void __launch_bounds__(NW * kWarpSize,
     if (!kFold) StageClassTerms(buf, pitch, kp, a.ct, a.sqn, c0, a.num_classes);
   };
   StageTile(u_s, pitch, a.u, a.kp, b0, a.batch, BT, 0, kp, a.kp, true, NTH);
-  if (ntiles > 0) stage_code_tile(m_s, t_begin * CT);
-  ptx::cp_async_commit();
+  [[maybe_unused]] Rows128Codes pre;  // kT: the next tile's share, in registers
+  if constexpr (kT) {
+    if (ntiles > 0) LoadRows128Codes(pre, a, t_begin * CT, kp);
+    ptx::cp_async_commit();
+    ptx::cp_async_wait<0>();  // u: visible after the loop's first barrier
+  } else {
+    if (ntiles > 0) stage_code_tile(m_s, t_begin * CT);
+    ptx::cp_async_commit();
+  }
   for (int64_t q = 0; q < ntiles; ++q) {
-    const float* cur = m_s + (q & 1) * CT * pitch;
-    if (q + 1 < ntiles) {
+    const float* cur = kT ? m_s : m_s + (q & 1) * CT * pitch;
+    if constexpr (kT) {
+      // The copies are free: the barrier that ended tile q - 1 follows
+      // every read of them.
+      StoreRows128Codes<kSplit>(pre, m_s, t_s, pitch, kp);
+      // Tile q's halves (and u) visible to every thread.
+      __syncthreads();  // [barrier-mutation-test]
+      // The next tile's loads, in flight while this one runs.
+      if (q + 1 < ntiles) LoadRows128Codes(pre, a, (t_begin + q + 1) * CT, kp);
+    } else if (q + 1 < ntiles) {
       // Prefetch the next code tile while this one runs.
       stage_code_tile(m_s + ((q + 1) & 1) * CT * pitch, (t_begin + q + 1) * CT);
       ptx::cp_async_commit();
@@ -523,10 +728,12 @@ __global__ void __launch_bounds__(NW * kWarpSize,
     } else {
       ptx::cp_async_wait<0>();
     }
-    // Tile q (and u) visible to every thread after this barrier.
-    __syncthreads();  // [barrier-mutation-test]
-    if constexpr (kPreSplit) {
-      SplitCodeTile<kSplit, CT, NTH, KMAX>(m_s + (q & 1) * CT * pitch, pitch, kp);
+    if constexpr (!kT) {
+      // Tile q (and u) visible to every thread after this barrier.
+      __syncthreads();  // [barrier-mutation-test]
+    }
+    if constexpr (kPreSplit && !kT) {
+      SplitCodeTile<kSplit, CT, NTH>(m_s + (q & 1) * CT * pitch, pitch, kp);
       // Every half written before any warp reads its fragments. (The
       // emulator sees a missing one with the warp-major schedule: in its
       // default rounds the warps meet at u's ldmatrix before any reads a
@@ -669,8 +876,19 @@ __global__ void __launch_bounds__(NW * kWarpSize,
     // acc = alpha * acc + P.M, P from the fragments (A: k index t = class
     // 2t, t + 4 = class 2t + 1 of each n8 fragment), M from the staged tile
     // with the same permutation.
-    AccumulateExpectedCode<kSplit, NT, KN, kGroup, kFiniteSplit, kPreSplit, kVec>(
-        acc, d, cur + (wc * CW + 2 * t) * pitch, pitch, kn, alpha);
+    if constexpr (kT) {
+      // acc^T's rows 8h + 2t + c are quads 2t + c's rows g + 8h.
+      float arow[2][2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) arow[h][c] = __shfl_sync(kFullMask, alpha[h], 4 * (2 * t + c));
+      }
+      AccumulateExpectedCodeT<kSplit, NT, KN>(acc, d, t_s, kp, arow);
+    } else {
+      AccumulateExpectedCode<kSplit, NT, KN, kGroup, kFiniteSplit, kPreSplit, kVec>(
+          acc, d, cur + (wc * CW + 2 * t) * pitch, pitch, kn, alpha);
+    }
     // Buffer q & 1 is free for the prefetch of tile q + 2. The emulator sees
     // a missing one only with eager copies and one warp running ahead.
     __syncthreads();  // [barrier-mutation-test] cp-async=eager schedule=warps
@@ -737,6 +955,46 @@ __global__ void __launch_bounds__(NW * kWarpSize,
         a.part_sqn[slot] = sqn * inv;
       }
       if (j < k) a.part_acc[slot * k + j] = v * inv;
+    }
+  } else if constexpr (kT) {
+    // acc^T (AccumulateExpectedCodeT): thread (g, t) holds columns 16 mt + g
+    // and 16 mt + g + 8 of the warp's rows 8h + 2t + c, whose sums the quads
+    // 2t + c hold.
+    float inv[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float l = run_sum[h];
+      float sqn = run_sqn[h];
+      l += __shfl_xor_sync(kFullMask, l, 1);
+      l += __shfl_xor_sync(kFullMask, l, 2);
+      sqn += __shfl_xor_sync(kFullMask, sqn, 1);
+      sqn += __shfl_xor_sync(kFullMask, sqn, 2);
+      // A NaN sum fails "> 0": inv = 0 keeps the NaN of acc and sqn (x*0).
+      inv[h] = l > 0.0f ? 1.0f / l : 0.0f;
+      if (row[h] < a.batch && t == 0) {
+        const int64_t slot = row[h] * a.splits + split;
+        a.part_lse[slot] = run_max[h] + logf(l);
+        a.part_sqn[slot] = sqn * inv[h];
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float w = __shfl_sync(kFullMask, inv[h], 4 * (2 * t + c));
+        const int64_t r = b0 + wr * 16 + 8 * h + 2 * t + c;
+        if (r < a.batch) {
+          float* out = a.part_acc + (r * a.splits + split) * k;
+#pragma unroll
+          for (int mt = 0; mt < KN / 2; ++mt) {
+#pragma unroll
+            for (int hi = 0; hi < 2; ++hi) {
+              const int j = 16 * mt + g + 8 * hi;
+              if (j < k) out[j] = acc[2 * mt + h][2 * hi + c] * w;
+            }
+          }
+        }
+      }
     }
   } else {
     const int64_t total_splits = int64_t{a.splits} * WC;

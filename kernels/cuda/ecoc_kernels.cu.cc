@@ -464,13 +464,13 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
   const int64_t kp_reg = std::max<int64_t>(8, CeilDiv(k, 8) * 8);
   // kRows128: the 128-row 8-warp kernel with pre-split code tiles where the
   // batch has more than one 64-row tile and its shared memory fits the
-  // device (3xTF32 at kp = 128: 198 KiB, an H100 or H200 but not an A100);
-  // otherwise the same call runs as kRows64RegSoftmaxWarps8.
+  // device (3xTF32: 200 KiB at kp = 128, an H100 or H200; an A100's 163 KiB
+  // up to kp = 48); otherwise the same call runs as kRows64RegSoftmaxWarps8.
   const bool rows128_wanted = (v & static_cast<int>(KernelVariant::kRows128)) != 0;
   if (reg_wanted && rows128_wanted && p->math != detail::kMathFp32 &&
       kp_reg <= detail::kRegMaxK && B > kRowTile64) {
-    const int64_t smem_floats = detail::ForwardRegSmemFloats(
-        kRowTile128, static_cast<int>(kp_reg), p->math == detail::kMath3xTf32, detail::kRegMaxK);
+    const int64_t smem_floats = detail::ForwardRows128SmemFloats(
+        static_cast<int>(kp_reg), p->math == detail::kMath3xTf32);
     if (smem_floats * 4 <= info.smem_optin) {
       p->row_tile = kRowTile128;
       p->reg = true;
@@ -496,7 +496,7 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
     const bool small_halves = p->math == detail::kMath3xTf32 &&
                               detail::RegPreSplitsCodes(p->row_tile, reg_warps, reg_fold, kmax);
     const int64_t smem_floats =
-        detail::ForwardRegSmemFloats(p->row_tile, static_cast<int>(kp_reg), small_halves, kmax);
+        detail::ForwardRegSmemFloats(p->row_tile, static_cast<int>(kp_reg), small_halves);
     if (smem_floats * 4 <= info.smem_optin) {
       p->reg = true;
       p->reg_warps = reg_warps;

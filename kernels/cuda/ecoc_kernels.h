@@ -108,16 +108,16 @@ enum class MathMode : int { kFp32 = 0, k3xTf32 = 1, kTf32 = 2 };
 //               apply (the FP32 engine, k > 128).
 //   kRows128:   with kRows64 | kRegSoftmax | kWarps8 only (77; 64 to 76 are
 //               invalid): the register-softmax forward on 128-row batch
-//               tiles, 8 row warps x 16 rows x all 64 classes of each
-//               staged code tile, which the block splits into its TF32
-//               halves once (the small halves in shared memory: 198 KiB at
-//               k = 128 in 3xTF32) instead of each warp splitting every
-//               element it reads; one block of 8 warps per SM. Applies where
-//               kRows64RegSoftmaxWarps8's register softmax does, with B > 64,
-//               within the device's opt-in shared memory (an H100 at every
-//               k <= 128; an A100 in TF32, in 3xTF32 up to k = 56);
-//               elsewhere the call runs as 13. Not (yet) chosen by kAuto:
-//               untimed.
+//               tiles, 8 row warps x 16 rows x all 64 classes of each code
+//               tile, which the block loads through registers and stores
+//               split into its TF32 halves once, by rows for the logits and
+//               transposed for the expected code, which runs transposed
+//               (200 KiB of shared memory at k = 128 in 3xTF32; one block of
+//               8 warps per SM). Applies where kRows64RegSoftmaxWarps8's
+//               register softmax does, with B > 64, within the device's
+//               opt-in shared memory (an H100 at every k <= 128; an A100 in
+//               TF32, in 3xTF32 up to k = 48); elsewhere the call runs as
+//               13. Not (yet) chosen by kAuto: untimed.
 //   kAuto:      the default of every params struct: the pass picks one of
 //               the variants above from its shape, math mode and the
 //               device's compute capability (ResolveVariant below), by a
