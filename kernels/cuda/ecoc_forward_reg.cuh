@@ -351,7 +351,9 @@ __device__ __forceinline__ void StoreRows128Codes(const Rows128Codes& r, float* 
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         tcol[(j + e) * kRegTPitch] = __uint_as_float(b[e]);
-        if (kSplit) tcol[Rows128Transposed(kRegMaxK) + (j + e) * kRegTPitch] = __uint_as_float(sm[e]);
+        if (kSplit) {
+          tcol[Rows128Transposed(kRegMaxK) + (j + e) * kRegTPitch] = __uint_as_float(sm[e]);
+        }
       }
     }
   }
@@ -896,6 +898,17 @@ __global__ void __launch_bounds__(NW * kWarpSize,
 
   // Epilogue: the quad's partial sums, then the warp's normalised state
   // (kMerge: the block's, merged over its WC warps).
+  // Row g + 8h's softmax sum and sum of p ||M||^2 over the quad (its 4
+  // threads' shares of the row's classes), in every thread of the quad.
+  auto quad_totals = [&](int h, float* l, float* sqn) {
+    float x = run_sum[h], y = run_sqn[h];
+    x += __shfl_xor_sync(kFullMask, x, 1);
+    x += __shfl_xor_sync(kFullMask, x, 2);
+    y += __shfl_xor_sync(kFullMask, y, 1);
+    y += __shfl_xor_sync(kFullMask, y, 2);
+    *l = x;
+    *sqn = y;
+  };
   if constexpr (kMerge) {
     // Unnormalised states to shared memory: acc_s[(wc * BT + r) * kp + j],
     // then max, sum and sqn per (wc, r). The code buffers are free: the
@@ -907,12 +920,8 @@ __global__ void __launch_bounds__(NW * kWarpSize,
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = wr * 16 + g + 8 * h;
-      float l = run_sum[h];
-      float sqn = run_sqn[h];
-      l += __shfl_xor_sync(kFullMask, l, 1);
-      l += __shfl_xor_sync(kFullMask, l, 2);
-      sqn += __shfl_xor_sync(kFullMask, sqn, 1);
-      sqn += __shfl_xor_sync(kFullMask, sqn, 2);
+      float l, sqn;
+      quad_totals(h, &l, &sqn);
       if (t == 0) {
         max_s[wc * BT + r] = run_max[h];
         sum_s[wc * BT + r] = l;
@@ -963,12 +972,8 @@ __global__ void __launch_bounds__(NW * kWarpSize,
     float inv[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float l = run_sum[h];
-      float sqn = run_sqn[h];
-      l += __shfl_xor_sync(kFullMask, l, 1);
-      l += __shfl_xor_sync(kFullMask, l, 2);
-      sqn += __shfl_xor_sync(kFullMask, sqn, 1);
-      sqn += __shfl_xor_sync(kFullMask, sqn, 2);
+      float l, sqn;
+      quad_totals(h, &l, &sqn);
       // A NaN sum fails "> 0": inv = 0 keeps the NaN of acc and sqn (x*0).
       inv[h] = l > 0.0f ? 1.0f / l : 0.0f;
       if (row[h] < a.batch && t == 0) {
@@ -1001,12 +1006,8 @@ __global__ void __launch_bounds__(NW * kWarpSize,
     const int64_t slot_split = int64_t{split} * WC + wc;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float l = run_sum[h];
-      float sqn = run_sqn[h];
-      l += __shfl_xor_sync(kFullMask, l, 1);
-      l += __shfl_xor_sync(kFullMask, l, 2);
-      sqn += __shfl_xor_sync(kFullMask, sqn, 1);
-      sqn += __shfl_xor_sync(kFullMask, sqn, 2);
+      float l, sqn;
+      quad_totals(h, &l, &sqn);
       // A NaN sum fails "> 0": inv = 0 keeps the NaN of acc and sqn (x*0).
       const float inv = l > 0.0f ? 1.0f / l : 0.0f;
       if (row[h] < a.batch) {
