@@ -636,7 +636,9 @@ def test_sass_loop_stats_reads_the_library_object(kernels_build):
                    # The 4-warp kernels' instantiations for kp <= 32 (KMAX = 32).
                    | {f"ForwardRegKernel<{m}, {bt}, 4{fold}, kp ≤ 32>"
                       for m in ("3xtf32", "tf32") for bt in (16, 64)
-                      for fold in ("", ", fold")}), sorted(stats)
+                      for fold in ("", ", fold")}
+                   # The 128-row 8-warp kernel (kRows128).
+                   | {f"ForwardRegKernel<{m}, 128, 8>" for m in ("3xtf32", "tf32")}), sorted(stats)
     assert all(stats[name].per_tile > 0 for name in reg)
     for kernel in ("ForwardSplitKernel", "CodesGradSplitKernel", "CodesGradMmaKernel",
                    "CodesGradPersistentKernel"):
