@@ -268,9 +268,8 @@ __host__ __device__ constexpr int Rows128RowMajor(int kmax) { return kRegClassTi
 __host__ __device__ constexpr int Rows128Transposed(int kmax) { return kmax * kRegTPitch; }
 // Shared-memory floats of the 128-row kernel at padded row kp: 200 KiB in
 // 3xTF32 at kp = 128 (split), 133 KiB in TF32.
-__host__ __device__ constexpr int64_t ForwardRows128SmemFloats(int kp, bool split,
-                                                               int kmax = kRegMaxK) {
-  return (split ? 2 : 1) * int64_t{Rows128RowMajor(kmax) + Rows128Transposed(kmax)} +
+__host__ __device__ constexpr int64_t ForwardRows128SmemFloats(int kp, bool split) {
+  return (split ? 2 : 1) * int64_t{Rows128RowMajor(kRegMaxK) + Rows128Transposed(kRegMaxK)} +
          int64_t{kRegRows128} * TilePitch(kp);
 }
 
@@ -283,14 +282,24 @@ struct Rows128Codes {
   float ct, sqn;
 };
 
+// This thread's share (Rows128Codes): its class in the tile and its first
+// column. The one definition for the loads and the stores.
+__device__ __forceinline__ int Rows128ShareClass() {
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  return (warp % 2) * kWarpSize + lane;
+}
+__device__ __forceinline__ int Rows128ShareColumn0() {
+  const int warp = threadIdx.x / kWarpSize;
+  return (warp / 2) * 32;
+}
+
 // Loads the share of the tile at class c0 (each lane 128 contiguous bytes of
 // its class's row, as 16-byte loads where a.codes_vec). Columns at or past
 // kp are not loaded: their slots idle.
 __device__ __forceinline__ void LoadRows128Codes(Rows128Codes& r, const ForwardSplitArgs& a,
                                                  int64_t c0, int kp) {
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  const int64_t c = c0 + (warp % 2) * kWarpSize + lane;
-  const int j0 = (warp / 2) * 32;
+  const int64_t c = c0 + Rows128ShareClass();
+  const int j0 = Rows128ShareColumn0();
   const int64_t k = a.code_length;
   const bool row_ok = c < a.num_classes;
   const float* src = row_ok ? a.codes + c * k : a.codes;  // read only where ok
@@ -328,9 +337,8 @@ __device__ __forceinline__ void LoadRows128Codes(Rows128Codes& r, const ForwardS
 template <bool kSplit>
 __device__ __forceinline__ void StoreRows128Codes(const Rows128Codes& r, float* rows,
                                                   float* trans, int pitch, int kp) {
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  const int cl = (warp % 2) * kWarpSize + lane;
-  const int j0 = (warp / 2) * 32;
+  const int cl = Rows128ShareClass();
+  const int j0 = Rows128ShareColumn0();
   float* rrow = rows + cl * pitch;
   float* tcol = trans + RegTransposedClass(cl);
 #pragma unroll

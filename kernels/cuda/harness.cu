@@ -1420,13 +1420,14 @@ void RunRegSoftmaxWarps8(bool quick) {
                   {{33, 128, 70}, {129, 31, 33}, {1, 1, 1}}, 0, 888000, quick);
 }
 
-// The 128-row register-softmax forward with pre-split code tiles (kRows128):
-// the sweep above (B = 129 and 256: one full 128-row tile and a partial
-// one, two full ones; B <= 64 and FP32 run kRows64RegSoftmaxWarps8's
-// launches), NaN rows on the odd shapes. --quick: a full tile and a
-// one-row one at k = 128 (kp = 128: the small halves at their widest
-// pitch) over a partial class tile; a partial tile at k = 40 over 5 class
-// tiles, with column sets past kp; two full tiles at k = 1 (kp = 8).
+// The 128-row register-softmax forward (kRows128: code tiles staged through
+// registers, split once, the expected code transposed): the sweep above
+// (B = 129 and 256: one full 128-row tile and a partial one, two full
+// ones; B <= 64 and FP32 run kRows64RegSoftmaxWarps8's launches), NaN rows
+// on the odd shapes. --quick: a full tile and a one-row one at k = 128
+// (every thread's share of a code tile in use) over a partial class tile;
+// a partial tile at k = 40 over 5 class tiles, with column tiles past kp;
+// two full tiles at k = 1 (kp = 8).
 void RunRows128(bool quick) {
   RunVariantSweep("rows128", {KernelVariant::kRows128RegSoftmaxWarps8},
                   {{129, 128, 33}, {200, 40, 301}, {256, 1, 70}}, 1, 889000, quick);
