@@ -172,6 +172,27 @@ def test_harness_rejects_unknown_flags(harness):
 
 @pytest.mark.slow
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on the PATH")
+def test_harness_usage_and_variant_error_name_every_variant_of_its_table(harness):
+    # Both lists come from kVariants, the table --variant looks names up in:
+    # a variant added there is offered and refused-with-the-list at once.
+    table = re.search(r"constexpr VariantName kVariants\[\] = \{(.*?)\n\};",
+                      (REPO / "kernels" / "cuda" / "harness.cu").read_text(), re.S).group(1)
+    names = re.findall(r'\{KernelVariant::\w+, "([^"]+)"\}', table)
+    assert "auto" in names and "rows128+regsoftmax+warps8" in names
+    usage = subprocess.run([str(harness), "--no-such-flag"], capture_output=True, text=True,
+                           timeout=60)
+    error = subprocess.run([str(harness), "--variant", "nope"], capture_output=True, text=True,
+                           timeout=60)
+    assert usage.returncode == error.returncode == 3
+    offered = usage.stderr.split("all, or one of", 1)[1].split()
+    assert offered == names
+    listed = error.stderr.split("must be one of", 1)[1].split("; got")[0]
+    assert [w.strip() for w in listed.split(",")][:-1] == names
+    assert listed.rstrip().endswith("or all")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not on the PATH")
 @pytest.mark.parametrize("args", [["--bench-only", "--quick", "--variant", "auto"],
                                   ["--auto-table"]])
 def test_harness_takes_the_auto_variant_and_its_table(harness, args):

@@ -7,12 +7,9 @@
 //       -o build/ecoc_harness
 //   build/ecoc_harness [--check-only | --bench-only | --grid | --small |
 //                       --smem-limit | --profile] [--quick] [--math fp32|3xtf32|tf32]
-//                      [--variant v2|rows64|foldnorms|rows64+foldnorms|regsoftmax|
-//                                 rows64+regsoftmax|regsoftmax+warps8|
-//                                 rows64+regsoftmax+warps8|gradmma|rows64+gradmma|
-//                                 gradpersistent|rows64+gradpersistent|
-//                                 rows128+regsoftmax+warps8|auto|all]
-//                      [--auto-table]
+//                      [--variant NAME|all] [--auto-table]
+// (NAME: a launch variant of kVariants below, auto among them; the usage
+// text lists them)
 // (add -Xcompiler -fopenmp to spread the host reference of --grid over cores)
 // (one command; "-x cu" is needed because nvcc would hand a .cc file to the
 // host compiler.)
@@ -159,6 +156,18 @@ constexpr VariantName kVariants[] = {
     // Last, so that the checks of RunVariants before it keep their seeds.
     {KernelVariant::kRows128RegSoftmaxWarps8, "rows128+regsoftmax+warps8"},
 };
+
+// The names of kVariants in order, joined by `sep`, for the --variant error
+// (PrintUsage wraps the same list): both come from the table, so that a new
+// variant is named once.
+std::string VariantNames(const char* sep) {
+  std::string out;
+  for (const VariantName& e : kVariants) {
+    if (!out.empty()) out += sep;
+    out += e.name;
+  }
+  return out;
+}
 
 const char* VariantString(KernelVariant v) {
   for (const VariantName& e : kVariants) {
@@ -2514,11 +2523,7 @@ void PrintAutoTable(int cc) {
 const char kUsage[] =
     "usage: %s [--check-only | --bench-only | --grid | --small | --smem-limit | --profile]\n"
     "          [--quick] [--tiny]\n"
-    "          [--math fp32|3xtf32|tf32]\n"
-    "          [--variant v2|rows64|foldnorms|rows64+foldnorms|regsoftmax|rows64+regsoftmax|\n"
-    "                     regsoftmax+warps8|rows64+regsoftmax+warps8|gradmma|\n"
-    "                     rows64+gradmma|gradpersistent|rows64+gradpersistent|\n"
-    "                     rows128+regsoftmax+warps8|auto|all] [--auto-table]\n"
+    "          [--math fp32|3xtf32|tf32] [--variant V] [--auto-table]\n"
     "  (default)      the checks, then the benchmark table\n"
     "  --check-only   the checks over odd shapes and dtypes (--quick: the smallest shapes\n"
     "                 that reach every launch variant, for the CPU emulator)\n"
@@ -2546,7 +2551,24 @@ const char kUsage[] =
     "                 gradient of each cell's row tile without and with gradmma\n"
     "                 (and gradpersistent at B=16),\n"
     "                 for Nsight Compute (no checks, no timing)\n"
-    "  --fail-fast    stop at the first failed check (exit 1)\n";
+    "  --fail-fast    stop at the first failed check (exit 1)\n"
+    "  V              all, or one of\n";
+
+// The usage text, then the variant names (VariantNames) wrapped under it.
+void PrintUsage(const char* argv0) {
+  std::fprintf(stderr, kUsage, argv0);
+  const std::string indent(16, ' ');
+  std::string line = indent;
+  for (const VariantName& e : kVariants) {
+    const std::string item = std::string(" ") + e.name;
+    if (line.size() + item.size() > 90) {
+      std::fprintf(stderr, "%s\n", line.c_str());
+      line = indent;
+    }
+    line += item;
+  }
+  std::fprintf(stderr, "%s\n", line.c_str());
+}
 
 int main(int argc, char** argv) {
   bool check = true, bench = true, quick = false, grid = false, small = false, smem = false,
@@ -2594,12 +2616,8 @@ int main(int argc, char** argv) {
         }
       }
       if (g_bench_variants.empty()) {
-        std::fprintf(stderr,
-                     "--variant must be v2, rows64, foldnorms, rows64+foldnorms, regsoftmax, "
-                     "rows64+regsoftmax, regsoftmax+warps8, rows64+regsoftmax+warps8, "
-                     "gradmma, rows64+gradmma, gradpersistent, rows64+gradpersistent, "
-                     "rows128+regsoftmax+warps8, auto or all; got %s\n",
-                     v);
+        std::fprintf(stderr, "--variant must be one of %s, or all; got %s\n",
+                     VariantNames(", ").c_str(), v);
         return 3;
       }
       g_variant = g_bench_variants.size() == 1 ? g_bench_variants[0] : KernelVariant::kV2;
@@ -2617,14 +2635,14 @@ int main(int argc, char** argv) {
         return 3;
       }
     } else {
-      std::fprintf(stderr, kUsage, argv[0]);
+      PrintUsage(argv[0]);
       return 3;
     }
   }
   if (modes > 1) {
     std::fprintf(stderr, "at most one of --check-only, --bench-only, --grid, --small, "
                          "--smem-limit, --profile, --auto-table\n");
-    std::fprintf(stderr, kUsage, argv[0]);
+    PrintUsage(argv[0]);
     return 3;
   }
   if (grid || small || smem || profile || auto_table) check = bench = false;
