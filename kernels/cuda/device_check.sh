@@ -245,25 +245,33 @@ NCU_CMD=("$NCU" --section SpeedOfLight --section MemoryWorkloadAnalysis --sectio
 # template arguments (math mode, row tile) of each.
 NCU_GRAD_CMD=("$NCU" --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy
   --section LaunchStats --section WarpStateStats --kernel-name "regex:CodesGrad(Split|Mma|Persistent)Kernel")
-STEPS=(
-  "build|$T_BUILD|${BUILD_CMD[*]}"
-  "ldmatrix|$T_LDMATRIX|${LDMATRIX_CMD[*]}"
-  "checks|$T_CHECK|$EXE --check-only"
-  "grid|$T_GRID|$EXE --grid"
-  "smem-limit|$T_SMEM|$EXE --smem-limit"
-  "memcheck|$T_MEMCHECK|$SANITIZER --tool memcheck --error-exitcode 1 $EXE --small"
-  "racecheck|$T_RACECHECK|$SANITIZER --tool racecheck --error-exitcode 1 $EXE --small"
-  "bench|$T_BENCH|$EXE --bench-only --quick --variant all"
-  "ncu|$T_NCU|${NCU_CMD[*]} $EXE --profile"
-  "ncu-codes-grad|$T_NCUGRAD|${NCU_GRAD_CMD[*]} $EXE --profile"
-)
+# The steps, in the order they run: --dry-run lists them and the run below
+# walks them from this one list. step_of NAME sets LIMIT (seconds) and CMD
+# (the command, an array) to the step's.
+STEP_NAMES=(build ldmatrix checks grid smem-limit memcheck racecheck bench ncu ncu-codes-grad)
+step_of() {
+  case "$1" in
+    build) LIMIT=$T_BUILD; CMD=("${BUILD_CMD[@]}") ;;
+    # A few seconds: nvcc on one small file, one warp's trials.
+    ldmatrix) LIMIT=$T_LDMATRIX; CMD=("${LDMATRIX_CMD[@]}") ;;
+    checks) LIMIT=$T_CHECK; CMD=("$EXE" --check-only) ;;
+    grid) LIMIT=$T_GRID; CMD=("$EXE" --grid) ;;
+    smem-limit) LIMIT=$T_SMEM; CMD=("$EXE" --smem-limit) ;;
+    memcheck) LIMIT=$T_MEMCHECK; CMD=("$SANITIZER" --tool memcheck --error-exitcode 1 "$EXE" --small) ;;
+    racecheck) LIMIT=$T_RACECHECK; CMD=("$SANITIZER" --tool racecheck --error-exitcode 1 "$EXE" --small) ;;
+    bench) LIMIT=$T_BENCH; CMD=("$EXE" --bench-only --quick --variant all) ;;
+    ncu) LIMIT=$T_NCU; CMD=("${NCU_CMD[@]}" "$EXE" --profile) ;;
+    ncu-codes-grad) LIMIT=$T_NCUGRAD; CMD=("${NCU_GRAD_CMD[@]}" "$EXE" --profile) ;;
+    *) echo "device_check: no step named $1" >&2; exit 1 ;;
+  esac
+}
 
 if [[ $DRY_RUN == 1 ]]; then
   echo "device_check --dry-run: GPU architecture ${ARCH:-none found (sm_90 assumed)}; would write $MD and $LOG"
   echo "prebuilt harness: $PREBUILT_STATE"
-  for s in "${STEPS[@]}"; do
-    IFS='|' read -r name limit cmd <<<"$s"
-    echo "step $name (<= ${limit} s): $cmd"
+  for name in "${STEP_NAMES[@]}"; do
+    step_of "$name"
+    echo "step $name (<= ${LIMIT} s): ${CMD[*]}"
   done
   exit 0
 fi
@@ -323,24 +331,19 @@ run_step() {  # name limit command...
   return $rc
 }
 
-if run_step build "$T_BUILD" "${BUILD_CMD[@]}"; then
-  # A few seconds: nvcc on one small file, one warp's trials.
-  run_step ldmatrix "$T_LDMATRIX" "${LDMATRIX_CMD[@]}"
-  run_step checks "$T_CHECK" "$EXE" --check-only
-  run_step grid "$T_GRID" "$EXE" --grid
-  run_step smem-limit "$T_SMEM" "$EXE" --smem-limit
-  run_step memcheck "$T_MEMCHECK" "$SANITIZER" --tool memcheck --error-exitcode 1 "$EXE" --small
-  run_step racecheck "$T_RACECHECK" "$SANITIZER" --tool racecheck --error-exitcode 1 "$EXE" --small
-  BENCH_FROM=$(wc -l <"$LOG")
-  run_step bench "$T_BENCH" "$EXE" --bench-only --quick --variant all
-  if command -v "$NCU" >/dev/null 2>&1; then
-    run_step ncu "$T_NCU" "${NCU_CMD[@]}" "$EXE" --profile
-    run_step ncu-codes-grad "$T_NCUGRAD" "${NCU_GRAD_CMD[@]}" "$EXE" --profile
-  else
-    ROWS+=("| ncu | SKIPPED | 0 | ncu not found (set NCU or put Nsight Compute on PATH) |")
-    ROWS+=("| ncu-codes-grad | SKIPPED | 0 | ncu not found |")
-  fi
-fi
+# Every step in order; none after a failed build (there is no harness).
+for name in "${STEP_NAMES[@]}"; do
+  case "$name" in
+    bench) BENCH_FROM=$(wc -l <"$LOG") ;;  # where the timing tables begin
+    ncu*)
+      if ! command -v "$NCU" >/dev/null 2>&1; then
+        ROWS+=("| $name | SKIPPED | 0 | ncu not found (set NCU or put Nsight Compute on PATH) |")
+        continue
+      fi ;;
+  esac
+  step_of "$name"
+  run_step "$name" "$LIMIT" "${CMD[@]}" || [[ $name != build ]] || break
+done
 
 {
   echo "# ECOC CUDA kernels: device check"
