@@ -973,65 +973,58 @@ __global__ void __launch_bounds__(NW * kWarpSize,
       }
       if (j < k) a.part_acc[slot * k + j] = v * inv;
     }
-  } else if constexpr (kT) {
-    // acc^T (AccumulateExpectedCodeT): thread (g, t) holds columns 16 mt + g
-    // and 16 mt + g + 8 of the warp's rows 8h + 2t + c, whose sums the quads
-    // 2t + c hold.
-    float inv[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float l, sqn;
-      quad_totals(h, &l, &sqn);
-      // A NaN sum fails "> 0": inv = 0 keeps the NaN of acc and sqn (x*0).
-      inv[h] = l > 0.0f ? 1.0f / l : 0.0f;
-      if (row[h] < a.batch && t == 0) {
-        const int64_t slot = row[h] * a.splits + split;
-        a.part_lse[slot] = run_max[h] + logf(l);
-        a.part_sqn[slot] = sqn * inv[h];
-      }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const float w = __shfl_sync(kFullMask, inv[h], 4 * (2 * t + c));
-        const int64_t r = b0 + wr * 16 + 8 * h + 2 * t + c;
-        if (r < a.batch) {
-          float* out = a.part_acc + (r * a.splits + split) * k;
-#pragma unroll
-          for (int mt = 0; mt < KN / 2; ++mt) {
-#pragma unroll
-            for (int hi = 0; hi < 2; ++hi) {
-              const int j = 16 * mt + g + 8 * hi;
-              if (j < k) out[j] = acc[2 * mt + h][2 * hi + c] * w;
-            }
-          }
-        }
-      }
-    }
   } else {
+    // One state per (row, split, class group of the warp); kT: one group.
     const int64_t total_splits = int64_t{a.splits} * WC;
     const int64_t slot_split = int64_t{split} * WC + wc;
+    [[maybe_unused]] float inv_h[2];  // kT: the rows' inv, for the transposed stores
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float l, sqn;
       quad_totals(h, &l, &sqn);
       // A NaN sum fails "> 0": inv = 0 keeps the NaN of acc and sqn (x*0).
       const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      if constexpr (kT) inv_h[h] = inv;
       if (row[h] < a.batch) {
         const int64_t slot = row[h] * total_splits + slot_split;
         if (t == 0) {
           a.part_lse[slot] = run_max[h] + logf(l);
           a.part_sqn[slot] = sqn * inv;
         }
-        float* out = a.part_acc + slot * k;
-        // Columns past k (blocks never computed, or past kp) are not stored.
+        if constexpr (!kT) {
+          float* out = a.part_acc + slot * k;
+          // Columns past k (blocks never computed, or past kp) are not stored.
 #pragma unroll
-        for (int jn = 0; jn < KN; ++jn) {
+          for (int jn = 0; jn < KN; ++jn) {
 #pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int j = RegAccColumn(kVec, jn, 2 * t + c);
-            if (j < k) out[j] = acc[jn][2 * h + c] * inv;
+            for (int c = 0; c < 2; ++c) {
+              const int j = RegAccColumn(kVec, jn, 2 * t + c);
+              if (j < k) out[j] = acc[jn][2 * h + c] * inv;
+            }
+          }
+        }
+      }
+    }
+    if constexpr (kT) {
+      // acc^T (AccumulateExpectedCodeT): thread (g, t) holds columns
+      // 16 mt + g and 16 mt + g + 8 of the warp's rows 8h + 2t + c, whose
+      // sums the quads 2t + c hold.
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const float w = __shfl_sync(kFullMask, inv_h[h], 4 * (2 * t + c));
+          const int64_t r = b0 + wr * 16 + 8 * h + 2 * t + c;
+          if (r < a.batch) {
+            float* out = a.part_acc + (r * total_splits + slot_split) * k;
+#pragma unroll
+            for (int mt = 0; mt < KN / 2; ++mt) {
+#pragma unroll
+              for (int hi = 0; hi < 2; ++hi) {
+                const int j = 16 * mt + g + 8 * hi;
+                if (j < k) out[j] = acc[2 * mt + h][2 * hi + c] * w;
+              }
+            }
           }
         }
       }

@@ -475,7 +475,8 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
       p->row_tile = kRowTile128;
       p->reg = true;
       p->reg_warps = 8;
-      p->warp_splits = 1;  // one class group: no merge, one state per split
+      // Its warps' class groups (one: 8 row warps of 16 rows), no merge.
+      p->warp_splits = detail::RegWarpSplits(kRowTile128, 8);
       p->reg_kmax = detail::kRegMaxK;
       UseOneStage(p, kp_reg, smem_floats);
     }
