@@ -409,7 +409,7 @@ def test_bench_times_each_forward_launch_once_and_splits_auto_into_launches(tmp_
     assert res.returncode == 0, _fail_message(res)
     raw = json.loads(out.read_text())
     gpu_loss = load_script(REPO / "benchmarks" / "bench_gpu_loss.py", "bench_gpu_loss")
-    assert len(gpu_loss.load_harness_json(str(out))) == len(raw) == 2 * 13 * 3
+    assert len(gpu_loss.load_harness_json(str(out))) == len(raw) == 2 * 14 * 3
     rows = {(r["mode"], r["B"]): r for r in raw}
     auto_forward = set()
     for r in raw:

@@ -680,6 +680,9 @@ def test_sass_loop_stats_names_each_register_softmax_instantiation():
         "ForwardRegKernel<tf32, 64, 4, kp ≤ 32>"
     assert tool.short_name(base.format(1, 16, "Lb1ELi32E")) == \
         "ForwardRegKernel<3xtf32, 16, 4, fold, kp ≤ 32>"
+    wg = "_ZN10keras_ecoc4cuda6detail16ForwardRegKernelILi1ELi128ELi8ELb0ELi128ELb1EEEvNS1_16ForwardSplitArgsE"
+    assert tool.short_name(wg) == "ForwardRegKernel<3xtf32, 128, 8, wgmma>"
+    assert tool.short_name(wg.replace("ELb1EEEv", "ELb0EEEv")) == "ForwardRegKernel<3xtf32, 128, 8>"
 
 
 def test_sass_loop_stats_compares_two_listings_and_refuses_a_bad_kp(tmp_path, capsys):

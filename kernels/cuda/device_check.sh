@@ -161,10 +161,20 @@ fi
 # compiles the same sources with -O3 -DNDEBUG; no kernel reads NDEBUG, and
 # nvcc's -O sets the host side only) plus line info for ncu.
 BUILD_FLAGS=(-O2 -std=c++17 --expt-relaxed-constexpr -lineinfo -Xcompiler -fopenmp)
-gencode() { echo "-gencode=arch=compute_$1,code=sm_$1"; }
+# An H100 / H200 (90) gets the architecture-specific sm_90a image, whose
+# kernels may use wgmma (the kWgmma variant; KERAS_ECOC_SM90A_IMAGE tells the
+# launcher the image has it). The library's build keeps sm_90 until kWgmma
+# is timed.
+gencode() {
+  if [[ "$1" == 90 ]]; then echo "-gencode=arch=compute_90a,code=sm_90a"
+  else echo "-gencode=arch=compute_$1,code=sm_$1"; fi
+}
+image_define() { [[ "$1" != 90 ]] || echo "-DKERAS_ECOC_SM90A_IMAGE=1"; }
 build_cmd() {  # arch output -> the compile command, one word per line
-  printf '%s\n' "$NVCC" "${BUILD_FLAGS[@]}" "$(gencode "$1")" -I"$REPO/kernels" -x cu \
-    "$HERE/harness.cu" "$HERE/ecoc_kernels.cu.cc" -o "$2"
+  local define=()
+  [[ "$1" != 90 ]] || define=("$(image_define "$1")")
+  printf '%s\n' "$NVCC" "${BUILD_FLAGS[@]}" "$(gencode "$1")" "${define[@]}" \
+    -I"$REPO/kernels" -x cu "$HERE/harness.cu" "$HERE/ecoc_kernels.cu.cc" -o "$2"
 }
 mapfile -t BUILD_CMD < <(build_cmd "${ARCH:-90}" "$EXE")
 # Step ldmatrix: emu/selftest/ldmatrix.cu built for the card and run (exit 1
@@ -177,7 +187,7 @@ LDMATRIX_CMD=(bash -c "$LDMATRIX_SH" ldmatrix "$NVCC" "$(gencode "${ARCH:-90}")"
 # anywhere there costs a build, never a stale binary).
 harness_stamp() {  # arch -> one hex digest
   {
-    echo "flags ${BUILD_FLAGS[*]} $(gencode "$1")"
+    echo "flags ${BUILD_FLAGS[*]} $(gencode "$1") $(image_define "$1")"
     "$NVCC" --version 2>&1 | tail -n 1
     (cd "$REPO" && find kernels/cuda -maxdepth 2 -type f \
        \( -name '*.cu' -o -name '*.cc' -o -name '*.cuh' -o -name '*.h' \) | LC_ALL=C sort |

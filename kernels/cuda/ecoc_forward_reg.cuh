@@ -266,12 +266,58 @@ __host__ __device__ constexpr int RegTransposedClass(int cl) {
 }
 __host__ __device__ constexpr int Rows128RowMajor(int kmax) { return kRegClassTile * (kmax + 4); }
 __host__ __device__ constexpr int Rows128Transposed(int kmax) { return kmax * kRegTPitch; }
-// Shared-memory floats of the 128-row kernel at padded row kp: 200 KiB in
-// 3xTF32 at kp = 128 (split), 133 KiB in TF32.
-__host__ __device__ constexpr int64_t ForwardRows128SmemFloats(int kp, bool split) {
-  return (split ? 2 : 1) * int64_t{Rows128RowMajor(kRegMaxK) + Rows128Transposed(kRegMaxK)} +
-         int64_t{kRegRows128} * TilePitch(kp);
+
+// The 128-row kernel on Hopper's wgmma (variant kWgmma, sm_90a; KWG below):
+// the logits of each warpgroup's 64 rows x 64 classes are
+// wgmma.m64n64k8 products, A = u by the warp's ldmatrix and split as before,
+// B = the code tile's halves straight from shared memory, so the 8 row
+// warps no longer load and split code fragments for them. B's copy is in
+// wgmma's K-major core-matrix layout (ecoc_wgmma_desc.h) instead of by rows
+// at the pitch kp + 4: 8 classes x 4 columns per 128 bytes, the 4-column
+// groups of a class group adjacent (LBO 128 bytes), the class groups
+// kRegMaxK / 4 core matrices apart (SBO); ct and ||M||^2 of the tile's
+// classes, which sat in that copy's padding, in 2 x 64 floats of their own
+// after it. The transposed copy and u as in the 128-row kernel.
+constexpr uint32_t kWgRowsLbo = 128;                       // bytes
+constexpr uint32_t kWgRowsSbo = kRegMaxK / 4 * 128;        // bytes: 4 KiB
+constexpr int kWgRowsFloats = kRegClassTile * kRegMaxK;    // one half: 32 KiB
+// The transposed copy under kWgmma, the expected code's B operand
+// (N = kRegMaxK code columns x K = 64 classes, K-major): each code column's
+// 64 classes (in RegTransposedClass's order) as 16 core matrices of 4
+// classes, LBO 144 bytes apart (36 floats: the 32 lanes' stores of one
+// column, classes c' at 36 (c' / 4) + c' % 4, fall in 32 distinct banks;
+// at 128 bytes they would share 4), the 8-column groups SBO apart.
+constexpr uint32_t kWgTLbo = 144;                               // bytes
+constexpr uint32_t kWgTSbo = kRegClassTile / 4 * kWgTLbo;      // bytes: 2,304
+constexpr int kWgTFloats = kRegMaxK / 8 * static_cast<int>(kWgTSbo / 4);  // one half: 36 KiB
+__host__ __device__ constexpr int WgTOffset(int j, int ct) {
+  return (j / 8) * static_cast<int>(kWgTSbo / 4) + (ct / 4) * static_cast<int>(kWgTLbo / 4) +
+         (j % 8) * 4 + ct % 4;
 }
+// Float offset of class cl, column j in the core-matrix copy.
+__host__ __device__ constexpr int WgRowOffset(int cl, int j) {
+  return (cl / 8) * static_cast<int>(kWgRowsSbo / 4) + (j / 4) * static_cast<int>(kWgRowsLbo / 4) +
+         (cl % 8) * 4 + j % 4;
+}
+// The by-rows copy's floats per half in either layout, and the class terms'
+// floats (kWgmma only).
+__host__ __device__ constexpr int Rows128RowCopy(int kmax, bool wg) {
+  return wg ? kWgRowsFloats : Rows128RowMajor(kmax);
+}
+__host__ __device__ constexpr int Rows128Terms(bool wg) { return wg ? 2 * kRegClassTile : 0; }
+__host__ __device__ constexpr int Rows128TCopy(int kmax, bool wg) {
+  return wg ? kWgTFloats : Rows128Transposed(kmax);
+}
+// Shared-memory floats of the 128-row kernel at padded row kp (wg: kWgmma):
+// 200 KiB in 3xTF32 at kp = 128 (split), 133 KiB in TF32; with kWgmma
+// 194 KiB and 130 KiB.
+__host__ __device__ constexpr int64_t ForwardRows128SmemFloats(int kp, bool split, bool wg) {
+  return (split ? 2 : 1) *
+             int64_t{Rows128RowCopy(kRegMaxK, wg) + Rows128TCopy(kRegMaxK, wg)} +
+         Rows128Terms(wg) + int64_t{kRegRows128} * TilePitch(kp);
+}
+static_assert(ForwardRows128SmemFloats(kRegMaxK, true, true) * 4 < 16384 * 16,
+              "wgmma descriptors address 256 KiB of shared memory");
 
 // One thread's share of a code tile on its way to shared memory: class
 // (warp % 2) * 32 + lane of the tile, columns (warp / 2) * 32 .. + 31 (8
@@ -334,13 +380,18 @@ __device__ __forceinline__ void LoadRows128Codes(Rows128Codes& r, const ForwardS
 // of a warp are 32 consecutive words and its row stores 16-byte vectors at
 // the pitch's 4 (mod 8): no bank conflict either way. kp is a multiple of 8,
 // so a vector of 4 columns is all below kp or all at or past it.
-template <bool kSplit>
+// kWg (kWgmma): the by-rows copy in the core-matrix layout (WgRowOffset:
+// a warp's lanes are classes, so each quarter-warp's 16-byte stores fill one
+// core matrix's 128 bytes) and ct, ||M||^2 into terms[cl], terms[64 + cl].
+template <bool kSplit, bool kWg = false>
 __device__ __forceinline__ void StoreRows128Codes(const Rows128Codes& r, float* rows,
-                                                  float* trans, int pitch, int kp) {
+                                                  float* trans, int pitch, int kp,
+                                                  float* terms = nullptr) {
   const int cl = Rows128ShareClass();
   const int j0 = Rows128ShareColumn0();
   float* rrow = rows + cl * pitch;
   float* tcol = trans + RegTransposedClass(cl);
+  constexpr int kSmall = Rows128RowCopy(kRegMaxK, kWg);
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int j = j0 + 4 * i;
@@ -348,26 +399,32 @@ __device__ __forceinline__ void StoreRows128Codes(const Rows128Codes& r, float* 
       uint32_t b[4], sm[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) SplitTf32Finite(r.v[4 * i + e], &b[e], &sm[e]);
-      *reinterpret_cast<float4*>(rrow + j) =
+      float* at = kWg ? rows + WgRowOffset(cl, j) : rrow + j;
+      *reinterpret_cast<float4*>(at) =
           make_float4(__uint_as_float(b[0]), __uint_as_float(b[1]), __uint_as_float(b[2]),
                       __uint_as_float(b[3]));
       if (kSplit) {
-        *reinterpret_cast<float4*>(rrow + Rows128RowMajor(kRegMaxK) + j) =
+        *reinterpret_cast<float4*>(at + kSmall) =
             make_float4(__uint_as_float(sm[0]), __uint_as_float(sm[1]), __uint_as_float(sm[2]),
                         __uint_as_float(sm[3]));
       }
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        tcol[(j + e) * kRegTPitch] = __uint_as_float(b[e]);
-        if (kSplit) {
-          tcol[Rows128Transposed(kRegMaxK) + (j + e) * kRegTPitch] = __uint_as_float(sm[e]);
-        }
+        float* tat = kWg ? trans + WgTOffset(j + e, RegTransposedClass(cl))
+                         : tcol + (j + e) * kRegTPitch;
+        *tat = __uint_as_float(b[e]);
+        if (kSplit) tat[Rows128TCopy(kRegMaxK, kWg)] = __uint_as_float(sm[e]);
       }
     }
   }
   if (j0 == 0) {
-    rrow[kp] = r.ct;
-    rrow[kp + 1] = r.sqn;
+    if (kWg) {
+      terms[cl] = r.ct;
+      terms[kRegClassTile + cl] = r.sqn;
+    } else {
+      rrow[kp] = r.ct;
+      rrow[kp + 1] = r.sqn;
+    }
   }
 }
 
@@ -436,6 +493,51 @@ __device__ __forceinline__ void AccumulateExpectedCodeT(float (&acc)[KN][4],
       }
     }
   }
+}
+
+// kWgmma's expected code, row form: acc (the warp's 16 rows x kRegMaxK
+// columns, acc[j][e] = column 8 j + 2t + (e & 1) of row g + 8 (e / 2), the
+// wgmma m64n128 accumulator) = alpha * acc + P . M, the warpgroup's 64 rows
+// per product: A = P from the logit fragments (k-step nt: classes
+// 8 nt .. 8 nt + 7, k index t = class 2t and t + 4 = class 2t + 1, so
+// a = {d[nt][0], d[nt][2], d[nt][1], d[nt][3]}), B = the transposed copy
+// (whose classes RegTransposedClass orders the same way), in MmaMode's
+// order (Ps.Mb, Pb.Ms, Pb.Mb): the bits of AccumulateExpectedCodeT's
+// products. Columns past kp are computed from the copy's unstored columns
+// and never stored. One commit group per k-step, the A registers in two
+// sets (wait_group 1 before a set is rewritten), as the logits.
+template <bool kSplit, int NT>
+__device__ __forceinline__ void AccumulateExpectedCodeWg(float (&acc)[16][4],
+                                                         const float (&d)[NT][4],
+                                                         const float* trans,
+                                                         const float (&alpha)[2]) {
+  static_assert(NT == 8, "64 classes per tile");
+#pragma unroll
+  for (int jn = 0; jn < 16; ++jn) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[jn][e] *= alpha[e / 2];
+  }
+  const uint64_t desc_b = wgmma::Descriptor(ptx::shared_address(trans), kWgTLbo, kWgTSbo);
+  const uint64_t desc_s = wgmma::Advance(desc_b, Rows128TCopy(kRegMaxK, true) * 4);
+  uint32_t pb[2][4], ps[2][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    uint32_t(&b)[4] = pb[nt & 1];
+    uint32_t(&sm)[4] = ps[nt & 1];
+    if (nt >= 2) ptx::wgmma_wait<1>();  // the group of k-step nt - 2 read this set
+    constexpr int kFrom[4] = {0, 2, 1, 3};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) SplitTf32(d[nt][kFrom[e]], &b[e], &sm[e]);
+    ptx::wgmma_fence();
+    const uint32_t at = static_cast<uint32_t>(2 * nt) * kWgTLbo;
+    if (kSplit) {
+      ptx::wgmma_m64n128k8_tf32(acc, sm, wgmma::Advance(desc_b, at));
+      ptx::wgmma_m64n128k8_tf32(acc, b, wgmma::Advance(desc_s, at));
+    }
+    ptx::wgmma_m64n128k8_tf32(acc, b, wgmma::Advance(desc_b, at));
+    ptx::wgmma_commit();
+  }
+  ptx::wgmma_wait<0>();  // [barrier-mutation-test] the products in acc
 }
 
 // acc[jn] = alpha * acc[jn] + P.M for the 8-column blocks jn < kn of the
@@ -618,7 +720,12 @@ __device__ __forceinline__ void AccumulateExpectedCode(float (&acc)[KN][4],
 // share of thread t (ecoc_common.cuh: columns j = t mod 4 in increasing j,
 // then the quad's butterfly), so the bits are PrepClasses'. Two fmas
 // per loaded code, a butterfly and two shuffles per fragment and tile.
-template <int kMath, int BT, int NW = kWarps, bool kFold = false, int KMAX = kRegMaxK>
+//
+// KWG (kWgmma, BT = 128 only): the logits on wgmma (the 128-row kernel's
+// header). Compiled for every architecture; its wgmma wrappers trap
+// except in sm_90a code, and MakePlan launches it only there.
+template <int kMath, int BT, int NW = kWarps, bool kFold = false, int KMAX = kRegMaxK,
+          bool KWG = false>
 __global__ void __launch_bounds__(NW * kWarpSize,
                                   BT == kRegRows128 ? 1
                                   : NW == 8 ? 2
@@ -643,6 +750,7 @@ __global__ void __launch_bounds__(NW * kWarpSize,
   static_assert(BT == 16 || BT == 64 || (BT == kRegRows128 && NW == 8 && KMAX == kRegMaxK),
                 "row tile 16 or 64; 128 with 8 warps at KMAX = kRegMaxK");
   static_assert(NW == 4 || NW == 8, "4 or 8 warps");
+  static_assert(!KWG || BT == kRegRows128, "wgmma logits in the 128-row kernel only");
   static_assert(!kFold || NW == 4, "folded norms with 4 warps only");
   // In-block merge of the warps' states (8 warps) or one state per warp.
   constexpr bool kMerge = NW == 8 && WC > 1;
@@ -670,10 +778,12 @@ __global__ void __launch_bounds__(NW * kWarpSize,
   // (kVec) read up to 20 floats past the second tile's last row where kp is
   // not a multiple of 32 (AccumulateExpectedCode), which then land in u.
   // kT: by rows (small halves kSmallAt on), then transposed (t_s), then u.
-  constexpr int kSmallAt = kT ? Rows128RowMajor(KMAX) : kRegSmallHalves;
+  // KWG: the by-rows copy in wgmma's layout, then the class terms (cls_s).
+  constexpr int kSmallAt = kT ? Rows128RowCopy(KMAX, KWG) : kRegSmallHalves;
   float* m_s = smem;  // kPreSplit, 3xTF32: small halves kSmallAt on
-  [[maybe_unused]] float* t_s = smem + (kSplit ? 2 : 1) * Rows128RowMajor(KMAX);
-  float* u_s = kT ? t_s + (kSplit ? 2 : 1) * Rows128Transposed(KMAX)
+  [[maybe_unused]] float* cls_s = smem + (kSplit ? 2 : 1) * Rows128RowCopy(KMAX, KWG);
+  [[maybe_unused]] float* t_s = cls_s + Rows128Terms(KWG);
+  float* u_s = kT ? t_s + (kSplit ? 2 : 1) * Rows128TCopy(KMAX, KWG)
                   : smem + (kPreSplit && kSplit ? 2 * kSmallAt : 2 * CT * pitch);
 
   const int64_t k = a.code_length;
@@ -725,7 +835,10 @@ __global__ void __launch_bounds__(NW * kWarpSize,
     if constexpr (kT) {
       // The copies are free: the barrier that ended tile q - 1 follows
       // every read of them.
-      StoreRows128Codes<kSplit>(pre, m_s, t_s, pitch, kp);
+      StoreRows128Codes<kSplit, KWG>(pre, m_s, t_s, pitch, kp, cls_s);
+      // KWG: the stores visible to wgmma's async proxy (before the barrier
+      // that publishes them).
+      if constexpr (KWG) ptx::fence_proxy_async_shared();
       // Tile q's halves (and u) visible to every thread.
       __syncthreads();  // [barrier-mutation-test]
       // The next tile's loads, in flight while this one runs.
@@ -767,7 +880,51 @@ __global__ void __launch_bounds__(NW * kWarpSize,
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) fold[nt] = 0.0f;
     }
-    for (int ks = 0; ks < kp; ks += 8) {
+    if constexpr (KWG) {
+      // The warpgroup's 64 rows x 64 classes per wgmma (B: the tile's halves
+      // through descriptors, 2 core matrices = 256 bytes per k-step; A: the
+      // warp's u fragment, as below), in MmaMode's order of the three
+      // products. The A registers alternate between two sets, each k-step
+      // one commit group, so that the next k-step's fragment loads and
+      // splits overlap the products in flight: wait_group 1 before a set
+      // is rewritten lets only the other set's group run on.
+      const uint64_t desc_b = wgmma::Descriptor(ptx::shared_address(m_s), kWgRowsLbo, kWgRowsSbo);
+      const uint64_t desc_s = wgmma::Advance(desc_b, kSmallAt * 4);
+      auto k_step = [&](int ks, uint32_t (&ab)[4], uint32_t (&as)[4]) {
+        uint32_t av[4];
+        ptx::ldmatrix_x4(av, la + ks);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          SplitTf32Operand<kFiniteSplit>(__uint_as_float(av[e]), &ab[e], &as[e]);
+        }
+        ptx::wgmma_fence();
+        const uint32_t at = static_cast<uint32_t>(ks / 4) * kWgRowsLbo;
+        if (kSplit) {
+          ptx::wgmma_m64n64k8_tf32(d, as, wgmma::Advance(desc_b, at));
+          ptx::wgmma_m64n64k8_tf32(d, ab, wgmma::Advance(desc_s, at));
+        }
+        ptx::wgmma_m64n64k8_tf32(d, ab, wgmma::Advance(desc_b, at));
+        ptx::wgmma_commit();
+      };
+      // Pairs of k-steps, then the odd one (kp = 8 mod 16) on the first set:
+      // no branch between a pair's stages (one in the loop left ptxas
+      // serialising the TF32 kernel's products: warning C7513).
+      uint32_t ab0[4], as0[4], ab1[4], as1[4];
+      k_step(0, ab0, as0);  // kp >= 8
+      int ks = 8;
+      for (; ks + 16 <= kp; ks += 16) {
+        ptx::wgmma_wait<1>();
+        k_step(ks, ab1, as1);
+        ptx::wgmma_wait<1>();
+        k_step(ks + 8, ab0, as0);
+      }
+      if (ks < kp) {
+        ptx::wgmma_wait<1>();
+        k_step(ks, ab1, as1);
+      }
+      ptx::wgmma_wait<0>();  // [barrier-mutation-test] the logits in d
+    }
+    for (int ks = 0; !KWG && ks < kp; ks += 8) {
       uint32_t av[4];
       ptx::ldmatrix_x4(av, la + ks);
       uint32_t ab[4], as[4];
@@ -839,8 +996,8 @@ __global__ void __launch_bounds__(NW * kWarpSize,
         const int cl = clbase + nt * 8 + (e & 1);
         const bool valid = cl < nvalid;
         const float* terms = cur + cl * pitch + kp;  // ct, ||M||^2 (StageClassTerms)
-        const float msq = kFold ? fsq[nt][e & 1] : terms[1];
-        const float ct = kFold ? ClassTerm(scale, msq) : terms[0];
+        const float msq = kFold ? fsq[nt][e & 1] : KWG ? cls_s[kRegClassTile + cl] : terms[1];
+        const float ct = kFold ? ClassTerm(scale, msq) : KWG ? cls_s[cl] : terms[0];
         if (h == 0) sq[nt][e & 1] = msq;
         const float x = valid ? Logit(d[nt][e], scale, ct, rowc[h]) : -INFINITY;
         d[nt][e] = x;
@@ -886,7 +1043,9 @@ __global__ void __launch_bounds__(NW * kWarpSize,
     // acc = alpha * acc + P.M, P from the fragments (A: k index t = class
     // 2t, t + 4 = class 2t + 1 of each n8 fragment), M from the staged tile
     // with the same permutation.
-    if constexpr (kT) {
+    if constexpr (KWG) {
+      AccumulateExpectedCodeWg<kSplit, NT>(acc, d, t_s, alpha);
+    } else if constexpr (kT) {
       // acc^T's rows 8h + 2t + c are quads 2t + c's rows g + 8h.
       float arow[2][2];
 #pragma unroll
@@ -991,7 +1150,7 @@ __global__ void __launch_bounds__(NW * kWarpSize,
           a.part_lse[slot] = run_max[h] + logf(l);
           a.part_sqn[slot] = sqn * inv;
         }
-        if constexpr (!kT) {
+        if constexpr (!kT || KWG) {
           float* out = a.part_acc + slot * k;
           // Columns past k (blocks never computed, or past kp) are not stored.
 #pragma unroll
@@ -1005,7 +1164,7 @@ __global__ void __launch_bounds__(NW * kWarpSize,
         }
       }
     }
-    if constexpr (kT) {
+    if constexpr (kT && !KWG) {
       // acc^T (AccumulateExpectedCodeT): thread (g, t) holds columns
       // 16 mt + g and 16 mt + g + 8 of the warp's rows 8h + 2t + c, whose
       // sums the quads 2t + c hold.

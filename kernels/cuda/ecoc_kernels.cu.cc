@@ -166,6 +166,7 @@ struct Plan {
   bool reg = false;              // forward: ForwardRegKernel (kRegSoftmax)
   int reg_warps = 4;             // its warps per block (8: kWarps8)
   bool reg_fold = false;         // its ||M||^2 from the logits' code fragments
+  bool reg_wgmma = false;        // kRows128's logits on wgmma (kWgmma, sm_90a)
   int reg_kmax = detail::kRegMaxK;  // its KMAX (4 warps: kRegShortK where kp <= 32)
   bool grad_mma = false;         // codes gradient: CodesGradMmaKernel (kGradMma)
   bool grad_persistent = false;  // codes gradient: CodesGradPersistentKernel
@@ -206,7 +207,10 @@ SplitKernel<detail::ForwardSplitArgs> ForwardKernelFor(const Plan& p) {
     using detail::ForwardRegKernel;
     if (p.reg && p.reg_warps == 8) {
       if (p.row_tile == kRowTile128) {
-        return {ForwardRegKernel<kMath, kRowTile128, 8>, 8 * detail::kWarpSize};
+        return {p.reg_wgmma
+                    ? ForwardRegKernel<kMath, kRowTile128, 8, false, detail::kRegMaxK, true>
+                    : ForwardRegKernel<kMath, kRowTile128, 8>,
+                8 * detail::kWarpSize};
       }
       return {rows64 ? ForwardRegKernel<kMath, kRowTile64, 8> : ForwardRegKernel<kMath, kRowTile, 8>,
               8 * detail::kWarpSize};
@@ -430,8 +434,9 @@ bool BadVariant(KernelVariant v) {
   const int i = static_cast<int>(v);
   // kAuto (-1); 0-5; kWarps8 only with kRegSoftmax (12, 13); kGradMma
   // alone or with kRows64 (16, 17); kGradPersistent the same (32, 33);
-  // kRows128 only with kRows64RegSoftmaxWarps8 (77).
-  return i != 77 &&
+  // kRows128 only with kRows64RegSoftmaxWarps8 (77); kWgmma only with 77
+  // (205).
+  return i != 77 && i != 205 &&
          (i < -1 || i > 33 || (i > 5 && i < 12) || (i > 13 && i < 16) || (i > 17 && i < 32));
 }
 
@@ -466,14 +471,25 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
   // batch has more than one 64-row tile and its shared memory fits the
   // device (3xTF32: 200 KiB at kp = 128, an H100 or H200; an A100's 163 KiB
   // up to kp = 48); otherwise the same call runs as kRows64RegSoftmaxWarps8.
+  // kWgmma: that kernel with its logits on wgmma, on a compute capability
+  // 9.0 device, where the fatbinary holds sm_90a code (its wrappers trap in
+  // any other image); otherwise as kRows128.
   const bool rows128_wanted = (v & static_cast<int>(KernelVariant::kRows128)) != 0;
+  const bool wgmma_wanted = (v & static_cast<int>(KernelVariant::kWgmma)) != 0;
+#ifdef KERAS_ECOC_SM90A_IMAGE
+  const bool wgmma_image = info.cc == 90;
+#else
+  const bool wgmma_image = false;
+#endif
   if (reg_wanted && rows128_wanted && p->math != detail::kMathFp32 &&
       kp_reg <= detail::kRegMaxK && B > kRowTile64) {
+    const bool wg = wgmma_wanted && wgmma_image;
     const int64_t smem_floats = detail::ForwardRows128SmemFloats(
-        static_cast<int>(kp_reg), p->math == detail::kMath3xTf32);
+        static_cast<int>(kp_reg), p->math == detail::kMath3xTf32, wg);
     if (smem_floats * 4 <= info.smem_optin) {
       p->row_tile = kRowTile128;
       p->reg = true;
+      p->reg_wgmma = wg;
       p->reg_warps = 8;
       // Its warps' class groups (one: 8 row warps of 16 rows), no merge.
       p->warp_splits = detail::RegWarpSplits(kRowTile128, 8);

@@ -118,6 +118,15 @@ enum class MathMode : int { kFp32 = 0, k3xTf32 = 1, kTf32 = 2 };
 //               opt-in shared memory (an H100 at every k <= 128; an A100 in
 //               TF32, in 3xTF32 up to k = 48); elsewhere the call runs as
 //               13. Not (yet) chosen by kAuto: untimed.
+//   kWgmma:     with kRows128RegSoftmaxWarps8 only (205; 128 to 204 are
+//               invalid): the 128-row kernel with its logits on Hopper's
+//               wgmma.m64n64k8 (each warpgroup's 64 rows x 64 classes per
+//               product, the code tile's TF32 halves read by the tensor
+//               cores from shared memory). Applies where 77 does, on a
+//               device of compute capability 9.0 (H100, H200), in a build
+//               whose fatbinary holds sm_90a code (KERAS_ECOC_SM90A_IMAGE:
+//               the harness's sm_90 build; not yet the library's); elsewhere
+//               the call runs as 77. Not chosen by kAuto: untimed.
 //   kAuto:      the default of every params struct: the pass picks one of
 //               the variants above from its shape, math mode and the
 //               device's compute capability (ResolveVariant below), by a
@@ -140,6 +149,8 @@ enum class KernelVariant : int {
   kRows64GradPersistent = 33,
   kRows128 = 64,
   kRows128RegSoftmaxWarps8 = 77,
+  kWgmma = 128,
+  kRows128WgmmaRegSoftmaxWarps8 = 205,
 };
 
 // The passes, for ResolveVariant.

@@ -9,10 +9,17 @@
 //   cvt_rna_tf32, mma_m16n8k8_tf32   sm_80 and later.
 //   ldmatrix_x2, ldmatrix_x4         sm_75 and later (the mma kernels' sm_80+).
 //   ex2_approx_ftz     every architecture.
+//   wgmma_*, fence_proxy_async_shared, shared_address   sm_90a only (the
+//                      architecture-specific target compute_90a / sm_90a, where
+//                      nvcc defines __CUDA_ARCH_FEAT_SM90_ALL; KERAS_ECOC_WGMMA
+//                      below): elsewhere they trap, and the launcher never runs
+//                      a kernel that calls them (MakePlan, kWgmma).
 #ifndef KERAS_ECOC_KERNELS_CUDA_ECOC_PTX_CUH_
 #define KERAS_ECOC_KERNELS_CUDA_ECOC_PTX_CUH_
 
 #include <cstdint>
+
+#include "ecoc_wgmma_desc.h"
 
 #ifdef KERAS_ECOC_EMULATOR
 #include "emu/ptx_emu.h"
@@ -145,6 +152,130 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+
+// --- Hopper's warpgroup products (wgmma), sm_90a only ----------------------
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define KERAS_ECOC_WGMMA_DEVICE 1
+#endif
+
+// The shared window's byte address of p (for wgmma's descriptors).
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Makes this thread's generic-proxy shared-memory writes visible to the
+// async proxy that wgmma reads its shared operands through
+// (fence.proxy.async.shared::cta); a barrier then publishes them to the
+// warpgroups.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+#ifdef KERAS_ECOC_WGMMA_DEVICE
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+// Orders this thread's register writes (A fragments, accumulators) before
+// the warpgroup's next wgmma reads them (wgmma.fence.sync.aligned).
+__device__ __forceinline__ void wgmma_fence() {
+#ifdef KERAS_ECOC_WGMMA_DEVICE
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+// Closes the group of wgmma issued since the last commit
+// (wgmma.commit_group.sync.aligned).
+__device__ __forceinline__ void wgmma_commit() {
+#ifdef KERAS_ECOC_WGMMA_DEVICE
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+// Waits until at most N committed groups are in flight
+// (wgmma.wait_group.sync.aligned N): their accumulators may then be read and
+// their A registers and shared operands overwritten.
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#ifdef KERAS_ECOC_WGMMA_DEVICE
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#else
+  __trap();
+#endif
+}
+
+// d += A . B for the warpgroup's 64 x 64 tile, K = 8, TF32 in, FP32
+// accumulate (wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32, A from
+// registers, B from shared memory through `desc_b`, ecoc_wgmma_desc.h: N = 64
+// rows of B, K-major). Warpgroup-collective (4 consecutive warps, all
+// lanes), asynchronous: wgmma_fence before, wgmma_commit / wgmma_wait
+// after. Fragments (PTX ISA, "Matrix Fragments for wgmma.m64nNk8"): warp w
+// of the group holds rows 16 w .. 16 w + 15 as mma.m16n8k8's A fragment
+// (a[0] = A[g][t], a[1] = A[g + 8][t], a[2] = A[g][t + 4], a[3] = A[g + 8][t + 4])
+// and d[j][e] is mma.m16n8k8's accumulator e of the columns 8 j .. 8 j + 7.
+__device__ __forceinline__ void wgmma_m64n64k8_tf32(float (&d)[8][4], const uint32_t a[4],
+                                                    uint64_t desc_b) {
+#ifdef KERAS_ECOC_WGMMA_DEVICE
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+#else
+  (void)d, (void)a, (void)desc_b;
+  __trap();
+#endif
+}
+
+// The same with N = 128 (wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32):
+// d[j][e] for the columns 8 j .. 8 j + 7, j < 16.
+__device__ __forceinline__ void wgmma_m64n128k8_tf32(float (&d)[16][4], const uint32_t a[4],
+                                                     uint64_t desc_b) {
+#ifdef KERAS_ECOC_WGMMA_DEVICE
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "
+      "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, "
+      "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, "
+      "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]),
+        "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]),
+        "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]),
+        "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+        "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]),
+        "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+#else
+  (void)d, (void)a, (void)desc_b;
+  __trap();
 #endif
 }
 

@@ -155,6 +155,7 @@ constexpr VariantName kVariants[] = {
     {KernelVariant::kAuto, "auto"},
     // Last, so that the checks of RunVariants before it keep their seeds.
     {KernelVariant::kRows128RegSoftmaxWarps8, "rows128+regsoftmax+warps8"},
+    {KernelVariant::kRows128WgmmaRegSoftmaxWarps8, "rows128+regsoftmax+warps8+wgmma"},
 };
 
 // The names of kVariants in order, joined by `sep`, for the --variant error
@@ -1442,6 +1443,18 @@ void RunRows128(bool quick) {
                   {{129, 128, 33}, {200, 40, 301}, {256, 1, 70}}, 1, 889000, quick);
 }
 
+// The 128-row forward with its logits on wgmma (kWgmma, sm_90a): the same
+// shapes and seeds as RunRows128, so that each check's inputs are that
+// sweep's and the emulator's digests of the two can be compared check by
+// check (the emulated wgmma takes mma.m16n8k8's arithmetic and the products
+// keep MmaMode's order: the same bits). Where kWgmma does not apply (not a
+// compute capability 9.0 card, no sm_90a image, B <= 128's other rules) the
+// launches are kRows128's.
+void RunRows128Wgmma(bool quick) {
+  RunVariantSweep("rows128+wgmma", {KernelVariant::kRows128WgmmaRegSoftmaxWarps8},
+                  {{129, 128, 33}, {200, 40, 301}, {256, 1, 70}}, 1, 889000, quick);
+}
+
 // The codes gradient's mma second product (kGradMma, 16- and 64-row tiles;
 // FP32 runs the fallback): the sweep above (one or several batch tiles per
 // split, partial ones; 1 to 4 column tiles per warp, a partial 8-column tile;
@@ -1648,6 +1661,7 @@ void RunChecks(int sms, bool quick) {
   RunGradMma(quick);
   RunGradPersistent(quick);
   RunAuto(quick);
+  RunRows128Wgmma(quick);  // last: the checks before it keep their order
 }
 
 

@@ -101,9 +101,10 @@ _CONTROL = re.compile(r"/\*([0-9a-f]{4,})\*/\s+[^;]*?;\s*/\* 0x[0-9a-f]{16} \*/\
                       r"/\* 0x([0-9a-f]{16}) \*/")
 _BACKWARD_TARGET = re.compile(r"\bBRA\s+(?:0x)?([0-9a-f]+)\b")
 _PREDICATE = re.compile(r"^@!?U?P(?:T|\d+)\s+")
-# ForwardRegKernel<kMath, BT, NW, kFold, KMAX>; kFold and KMAX absent from
-# the names of older builds.
-_REG_KERNEL = re.compile(r"ForwardRegKernelILi(\d+)ELi(\d+)ELi(\d+)E(?:Lb(\d)E)?(?:Li(\d+)E)?")
+# ForwardRegKernel<kMath, BT, NW, kFold, KMAX, KWG>; kFold, KMAX and KWG
+# absent from the names of older builds.
+_REG_KERNEL = re.compile(
+    r"ForwardRegKernelILi(\d+)ELi(\d+)ELi(\d+)E(?:Lb(\d)E)?(?:Li(\d+)E)?(?:Lb(\d)E)?")
 _REG_MAX_K = 128  # kRegMaxK: KMAX's default
 # CodesGradMmaKernel<kMath, BT, KMAX>; KMAX absent from older builds' names.
 _GRAD_MMA_KERNEL = re.compile(r"CodesGradMmaKernelILi(\d+)ELi(\d+)E(?:Li(\d+)E)?")
@@ -441,14 +442,17 @@ def line_table(f: Function, st: LoopStats, top: int, rank: str = "instructions")
 def short_name(mangled: str) -> str:
     """'_ZN...16ForwardRegKernelILi1ELi64ELi4ELb0ELi128EEEv...' -> 'ForwardRegKernel<3xtf32, 64, 4>'
     (', fold' added for the folded-norms form, Lb1; ', kp ≤ 32' for an
-    instantiation for short code rows, KMAX below kRegMaxK)."""
+    instantiation for short code rows, KMAX below kRegMaxK; ', wgmma' for
+    the kWgmma form, whose products are HGMMA: no HMMA loop, so the tile
+    statistics leave it out)."""
     m = _REG_KERNEL.search(mangled)
     if m:
         math, bt, nw = (int(g) for g in m.groups()[:3])
         fold = ", fold" if m.group(4) == "1" else ""
         kmax = int(m.group(5) or _REG_MAX_K)
         short = f", kp ≤ {kmax}" if kmax < _REG_MAX_K else ""
-        return f"ForwardRegKernel<{_MATH.get(math, math)}, {bt}, {nw}{fold}{short}>"
+        wg = ", wgmma" if m.group(6) == "1" else ""
+        return f"ForwardRegKernel<{_MATH.get(math, math)}, {bt}, {nw}{fold}{short}{wg}>"
     m = re.search(r"\d+([A-Z]\w*?Kernel)(?:I(.*?)EE)?(?:Ev|E)", mangled)
     if not m:
         return mangled

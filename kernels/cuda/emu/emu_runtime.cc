@@ -307,6 +307,8 @@ struct Fiber {
   // cp.async copies not yet performed: the open group and committed groups.
   std::vector<Copy> open;
   std::deque<std::vector<Copy>> committed;
+  // wgmma products not yet retired (emu_device.h).
+  WgmmaQueue wgmma;
 };
 
 struct LaunchState {
@@ -396,6 +398,14 @@ void YieldToScheduler() {
   for (auto& g : f->committed) RunCopies(g);
   f->committed.clear();
   RunCopies(f->open);
+  if (!f->wgmma.empty()) {
+    const WgmmaOp& op =
+        f->wgmma.committed.empty() ? f->wgmma.open.front() : f->wgmma.committed.front().front();
+    FatalInBlock("thread %u exits with %zu wgmma group(s) and %zu uncommitted product(s) in "
+                 "flight (the first: %s at %s:%d): no wgmma_wait retired them",
+                 f->tid, f->wgmma.committed.size(), f->wgmma.open.size(), op.what, op.file,
+                 op.line);
+  }
   f->state = State::kDone;
   YieldToScheduler();
   std::abort();  // never resumed
@@ -450,6 +460,8 @@ void InitFiber(Fiber* f, size_t stack_bytes) {
   f->state = State::kRunnable;
   f->open.clear();
   f->committed.clear();
+  f->wgmma.open.clear();
+  f->wgmma.committed.clear();
 }
 
 void SwitchTo(Fiber* f) {
@@ -815,6 +827,31 @@ void* DynamicSharedMemory() {
 static bool InBlockSharedMemory(const void* p, size_t bytes) {
   const char* c = static_cast<const char*>(p);
   return c >= g_launch->smem && c + bytes <= g_launch->smem + g_launch->smem_size;
+}
+
+WgmmaQueue& CurrentWgmmaQueue(const char* what) { return Current(what)->wgmma; }
+
+uint32_t SharedAddress(const void* p, const char* what, const char* file, int line) {
+  Fiber* f = Current(what);
+  if (!InBlockSharedMemory(p, 1))
+    FatalInBlock("%s (%s:%d): thread %u takes the shared address of %p, outside the block's %zu "
+                 "bytes of dynamic shared memory",
+                 what, file, line, f->tid, p, g_launch->smem_size);
+  return kSharedWindowBase +
+         static_cast<uint32_t>(static_cast<const char*>(p) - g_launch->smem);
+}
+
+const void* SharedPointer(uint32_t address, int bytes, const char* what, const char* file,
+                          int line) {
+  Fiber* f = Current(what);
+  const int64_t offset = static_cast<int64_t>(address) - kSharedWindowBase;
+  if (offset < 0 || offset + bytes > static_cast<int64_t>(g_launch->smem_size) ||
+      (address & static_cast<uint32_t>(bytes - 1)) != 0)
+    FatalInBlock("%s (%s:%d): thread %u reads %d bytes at shared address %#x, outside the "
+                 "block's %zu bytes of dynamic shared memory (from %#x) or not %d-byte aligned",
+                 what, file, line, f->tid, bytes, address, g_launch->smem_size,
+                 kSharedWindowBase, bytes);
+  return g_launch->smem + offset;
 }
 
 void CpAsync(void* dst, const void* src, int size, int src_bytes, const char* file, int line) {

@@ -20,6 +20,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
+#include <vector>
 
 #include <cuda_runtime.h>
 
@@ -229,6 +231,66 @@ KERAS_ECOC_EMU_MODEL_FN void MmaM16N8K8Collective(const void* const* in, void* c
   }
 }
 
+// wgmma.mma_async.m64nNk8.f32.tf32.tf32 (N = 64, 128) with A from
+// registers, one warp's share: its 16 rows of the warpgroup's 64 (the
+// product of a row depends on that row of A and on B only, so each warp's
+// rows are computed at its own rendezvous). B (N rows x 8 columns K) comes
+// in the lanes' inputs, each lane having read its N / 32 rows through the
+// descriptor when it arrived. The arithmetic per output is
+// mma.m16n8k8's (MmaDot8 over the 8 products and the accumulator), which
+// the tensor cores' wgmma is assumed to share: not measured (issue 16's
+// device run is the test).
+template <int N>
+struct WgmmaLaneIn {
+  uint32_t a[4];
+  float d[N / 2];
+  uint32_t b[N / 32][8];  // B rows (N index) (N / 32) lane + r, columns 0-7 (K)
+  uint64_t desc;          // B's descriptor: the same in every lane of the warp
+};
+template <int N>
+struct WgmmaLaneOut {
+  float d[N / 2];
+};
+
+template <int N>
+void WgmmaM64K8Collective(const void* const* in, void* const* out) {
+  constexpr int R = N / 32;
+  Term A[16][8], Bt[N][8];  // Bt[n][k] = B[k][n]
+  float C[16][N];
+  const auto* first = static_cast<const WgmmaLaneIn<N>*>(in[0]);
+  for (int lane = 0; lane < 32; ++lane) {
+    const WgmmaLaneIn<N>& f = *static_cast<const WgmmaLaneIn<N>*>(in[lane]);
+    const int g = lane / 4, t = lane % 4;
+    if (f.desc != first->desc)
+      Fatal("wgmma.mma_async: lane %d's B descriptor %#llx differs from lane 0's %#llx", lane,
+            static_cast<unsigned long long>(f.desc),
+            static_cast<unsigned long long>(first->desc));
+    A[g][t] = Decompose(f.a[0], 13);
+    A[g + 8][t] = Decompose(f.a[1], 13);
+    A[g][t + 4] = Decompose(f.a[2], 13);
+    A[g + 8][t + 4] = Decompose(f.a[3], 13);
+    for (int r = 0; r < R; ++r)
+      for (int k = 0; k < 8; ++k) Bt[R * lane + r][k] = Decompose(f.b[r][k], 13);
+    for (int j = 0; j < N / 8; ++j) {
+      C[g][8 * j + 2 * t] = f.d[4 * j];
+      C[g][8 * j + 2 * t + 1] = f.d[4 * j + 1];
+      C[g + 8][8 * j + 2 * t] = f.d[4 * j + 2];
+      C[g + 8][8 * j + 2 * t + 1] = f.d[4 * j + 3];
+    }
+  }
+  const MmaModel m = ModelForArch(DeviceArch());
+  for (int lane = 0; lane < 32; ++lane) {
+    WgmmaLaneOut<N>& o = *static_cast<WgmmaLaneOut<N>*>(out[lane]);
+    const int g = lane / 4, t = lane % 4;
+    for (int j = 0; j < N / 8; ++j) {
+      for (int e = 0; e < 4; ++e) {
+        const int row = g + 8 * (e / 2), col = 8 * j + 2 * t + (e & 1);
+        o.d[4 * j + e] = MmaDot8(A[row], Bt[col], C[row][col], m);
+      }
+    }
+  }
+}
+
 }  // namespace tf32
 
 // ldmatrix.sync.aligned.m8n8.{x2,x4}.shared.b16 on 32-bit words: lane l
@@ -327,6 +389,180 @@ __device__ __forceinline__ void mma_m16n8k8_tf32(float d[4], const uint32_t a[4]
   ::keras_ecoc_emu::Fatal("mma_m16n8k8_tf32 (%s:%d) reached below sm_80 (__trap on a GPU)", file,
                           line);
 #endif
+}
+
+// Hopper's wgmma (ecoc_ptx.cuh): compiled for __CUDA_ARCH__ 900 (the
+// emulator's sm_90 build stands for sm_90a) and run only on a simulated
+// compute capability 9.0 card, else an abort where the card would trap or
+// refuse the image. Asynchronous as on the card, at its latest: a product
+// is queued when issued (its A registers taken then, its accumulator
+// poisoned with NaN), and runs when the wgmma_wait that retires its commit
+// group does, reading B through the descriptor then (emu_device.h,
+// WgmmaQueue). So an accumulator read before its wait, a shared operand
+// overwritten before it, a product never committed or never waited for,
+// all show. Not modelled: the fences (wgmma.fence, fence.proxy.async) and
+// the A registers' own lifetime (they are copied at the issue).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define KERAS_ECOC_EMU_WGMMA 1
+#endif
+
+__device__ __forceinline__ void RequireWgmma(const char* what, const char* file, int line) {
+#ifdef KERAS_ECOC_EMU_WGMMA
+  if (::keras_ecoc_emu::DeviceArch() != 900)
+    ::keras_ecoc_emu::Fatal("%s (%s:%d) on a card of compute capability %d.%d: sm_90a code runs "
+                            "on 9.0 only",
+                            what, file, line, ::keras_ecoc_emu::DeviceArch() / 100,
+                            ::keras_ecoc_emu::DeviceArch() / 10 % 10);
+#else
+  ::keras_ecoc_emu::Fatal("%s (%s:%d) reached below sm_90 (__trap on a GPU)", what, file, line);
+#endif
+}
+
+__device__ __forceinline__ uint32_t shared_address(const void* p,
+                                                   const char* file = __builtin_FILE(),
+                                                   int line = __builtin_LINE()) {
+  return ::keras_ecoc_emu::SharedAddress(p, "shared_address", file, line);
+}
+
+__device__ __forceinline__ void fence_proxy_async_shared(const char* file = __builtin_FILE(),
+                                                         int line = __builtin_LINE()) {
+  RequireWgmma("fence.proxy.async.shared::cta", file, line);
+}
+
+__device__ __forceinline__ void wgmma_fence(const char* file = __builtin_FILE(),
+                                            int line = __builtin_LINE()) {
+  RequireWgmma("wgmma.fence", file, line);
+}
+
+__device__ __forceinline__ void wgmma_commit(const char* file = __builtin_FILE(),
+                                             int line = __builtin_LINE()) {
+  RequireWgmma("wgmma.commit_group", file, line);
+  ::keras_ecoc_emu::WgmmaQueue& q = ::keras_ecoc_emu::CurrentWgmmaQueue("wgmma.commit_group");
+  q.committed.push_back(std::move(q.open));
+  q.open.clear();
+}
+
+// One queued product, run by the warp together: each lane reads its N / 32
+// rows of B through the descriptor now, and C from op.c (its snapshot at
+// the issue, or the result of the product before it on the same
+// accumulator, which the retirement of that one filled in). The result goes
+// to `result`.
+template <int N>
+__device__ __forceinline__ void RetireWgmma(const ::keras_ecoc_emu::WgmmaOp& op, float* result) {
+  namespace wg = ::keras_ecoc::cuda::wgmma;
+  if (op.chained)
+    ::keras_ecoc_emu::Fatal("%s (%s:%d): retired before the product it accumulates on", op.what,
+                            op.file, op.line);
+  const wg::Decoded b = wg::Decode(op.desc);
+  constexpr int R = N / 32;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  ::keras_ecoc_emu::tf32::WgmmaLaneIn<N> in;
+  for (int i = 0; i < 4; ++i) in.a[i] = op.a[i];
+  for (int i = 0; i < N / 2; ++i) in.d[i] = op.c[i];
+  in.desc = op.desc;
+  for (int r = 0; r < R; ++r) {
+    for (int k0 = 0; k0 < 8; k0 += 4) {
+      // 4 consecutive K elements of one row: 16 contiguous bytes of a core matrix.
+      const void* p = ::keras_ecoc_emu::SharedPointer(
+          b.start + wg::ElementOffset(b, R * lane + r, k0), 16, op.what, op.file, op.line);
+      std::memcpy(&in.b[r][k0], p, 16);
+    }
+  }
+  ::keras_ecoc_emu::tf32::WgmmaLaneOut<N> out;
+  ::keras_ecoc_emu::WarpCollective(op.what, &::keras_ecoc_emu::tf32::WgmmaM64K8Collective<N>, &in,
+                                   &out, op.file, op.line);
+  for (int i = 0; i < N / 2; ++i) result[i] = out.d[i];
+}
+
+template <int N>
+__device__ __forceinline__ void wgmma_wait(const char* file = __builtin_FILE(),
+                                           int line = __builtin_LINE()) {
+  static_assert(N >= 0 && N <= 7, "wgmma.wait_group takes 0 .. 7");
+  RequireWgmma("wgmma.wait_group", file, line);
+  ::keras_ecoc_emu::WgmmaQueue& q = ::keras_ecoc_emu::CurrentWgmmaQueue("wgmma.wait_group");
+  if (!q.open.empty())
+    ::keras_ecoc_emu::Fatal("wgmma.wait_group (%s:%d) with %zu product(s) issued and not "
+                            "committed (the first: %s:%d)",
+                            file, line, q.open.size(), q.open.front().file, q.open.front().line);
+  while (q.committed.size() > static_cast<size_t>(N)) {
+    std::vector<::keras_ecoc_emu::WgmmaOp>& group = q.committed.front();
+    for (size_t i = 0; i < group.size(); ++i) {
+      const ::keras_ecoc_emu::WgmmaOp& op = group[i];
+      float result[64];
+      if (op.n == 64) {
+        RetireWgmma<64>(op, result);
+      } else {
+        RetireWgmma<128>(op, result);
+      }
+      // The next product in flight on this accumulator takes the result as
+      // its C; with none, the accumulator does.
+      ::keras_ecoc_emu::WgmmaOp* next = nullptr;
+      for (size_t j = i + 1; j < group.size() && next == nullptr; ++j)
+        if (group[j].d == op.d) next = &group[j];
+      for (size_t gi = 1; gi < q.committed.size() && next == nullptr; ++gi)
+        for (auto& o : q.committed[gi])
+          if (next == nullptr && o.d == op.d) next = &o;
+      if (next != nullptr) {
+        std::memcpy(next->c, result, sizeof(float) * static_cast<size_t>(op.n / 2));
+        next->chained = false;
+      } else {
+        std::memcpy(op.d, result, sizeof(float) * static_cast<size_t>(op.n / 2));
+      }
+    }
+    q.committed.pop_front();
+  }
+}
+
+// Queues d += A . B (N = 64 or 128; the accumulator d[N / 8][4]).
+template <int N>
+__device__ __forceinline__ void WgmmaM64K8(float (&d)[N / 8][4], const uint32_t a[4],
+                                           uint64_t desc_b, const char* what, const char* file,
+                                           int line) {
+  RequireWgmma(what, file, line);
+  namespace wg = ::keras_ecoc::cuda::wgmma;
+  if (wg::Decode(desc_b).swizzle != 0)
+    ::keras_ecoc_emu::Fatal("%s (%s:%d): B descriptor with swizzle mode %d (only 0 is emulated)",
+                            what, file, line, wg::Decode(desc_b).swizzle);
+  ::keras_ecoc_emu::WgmmaQueue& q = ::keras_ecoc_emu::CurrentWgmmaQueue(what);
+  ::keras_ecoc_emu::WgmmaOp op{};
+  for (int i = 0; i < 4; ++i) op.a[i] = a[i];
+  op.desc = desc_b;
+  op.n = N;
+  op.d = &d[0][0];
+  op.what = what;
+  op.file = file;
+  op.line = line;
+  auto on_d = [&](const ::keras_ecoc_emu::WgmmaOp& o) {
+    if (o.d != op.d && o.d < op.d + N / 2 && op.d < o.d + o.n / 2)
+      ::keras_ecoc_emu::Fatal("%s (%s:%d): its accumulator overlaps that of a product in flight "
+                              "(%s:%d) without being it",
+                              what, file, line, o.file, o.line);
+    return o.d == op.d;
+  };
+  op.chained = false;
+  for (const auto& g : q.committed)
+    for (const auto& o : g) op.chained = on_d(o) || op.chained;
+  for (const auto& o : q.open) op.chained = on_d(o) || op.chained;
+  if (!op.chained) {
+    for (int i = 0; i < N / 2; ++i) op.c[i] = d[i / 4][i % 4];
+  }
+  // Undefined until the wait: NaN, so that a read before it shows.
+  for (int i = 0; i < N / 2; ++i) d[i / 4][i % 4] = std::numeric_limits<float>::quiet_NaN();
+  q.open.push_back(op);
+}
+
+__device__ __forceinline__ void wgmma_m64n64k8_tf32(float (&d)[8][4], const uint32_t a[4],
+                                                    uint64_t desc_b,
+                                                    const char* file = __builtin_FILE(),
+                                                    int line = __builtin_LINE()) {
+  WgmmaM64K8<64>(d, a, desc_b, "wgmma.mma_async.m64n64k8.f32.tf32.tf32", file, line);
+}
+
+__device__ __forceinline__ void wgmma_m64n128k8_tf32(float (&d)[16][4], const uint32_t a[4],
+                                                     uint64_t desc_b,
+                                                     const char* file = __builtin_FILE(),
+                                                     int line = __builtin_LINE()) {
+  WgmmaM64K8<128>(d, a, desc_b, "wgmma.mma_async.m64n128k8.f32.tf32.tf32", file, line);
 }
 
 // Both cp.async wrappers: on sm_80+ a copy of N bytes deferred until its

@@ -9,8 +9,9 @@
   Any other ``__shared__`` (a static shared array) is outside the contract of
   kernels/cuda and is reported as an error.
 * Optionally, the call on the i-th line marked ``[barrier-mutation-test]``
-  (``__syncthreads();`` or ``__syncwarp(...);``) is deleted, for the test
-  that a missing barrier is caught.
+  (``__syncthreads();``, ``__syncwarp(...);`` or a wgmma group wait,
+  ``ptx::wgmma_wait<N>();``) is deleted, for the test that a missing barrier
+  or wait is caught.
 
 Comments and string literals are never rewritten.
 """
@@ -224,11 +225,12 @@ def marked_barriers(text: str) -> list[tuple[int, str]]:
 def delete_barrier(text: str, line_no: int, path: str) -> str:
     lines = text.split("\n")
     line = lines[line_no - 1]
-    new, count = re.subn(r"(__syncthreads\s*\(\s*\)|__syncwarp\s*\([^;]*\))\s*;",
+    new, count = re.subn(r"(__syncthreads\s*\(\s*\)|__syncwarp\s*\([^;]*\)"
+                         r"|ptx::wgmma_wait\s*<\s*\d+\s*>\s*\(\s*\))\s*;",
                          "/* barrier deleted by the emulator's mutation test */;", line, count=1)
     if count == 0:
         raise RewriteError(f"{path}:{line_no}: marked {MARKER} but has no __syncthreads(); "
-                           f"or __syncwarp(...); call: {line.strip()!r}")
+                           f"__syncwarp(...); or ptx::wgmma_wait<N>(); call: {line.strip()!r}")
     lines[line_no - 1] = new
     return "\n".join(lines)
 

@@ -222,6 +222,10 @@ def build(args: argparse.Namespace) -> Path:
         flags = ["-x", "c++"] + CXXFLAGS + [opt]
         if unit != HARNESS:  # host-only code is compiled without __CUDA_ARCH__
             flags.append(arch_flag)
+            if args.arch == 90:
+                # The sm_90 build stands for the harness's sm_90a image
+                # (device_check.sh), whose kernels may use wgmma.
+                flags.append("-DKERAS_ECOC_SM90A_IMAGE=1")
         # The key leaves out the staging directory (its name hashes every
         # source): a barrier deleted in a kernel header, or an edited harness,
         # must not rebuild the units that do not include the changed file.

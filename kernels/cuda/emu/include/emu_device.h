@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <deque>
+#include <vector>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -44,6 +46,38 @@ uint64_t WarpOp(WarpOpKind kind, unsigned mask, uint64_t value, int arg, int wid
 void WarpCollective(const char* what, CollectiveFn fn, const void* in, void* out,
                     const char* file, int line);
 void* DynamicSharedMemory();
+// wgmma.mma_async products a thread has issued and not yet retired
+// (ptx_emu.h): the open group, then the committed groups, oldest first.
+// Each product runs when a wgmma_wait retires its group, so that reading an
+// accumulator before the wait (ptx_emu.h poisons it with NaN at the issue),
+// or storing into a shared operand before it, changes the results. A thread
+// that exits with products in flight is an error.
+struct WgmmaOp {
+  uint32_t a[4];
+  uint64_t desc;
+  int n;             // N: 64 or 128
+  float* d;          // the accumulator, N / 2 floats of the issuing thread
+  bool chained;      // C is the result of an earlier product in flight on d
+  float c[64];       // else C, as d held it at the issue
+  const char* what;
+  const char* file;
+  int line;
+};
+struct WgmmaQueue {
+  std::vector<WgmmaOp> open;
+  std::deque<std::vector<WgmmaOp>> committed;
+  bool empty() const { return open.empty() && committed.empty(); }
+};
+WgmmaQueue& CurrentWgmmaQueue(const char* what);
+
+// The shared window: p's byte address there (__cvta_generic_to_shared; the
+// block's dynamic shared memory starts at kSharedWindowBase, as on a card
+// it does not start at 0), and back. Both abort outside the block's dynamic
+// shared memory (what, file, line: the caller, for the message).
+constexpr uint32_t kSharedWindowBase = 1024;
+uint32_t SharedAddress(const void* p, const char* what, const char* file, int line);
+const void* SharedPointer(uint32_t address, int bytes, const char* what, const char* file,
+                          int line);
 // cp.async: copies are deferred until the cp_async_wait that retires their
 // group (or the thread's exit), so that data read before the wait is stale;
 // with KERAS_ECOC_EMU_CP_ASYNC=eager they land when issued instead, so that a
