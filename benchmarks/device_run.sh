@@ -208,7 +208,10 @@ PREBUILT_MATCH=0; [[ "$PREBUILT_LINE" == "prebuilt: match "* ]] && PREBUILT_MATC
 # - ncu 16 s for 12 forward profiles on the H100 of 2026-11-26, 23 s for
 #   16 on 2026-11-27; ncu-codes-grad 8 s for its five profiles;
 # - ldmatrix (since 2026-11-28, not yet run on a GPU): nvcc on one small
-#   file and one warp's trials, a few seconds: 8.
+#   file and one warp's trials, a few seconds: 8; wgmma (since 2026-11-28,
+#   the same for three warpgroup products; nvcc took 2 s on the
+#   workstation): 8 of its 10.
+# - racecheck 33 s on the H200 of 2026-11-28: its cap is 50 since wgmma's 10.
 # CAP is device_check.sh's default. Room above the sum of the needs goes to
 # each step in proportion to its CAP - NEED; below it (only when the
 # earlier phases ran far over their measured times, or the harness must be
@@ -218,8 +221,8 @@ PREBUILT_MATCH=0; [[ "$PREBUILT_LINE" == "prebuilt: match "* ]] && PREBUILT_MATC
 # DEVICE_RUN_GPULOSS_MIN. On 2026-11-26 the earlier phases took 34 s, on
 # 2026-11-27 37 s.
 if ((PREBUILT_MATCH)); then BUILD_PLAN=BUILD:5:15; else BUILD_PLAN=BUILD:80:95; fi
-STEP_PLAN=("$BUILD_PLAN" LDMATRIX:8:15 CHECK:12:20 GRID:95:115 SMEM:3:10 MEMCHECK:5:15
-           RACECHECK:45:60 BENCH:65:90 NCU:26:35 NCUGRAD:13:25)
+STEP_PLAN=("$BUILD_PLAN" LDMATRIX:8:15 WGMMA:8:10 CHECK:12:20 GRID:95:115 SMEM:3:10 MEMCHECK:5:15
+           RACECHECK:45:50 BENCH:65:90 NCU:26:35 NCUGRAD:13:25)
 NEED_SUM=0 CAP_SUM=0
 for plan in "${STEP_PLAN[@]}"; do
   IFS=: read -r _ need cap <<<"$plan"

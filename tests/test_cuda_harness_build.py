@@ -145,6 +145,41 @@ def test_library_gencode_flags_put_every_architecture_in_the_fatbinary(tmp_path,
 
 @pytest.mark.slow
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on the PATH")
+def test_wgmma_forward_compiles_for_sm90a_without_serialised_products(tmp_path):
+    # The kWgmma forward exists as wgmma only in the H100 / H200 image that
+    # device_check.sh builds (compute_90a / sm_90a with
+    # KERAS_ECOC_SM90A_IMAGE); the library's sm_90 image holds its trap
+    # stubs, and the emulator models the PTX, not ptxas. So the real
+    # instructions are compiled here: ptxas must accept them, keep the
+    # products asynchronous (its C7513 / C7515 notes say where it
+    # serialises them, as it did the TF32 kernel's with a branch in the
+    # k-step loop) and spill nothing.
+    cubin = tmp_path / "ecoc_kernels_sm90a.cubin"
+    proc = subprocess.run(
+        [NVCC, "-O3", "-DNDEBUG", "-std=c++17", "--expt-relaxed-constexpr", "-cubin",
+         "-gencode=arch=compute_90a,code=sm_90a", "-DKERAS_ECOC_SM90A_IMAGE=1", "-Xptxas", "-v",
+         f"-I{REPO / 'kernels'}", f"-I{CUDA_DIR}", "-x", "cu", str(CUDA_DIR / "ecoc_kernels.cu.cc"),
+         "-o", str(cubin)],
+        capture_output=True, text=True, timeout=900)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"nvcc failed:\n{log[-4000:]}"
+    assert not re.search(r"C751\d|serialized", log), log[-4000:]
+    # ptxas -v: "Compiling entry function '<name>' for 'sm_90a'", then its
+    # stack / spill line and its register line.
+    entries = re.split(r"Compiling entry function '", log)[1:]
+    wgmma = [e for e in entries if "Li128ELi8ELb0ELi128ELb1E" in e.split("'", 1)[0]]
+    assert len(wgmma) == 2, [e.split("'", 1)[0] for e in entries if "Li128ELi8E" in e]
+    for e in wgmma:
+        assert "0 bytes spill stores, 0 bytes spill loads" in e, e[:600]
+    listing = _load_sass_tool().find_cuobjdump()
+    if listing is not None:
+        sass = subprocess.run([listing, "-sass", str(cubin)], capture_output=True, text=True).stdout
+        assert "HGMMA.64x64x8.F32.TF32" in sass and "HGMMA.64x128x8.F32.TF32" in sass
+        assert "HGMMA.64x32x8.F32.TF32" in sass
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not on the PATH")
 @pytest.mark.parametrize("mode, min_passes", [("--small", 50), ("--smem-limit", 4)])
 def test_harness_grid_modes(harness, mode, min_passes):
     proc = subprocess.run([str(harness), mode], capture_output=True, text=True, timeout=900)
@@ -219,11 +254,17 @@ def test_device_check_script_parses_and_dry_runs_every_step(tmp_path):
                           timeout=60, env=dict(os.environ, OUT=str(tmp_path)))
     assert proc.returncode == 0, proc.stderr
     steps = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("step ")]
-    assert steps == ["build", "ldmatrix", "checks", "grid", "smem-limit", "memcheck", "racecheck",
-                     "bench", "ncu", "ncu-codes-grad"]
+    assert steps == ["build", "ldmatrix", "wgmma", "checks", "grid", "smem-limit", "memcheck",
+                     "racecheck", "bench", "ncu", "ncu-codes-grad"]
     # The card's ldmatrix against plain loads: the selftest the emulator's model runs too.
     ldm = next(line for line in proc.stdout.splitlines() if line.startswith("step ldmatrix"))
     assert "emu/selftest/ldmatrix.cu" in ldm and '"$4/ldm.bin" ok' in ldm, ldm
+    # The kWgmma forward's layouts on the card (sm_90a), and the harness
+    # built as the sm_90a image that may run it.
+    wgm = next(line for line in proc.stdout.splitlines() if line.startswith("step wgmma"))
+    assert "emu/selftest/wgmma.cu" in wgm and "code=sm_90a" in wgm, wgm
+    build = next(line for line in proc.stdout.splitlines() if line.startswith("step build"))
+    assert "code=sm_90a" in build and "-DKERAS_ECOC_SM90A_IMAGE=1" in build, build
     # Every launch variant timed side by side; the ncu profiles of the forward
     # and of the codes gradient, both from `harness --profile`.
     assert "--bench-only --quick --variant all" in proc.stdout
@@ -333,8 +374,8 @@ def test_device_check_plumbing_with_a_fake_gpu_writes_one_table(tmp_path):
     report = (out / "device_check.md").read_text()
     rows = [line for line in report.splitlines() if line.startswith("| ") and " | pass | " in line]
     assert [r.split(" | ")[0][2:] for r in rows] == [
-        "build", "ldmatrix", "checks", "grid", "smem-limit", "memcheck", "racecheck", "bench",
-        "ncu", "ncu-codes-grad"], report
+        "build", "ldmatrix", "wgmma", "checks", "grid", "smem-limit", "memcheck", "racecheck",
+        "bench", "ncu", "ncu-codes-grad"], report
     # The seconds column is bash's whole-second $SECONDS difference: a fake
     # step that straddles a second boundary reports 1, not 0.
     for step in ("ncu", "ncu-codes-grad"):

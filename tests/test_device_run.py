@@ -259,7 +259,7 @@ def test_device_run_dry_run_fits_eight_minutes_even_when_every_phase_runs_to_its
     end = max(lim + at for _, lim, at in phases)
     assert end <= 465 and end + 15 <= 480  # +15: the last phase's kill margin
     kernels = dict((n, lim) for n, lim, _ in phases)["kernels"]
-    assert set(steps) == {"build", "ldmatrix", "checks", "grid", "smem-limit", "memcheck",
+    assert set(steps) == {"build", "ldmatrix", "wgmma", "checks", "grid", "smem-limit", "memcheck",
                           "racecheck", "bench", "ncu", "ncu-codes-grad"}
     assert sum(steps.values()) <= kernels - 10  # device_check.sh finishes, writes its table
     assert dict((n, lim) for n, lim, _ in phases)["gpuloss"] >= 100

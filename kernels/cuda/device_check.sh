@@ -63,7 +63,8 @@
 # limit); with none, or a stale one, it compiles as before.
 # Step time limits (seconds) from the environment: DEVICE_CHECK_T_BUILD (95),
 #   _T_CHECK (20), _T_GRID (115), _T_SMEM (10), _T_MEMCHECK (15),
-#   _T_RACECHECK (60), _T_BENCH (100), _T_NCU (35), _T_NCUGRAD (25).
+#   _T_RACECHECK (50), _T_BENCH (90), _T_NCU (35), _T_NCUGRAD (25),
+#   _T_LDMATRIX (15), _T_WGMMA (10).
 # Exit codes: 0 every step passed, or no GPU (says "no GPU" and runs
 # nothing); 1 a step failed; 3 bad command line.
 set -u -o pipefail
@@ -128,17 +129,20 @@ fi
 # column of 2026-11-27, which reuses v2's forward: ~6 s, as each kGradMma
 # one, untimed; 54 s measured on the H200 of 2026-11-28; thirteen in `all`
 # since rows128+regsoftmax+warps8, a forward of its own: ~5 s more,
-# untimed; `all` leaves out rows64+gradpersistent, whose launches there
+# untimed; fourteen since rows128+regsoftmax+warps8+wgmma (on an sm_90a
+# card), ~5 s more again, untimed; `all` leaves out rows64+gradpersistent, whose launches there
 # are gradpersistent's or rows64's);
 # racecheck's --small runs them all too: ~29 s; the per-launch tables of
 # 2026-11-27 add three traced calls per cell to the 36 columns, ~8 %, untimed), ncu 16 s. Each can be lowered (or
 # raised) from the environment, e.g. DEVICE_CHECK_T_GRID=60, to fit a shorter
 # device lease (benchmarks/device_run.sh does); a step that runs out of time
 # is reported as failed.
-T_BUILD=95 T_CHECK=20 T_GRID=115 T_SMEM=10 T_MEMCHECK=15 T_RACECHECK=60 T_BENCH=90 T_NCU=35
-T_NCUGRAD=25 T_LDMATRIX=15
+# racecheck took 33 s on the H200 of 2026-11-28: 50 leaves room for the
+# wgmma selftest's 10 within the 480-s run.
+T_BUILD=95 T_CHECK=20 T_GRID=115 T_SMEM=10 T_MEMCHECK=15 T_RACECHECK=50 T_BENCH=90 T_NCU=35
+T_NCUGRAD=25 T_LDMATRIX=15 T_WGMMA=10
 for step_var in T_BUILD T_CHECK T_GRID T_SMEM T_MEMCHECK T_RACECHECK T_BENCH T_NCU T_NCUGRAD \
-    T_LDMATRIX; do
+    T_LDMATRIX T_WGMMA; do
   env_var="DEVICE_CHECK_$step_var"
   if [[ -n "${!env_var:-}" ]]; then
     if [[ ! "${!env_var}" =~ ^[1-9][0-9]*$ ]]; then
@@ -182,6 +186,14 @@ mapfile -t BUILD_CMD < <(build_cmd "${ARCH:-90}" "$EXE")
 LDMATRIX_SH='"$1" -O2 "$2" -std=c++17 -I"$3" -x cu "$3/emu/selftest/ldmatrix.cu" -o "$4/ldm"'
 LDMATRIX_SH+=' && "$4/ldm" "$4/ldm.bin" ok'
 LDMATRIX_CMD=(bash -c "$LDMATRIX_SH" ldmatrix "$NVCC" "$(gencode "${ARCH:-90}")" "$HERE" "$WORK")
+# Step wgmma (an H100 / H200 only): emu/selftest/wgmma.cu built for sm_90a and
+# run: the kWgmma forward's layouts (A fragment, accumulator, descriptor
+# strides) against an exact reference; on a mismatch it names the wrong
+# reading it matches instead. A failure here explains failed rows128+wgmma
+# checks.
+WGMMA_SH='"$1" -O2 "$2" -std=c++17 -I"$3" -x cu "$3/emu/selftest/wgmma.cu" -o "$4/wgmma"'
+WGMMA_SH+=' && "$4/wgmma" "$4/wgmma.bin" ok'
+WGMMA_CMD=(bash -c "$WGMMA_SH" wgmma "$NVCC" "$(gencode 90)" "$HERE" "$WORK")
 # What a harness binary was built from: the flags, the compiler and every
 # source and header of kernels/cuda (more than the harness includes: an edit
 # anywhere there costs a build, never a stale binary).
@@ -258,12 +270,14 @@ NCU_GRAD_CMD=("$NCU" --section SpeedOfLight --section MemoryWorkloadAnalysis --s
 # The steps, in the order they run: --dry-run lists them and the run below
 # walks them from this one list. step_of NAME sets LIMIT (seconds) and CMD
 # (the command, an array) to the step's.
-STEP_NAMES=(build ldmatrix checks grid smem-limit memcheck racecheck bench ncu ncu-codes-grad)
+STEP_NAMES=(build ldmatrix wgmma checks grid smem-limit memcheck racecheck bench ncu ncu-codes-grad)
 step_of() {
   case "$1" in
     build) LIMIT=$T_BUILD; CMD=("${BUILD_CMD[@]}") ;;
     # A few seconds: nvcc on one small file, one warp's trials.
     ldmatrix) LIMIT=$T_LDMATRIX; CMD=("${LDMATRIX_CMD[@]}") ;;
+    # The same: nvcc on one small file, three warpgroup products.
+    wgmma) LIMIT=$T_WGMMA; CMD=("${WGMMA_CMD[@]}") ;;
     checks) LIMIT=$T_CHECK; CMD=("$EXE" --check-only) ;;
     grid) LIMIT=$T_GRID; CMD=("$EXE" --grid) ;;
     smem-limit) LIMIT=$T_SMEM; CMD=("$EXE" --smem-limit) ;;
@@ -325,6 +339,8 @@ run_step() {  # name limit command...
       fi ;;
     ldmatrix)
       note="${note:+$note; }$(tail -n +"$((from + 1))" "$LOG" | grep -E '^ldmatrix: ' | tail -n1)" ;;
+    wgmma)
+      note="${note:+$note; }$(tail -n +"$((from + 1))" "$LOG" | grep -E '^wgmma' | paste -sd ';' -)" ;;
     checks|grid|smem-limit)
       note="${note:+$note; }$(tail -n +"$((from + 1))" "$LOG" | grep -E '^[0-9]+ checks, [0-9]+ failed' | tail -n1)" ;;
     ncu)
@@ -345,6 +361,11 @@ run_step() {  # name limit command...
 for name in "${STEP_NAMES[@]}"; do
   case "$name" in
     bench) BENCH_FROM=$(wc -l <"$LOG") ;;  # where the timing tables begin
+    wgmma)
+      if [[ "${ARCH:-90}" != 90 ]]; then
+        ROWS+=("| $name | SKIPPED | 0 | sm_90a only (this card: sm_${ARCH:-none}) |")
+        continue
+      fi ;;
     ncu*)
       if ! command -v "$NCU" >/dev/null 2>&1; then
         ROWS+=("| $name | SKIPPED | 0 | ncu not found (set NCU or put Nsight Compute on PATH) |")

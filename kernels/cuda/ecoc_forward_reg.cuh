@@ -54,6 +54,10 @@
 //    previous one runs and stores it split into its TF32 halves, once, by
 //    rows (the logits' B operand) and transposed (the expected code's A
 //    operand: that product runs transposed, AccumulateExpectedCodeT).
+//  * KWG (variant kWgmma, sm_90a only): the 128-row kernel with both
+//    products on Hopper's wgmma, B read by the tensor cores from the tile's
+//    halves in shared memory (the section "The 128-row kernel on Hopper's
+//    wgmma" below); the expected code in row form again.
 // The launcher uses it only on sm_80+ in a TF32 math mode with kp <= 128;
 // other calls of the variant run ForwardSplitKernel (see MakePlan).
 #ifndef KERAS_ECOC_KERNELS_CUDA_ECOC_FORWARD_REG_CUH_
@@ -268,16 +272,19 @@ __host__ __device__ constexpr int Rows128RowMajor(int kmax) { return kRegClassTi
 __host__ __device__ constexpr int Rows128Transposed(int kmax) { return kmax * kRegTPitch; }
 
 // The 128-row kernel on Hopper's wgmma (variant kWgmma, sm_90a; KWG below):
-// the logits of each warpgroup's 64 rows x 64 classes are
-// wgmma.m64n64k8 products, A = u by the warp's ldmatrix and split as before,
-// B = the code tile's halves straight from shared memory, so the 8 row
-// warps no longer load and split code fragments for them. B's copy is in
-// wgmma's K-major core-matrix layout (ecoc_wgmma_desc.h) instead of by rows
-// at the pitch kp + 4: 8 classes x 4 columns per 128 bytes, the 4-column
-// groups of a class group adjacent (LBO 128 bytes), the class groups
-// kRegMaxK / 4 core matrices apart (SBO); ct and ||M||^2 of the tile's
-// classes, which sat in that copy's padding, in 2 x 64 floats of their own
-// after it. The transposed copy and u as in the 128-row kernel.
+// both products of each warpgroup's 64 rows are wgmma with A from
+// registers and B, the code tile's TF32 halves, read by the tensor cores
+// from shared memory, so the 8 row warps no longer load and split code
+// fragments. The logits: m64n64k8, A = u by the warp's ldmatrix and split
+// as before. The expected code: m64nNk8 (N = 32, 64 or 128 columns, the
+// narrowest that holds kp) in row form, A = P from the logit fragments
+// (AccumulateExpectedCodeWg). Both copies of the tile are in wgmma's K-major
+// core-matrix layout (ecoc_wgmma_desc.h) instead of at a padded pitch. By
+// rows: 8 classes x 4 columns per 128 bytes, the 4-column groups of a class
+// group adjacent (LBO 128 bytes), the class groups kRegMaxK / 4 core
+// matrices apart (SBO); ct and ||M||^2 of the tile's classes, which sat in
+// that copy's padding, in 2 x 64 floats of their own after it. Transposed:
+// below. u as in the 128-row kernel.
 constexpr uint32_t kWgRowsLbo = 128;                       // bytes
 constexpr uint32_t kWgRowsSbo = kRegMaxK / 4 * 128;        // bytes: 4 KiB
 constexpr int kWgRowsFloats = kRegClassTile * kRegMaxK;    // one half: 32 KiB
@@ -310,7 +317,7 @@ __host__ __device__ constexpr int Rows128TCopy(int kmax, bool wg) {
 }
 // Shared-memory floats of the 128-row kernel at padded row kp (wg: kWgmma):
 // 200 KiB in 3xTF32 at kp = 128 (split), 133 KiB in TF32; with kWgmma
-// 194 KiB and 130 KiB.
+// 202.5 KiB and 134.5 KiB.
 __host__ __device__ constexpr int64_t ForwardRows128SmemFloats(int kp, bool split, bool wg) {
   return (split ? 2 : 1) *
              int64_t{Rows128RowCopy(kRegMaxK, wg) + Rows128TCopy(kRegMaxK, wg)} +
@@ -495,25 +502,29 @@ __device__ __forceinline__ void AccumulateExpectedCodeT(float (&acc)[KN][4],
   }
 }
 
-// kWgmma's expected code, row form: acc (the warp's 16 rows x kRegMaxK
-// columns, acc[j][e] = column 8 j + 2t + (e & 1) of row g + 8 (e / 2), the
-// wgmma m64n128 accumulator) = alpha * acc + P . M, the warpgroup's 64 rows
-// per product: A = P from the logit fragments (k-step nt: classes
+// kWgmma's expected code, row form: acc (the warp's 16 rows x N columns,
+// acc[j][e] = column 8 j + 2t + (e & 1) of row g + 8 (e / 2), the wgmma
+// m64nN accumulator) = alpha * acc + P . M, the warpgroup's 64 rows per
+// product: A = P from the logit fragments (k-step nt: classes
 // 8 nt .. 8 nt + 7, k index t = class 2t and t + 4 = class 2t + 1, so
 // a = {d[nt][0], d[nt][2], d[nt][1], d[nt][3]}), B = the transposed copy
 // (whose classes RegTransposedClass orders the same way), in MmaMode's
 // order (Ps.Mb, Pb.Ms, Pb.Mb): the bits of AccumulateExpectedCodeT's
-// products. Columns past kp are computed from the copy's unstored columns
-// and never stored. One commit group per k-step, the A registers in two
-// sets (wait_group 1 before a set is rewritten), as the logits.
-template <bool kSplit, int NT>
-__device__ __forceinline__ void AccumulateExpectedCodeWg(float (&acc)[16][4],
+// products. N: the smallest of 32, 64, 128 that holds kp (the caller's
+// choice); columns from kp to N come from the copy's unstored columns and
+// are never stored, nor are the accumulators past N touched. One commit
+// group per k-step, the A registers in two sets (wait_group 1 before a set
+// is rewritten), as the logits.
+template <bool kSplit, int NT, int N>
+__device__ __forceinline__ void AccumulateExpectedCodeWg(float (&acc_all)[kRegMaxK / 8][4],
                                                          const float (&d)[NT][4],
                                                          const float* trans,
                                                          const float (&alpha)[2]) {
   static_assert(NT == 8, "64 classes per tile");
+  static_assert(N == 32 || N == 64 || N == kRegMaxK, "N: 32, 64 or kRegMaxK");
+  float(&acc)[N / 8][4] = *reinterpret_cast<float(*)[N / 8][4]>(&acc_all[0][0]);
 #pragma unroll
-  for (int jn = 0; jn < 16; ++jn) {
+  for (int jn = 0; jn < N / 8; ++jn) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[jn][e] *= alpha[e / 2];
   }
@@ -531,10 +542,10 @@ __device__ __forceinline__ void AccumulateExpectedCodeWg(float (&acc)[16][4],
     ptx::wgmma_fence();
     const uint32_t at = static_cast<uint32_t>(2 * nt) * kWgTLbo;
     if (kSplit) {
-      ptx::wgmma_m64n128k8_tf32(acc, sm, wgmma::Advance(desc_b, at));
-      ptx::wgmma_m64n128k8_tf32(acc, b, wgmma::Advance(desc_s, at));
+      ptx::wgmma_tf32<N>(acc, sm, wgmma::Advance(desc_b, at));
+      ptx::wgmma_tf32<N>(acc, b, wgmma::Advance(desc_s, at));
     }
-    ptx::wgmma_m64n128k8_tf32(acc, b, wgmma::Advance(desc_b, at));
+    ptx::wgmma_tf32<N>(acc, b, wgmma::Advance(desc_b, at));
     ptx::wgmma_commit();
   }
   ptx::wgmma_wait<0>();  // [barrier-mutation-test] the products in acc
@@ -721,9 +732,10 @@ __device__ __forceinline__ void AccumulateExpectedCode(float (&acc)[KN][4],
 // then the quad's butterfly), so the bits are PrepClasses'. Two fmas
 // per loaded code, a butterfly and two shuffles per fragment and tile.
 //
-// KWG (kWgmma, BT = 128 only): the logits on wgmma (the 128-row kernel's
-// header). Compiled for every architecture; its wgmma wrappers trap
-// except in sm_90a code, and MakePlan launches it only there.
+// KWG (kWgmma, BT = 128 only): both products on wgmma (the section "The
+// 128-row kernel on Hopper's wgmma" above). Compiled for every
+// architecture; its wgmma wrappers trap except in sm_90a code, and
+// MakePlan launches it only there.
 template <int kMath, int BT, int NW = kWarps, bool kFold = false, int KMAX = kRegMaxK,
           bool KWG = false>
 __global__ void __launch_bounds__(NW * kWarpSize,
@@ -906,9 +918,11 @@ __global__ void __launch_bounds__(NW * kWarpSize,
         ptx::wgmma_m64n64k8_tf32(d, ab, wgmma::Advance(desc_b, at));
         ptx::wgmma_commit();
       };
-      // Pairs of k-steps, then the odd one (kp = 8 mod 16) on the first set:
-      // no branch between a pair's stages (one in the loop left ptxas
-      // serialising the TF32 kernel's products: warning C7513).
+      // The first k-step on set 0, pairs on sets 1 and 0, and where kp / 8
+      // is even a last one on set 1: no branch between a pair's stages. A
+      // branch inside the loop made ptxas serialise the TF32 kernel's
+      // products (note C7513: every HGMMA followed by a wait), the same
+      // loop without the peeled first step both kernels' (C7515).
       uint32_t ab0[4], as0[4], ab1[4], as1[4];
       k_step(0, ab0, as0);  // kp >= 8
       int ks = 8;
@@ -1044,7 +1058,15 @@ __global__ void __launch_bounds__(NW * kWarpSize,
     // 2t, t + 4 = class 2t + 1 of each n8 fragment), M from the staged tile
     // with the same permutation.
     if constexpr (KWG) {
-      AccumulateExpectedCodeWg<kSplit, NT>(acc, d, t_s, alpha);
+      // The narrowest product that holds the row: at kp <= 32 a quarter of
+      // m64n128's tensor work.
+      if (kp <= 32) {
+        AccumulateExpectedCodeWg<kSplit, NT, 32>(acc, d, t_s, alpha);
+      } else if (kp <= 64) {
+        AccumulateExpectedCodeWg<kSplit, NT, 64>(acc, d, t_s, alpha);
+      } else {
+        AccumulateExpectedCodeWg<kSplit, NT, kRegMaxK>(acc, d, t_s, alpha);
+      }
     } else if constexpr (kT) {
       // acc^T's rows 8h + 2t + c are quads 2t + c's rows g + 8h.
       float arow[2][2];

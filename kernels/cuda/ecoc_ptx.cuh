@@ -244,8 +244,8 @@ __device__ __forceinline__ void wgmma_m64n64k8_tf32(float (&d)[8][4], const uint
 #endif
 }
 
-// The same with N = 128 (wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32):
-// d[j][e] for the columns 8 j .. 8 j + 7, j < 16.
+// The same with N = 128 and N = 32 (m64n128k8, m64n32k8): d[j][e] for the
+// columns 8 j .. 8 j + 7, j < N / 8.
 __device__ __forceinline__ void wgmma_m64n128k8_tf32(float (&d)[16][4], const uint32_t a[4],
                                                      uint64_t desc_b) {
 #ifdef KERAS_ECOC_WGMMA_DEVICE
@@ -277,6 +277,41 @@ __device__ __forceinline__ void wgmma_m64n128k8_tf32(float (&d)[16][4], const ui
   (void)d, (void)a, (void)desc_b;
   __trap();
 #endif
+}
+
+__device__ __forceinline__ void wgmma_m64n32k8_tf32(float (&d)[4][4], const uint32_t a[4],
+                                                    uint64_t desc_b) {
+#ifdef KERAS_ECOC_WGMMA_DEVICE
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k8.f32.tf32.tf32 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "{%16, %17, %18, %19}, %20, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+#else
+  (void)d, (void)a, (void)desc_b;
+  __trap();
+#endif
+}
+
+// d += A . B at N = 32, 64 or 128 (the wrappers above).
+template <int N>
+__device__ __forceinline__ void wgmma_tf32(float (&d)[N / 8][4], const uint32_t a[4],
+                                           uint64_t desc_b) {
+  static_assert(N == 32 || N == 64 || N == 128, "N: 32, 64 or 128");
+  if constexpr (N == 32) {
+    wgmma_m64n32k8_tf32(d, a, desc_b);
+  } else if constexpr (N == 64) {
+    wgmma_m64n64k8_tf32(d, a, desc_b);
+  } else {
+    wgmma_m64n128k8_tf32(d, a, desc_b);
+  }
 }
 
 }  // namespace ptx

@@ -231,7 +231,7 @@ KERAS_ECOC_EMU_MODEL_FN void MmaM16N8K8Collective(const void* const* in, void* c
   }
 }
 
-// wgmma.mma_async.m64nNk8.f32.tf32.tf32 (N = 64, 128) with A from
+// wgmma.mma_async.m64nNk8.f32.tf32.tf32 (N = 32, 64, 128) with A from
 // registers, one warp's share: its 16 rows of the warpgroup's 64 (the
 // product of a row depends on that row of A and on B only, so each warp's
 // rows are computed at its own rendezvous). B (N rows x 8 columns K) comes
@@ -489,7 +489,9 @@ __device__ __forceinline__ void wgmma_wait(const char* file = __builtin_FILE(),
     for (size_t i = 0; i < group.size(); ++i) {
       const ::keras_ecoc_emu::WgmmaOp& op = group[i];
       float result[64];
-      if (op.n == 64) {
+      if (op.n == 32) {
+        RetireWgmma<32>(op, result);
+      } else if (op.n == 64) {
         RetireWgmma<64>(op, result);
       } else {
         RetireWgmma<128>(op, result);
@@ -513,7 +515,7 @@ __device__ __forceinline__ void wgmma_wait(const char* file = __builtin_FILE(),
   }
 }
 
-// Queues d += A . B (N = 64 or 128; the accumulator d[N / 8][4]).
+// Queues d += A . B (N = 32, 64 or 128; the accumulator d[N / 8][4]).
 template <int N>
 __device__ __forceinline__ void WgmmaM64K8(float (&d)[N / 8][4], const uint32_t a[4],
                                            uint64_t desc_b, const char* what, const char* file,
@@ -551,6 +553,13 @@ __device__ __forceinline__ void WgmmaM64K8(float (&d)[N / 8][4], const uint32_t 
   q.open.push_back(op);
 }
 
+__device__ __forceinline__ void wgmma_m64n32k8_tf32(float (&d)[4][4], const uint32_t a[4],
+                                                    uint64_t desc_b,
+                                                    const char* file = __builtin_FILE(),
+                                                    int line = __builtin_LINE()) {
+  WgmmaM64K8<32>(d, a, desc_b, "wgmma.mma_async.m64n32k8.f32.tf32.tf32", file, line);
+}
+
 __device__ __forceinline__ void wgmma_m64n64k8_tf32(float (&d)[8][4], const uint32_t a[4],
                                                     uint64_t desc_b,
                                                     const char* file = __builtin_FILE(),
@@ -563,6 +572,17 @@ __device__ __forceinline__ void wgmma_m64n128k8_tf32(float (&d)[16][4], const ui
                                                      const char* file = __builtin_FILE(),
                                                      int line = __builtin_LINE()) {
   WgmmaM64K8<128>(d, a, desc_b, "wgmma.mma_async.m64n128k8.f32.tf32.tf32", file, line);
+}
+
+template <int N>
+__device__ __forceinline__ void wgmma_tf32(float (&d)[N / 8][4], const uint32_t a[4],
+                                           uint64_t desc_b, const char* file = __builtin_FILE(),
+                                           int line = __builtin_LINE()) {
+  static_assert(N == 32 || N == 64 || N == 128, "N: 32, 64 or 128");
+  constexpr const char* kWhat = N == 32   ? "wgmma.mma_async.m64n32k8.f32.tf32.tf32"
+                                : N == 64 ? "wgmma.mma_async.m64n64k8.f32.tf32.tf32"
+                                          : "wgmma.mma_async.m64n128k8.f32.tf32.tf32";
+  WgmmaM64K8<N>(d, a, desc_b, kWhat, file, line);
 }
 
 // Both cp.async wrappers: on sm_80+ a copy of N bytes deferred until its
