@@ -236,7 +236,8 @@ KERAS_ECOC_EMU_MODEL_FN void MmaM16N8K8Collective(const void* const* in, void* c
 // product of a row depends on that row of A and on B only, so each warp's
 // rows are computed at its own rendezvous). B (N rows x 8 columns K) comes
 // in the lanes' inputs, each lane having read its N / 32 rows through the
-// descriptor when it arrived. The arithmetic per output is
+// descriptor at the wait that retires the product (RetireWgmma). The
+// arithmetic per output is
 // mma.m16n8k8's (MmaDot8 over the 8 products and the accumulator), which
 // the tensor cores' wgmma is assumed to share: not measured (issue 16's
 // device run is the test).
