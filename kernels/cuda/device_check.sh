@@ -175,8 +175,8 @@ gencode() {
 }
 image_define() { [[ "$1" != 90 ]] || echo "-DKERAS_ECOC_SM90A_IMAGE=1"; }
 build_cmd() {  # arch output -> the compile command, one word per line
-  local define=()
-  [[ "$1" != 90 ]] || define=("$(image_define "$1")")
+  local define
+  mapfile -t define < <(image_define "$1")
   printf '%s\n' "$NVCC" "${BUILD_FLAGS[@]}" "$(gencode "$1")" "${define[@]}" \
     -I"$REPO/kernels" -x cu "$HERE/harness.cu" "$HERE/ecoc_kernels.cu.cc" -o "$2"
 }

@@ -700,6 +700,57 @@ __device__ __forceinline__ void AccumulateExpectedCode(float (&acc)[KN][4],
   }
 }
 
+// kWgmma's logits: d = u . M of the warp's 16 rows x 64 classes, the
+// warpgroup's 64 rows per wgmma.m64n64k8 (B: the tile's halves in `rows`, the
+// core-matrix copy, through descriptors, 2 core matrices = 256 bytes per
+// k-step; A: the warp's u fragment by ldmatrix from la, split as the mma
+// kernels split it), in MmaMode's order of the three products. d must hold
+// zeros. The A registers alternate between two sets, each k-step one commit
+// group, so that the next k-step's fragment loads and splits overlap the
+// products in flight: wait_group 1 before a set is rewritten lets only the
+// other set's group run on.
+template <bool kSplit, bool kFiniteSplit>
+__device__ __forceinline__ void AccumulateLogitsWg(float (&d)[8][4], const float* la,
+                                                   const float* rows, int kp) {
+  const uint64_t desc_b = wgmma::Descriptor(ptx::shared_address(rows), kWgRowsLbo, kWgRowsSbo);
+  const uint64_t desc_s = wgmma::Advance(desc_b, kWgRowsFloats * 4);
+  auto k_step = [&](int ks, uint32_t (&ab)[4], uint32_t (&as)[4]) {
+    uint32_t av[4];
+    ptx::ldmatrix_x4(av, la + ks);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      SplitTf32Operand<kFiniteSplit>(__uint_as_float(av[e]), &ab[e], &as[e]);
+    }
+    ptx::wgmma_fence();
+    const uint32_t at = static_cast<uint32_t>(ks / 4) * kWgRowsLbo;
+    if (kSplit) {
+      ptx::wgmma_m64n64k8_tf32(d, as, wgmma::Advance(desc_b, at));
+      ptx::wgmma_m64n64k8_tf32(d, ab, wgmma::Advance(desc_s, at));
+    }
+    ptx::wgmma_m64n64k8_tf32(d, ab, wgmma::Advance(desc_b, at));
+    ptx::wgmma_commit();
+  };
+  // The first k-step on set 0, pairs on sets 1 and 0, and where kp / 8
+  // is even a last one on set 1: no branch between a pair's stages. A
+  // branch inside the loop made ptxas serialise the TF32 kernel's
+  // products (note C7513: every HGMMA followed by a wait), the same
+  // loop without the peeled first step both kernels' (C7515).
+  uint32_t ab0[4], as0[4], ab1[4], as1[4];
+  k_step(0, ab0, as0);  // kp >= 8
+  int ks = 8;
+  for (; ks + 16 <= kp; ks += 16) {
+    ptx::wgmma_wait<1>();
+    k_step(ks, ab1, as1);
+    ptx::wgmma_wait<1>();
+    k_step(ks + 8, ab0, as0);
+  }
+  if (ks < kp) {
+    ptx::wgmma_wait<1>();
+    k_step(ks, ab1, as1);
+  }
+  ptx::wgmma_wait<0>();  // [barrier-mutation-test] the logits in d
+}
+
 // NW = 4 or 8 warps; with 8 the launch bound asks for 2 blocks per SM, i.e.
 // at most 128 registers per thread (65536 / 512). The 128-row tile
 // (kRows128) asks for 1: its shared memory (200 KiB in 3xTF32 at kp = 128)
@@ -893,74 +944,32 @@ __global__ void __launch_bounds__(NW * kWarpSize,
       for (int nt = 0; nt < NT; ++nt) fold[nt] = 0.0f;
     }
     if constexpr (KWG) {
-      // The warpgroup's 64 rows x 64 classes per wgmma (B: the tile's halves
-      // through descriptors, 2 core matrices = 256 bytes per k-step; A: the
-      // warp's u fragment, as below), in MmaMode's order of the three
-      // products. The A registers alternate between two sets, each k-step
-      // one commit group, so that the next k-step's fragment loads and
-      // splits overlap the products in flight: wait_group 1 before a set
-      // is rewritten lets only the other set's group run on.
-      const uint64_t desc_b = wgmma::Descriptor(ptx::shared_address(m_s), kWgRowsLbo, kWgRowsSbo);
-      const uint64_t desc_s = wgmma::Advance(desc_b, kSmallAt * 4);
-      auto k_step = [&](int ks, uint32_t (&ab)[4], uint32_t (&as)[4]) {
+      AccumulateLogitsWg<kSplit, kFiniteSplit>(d, la, m_s, kp);
+    } else {
+      for (int ks = 0; ks < kp; ks += 8) {
         uint32_t av[4];
         ptx::ldmatrix_x4(av, la + ks);
+        uint32_t ab[4], as[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           SplitTf32Operand<kFiniteSplit>(__uint_as_float(av[e]), &ab[e], &as[e]);
         }
-        ptx::wgmma_fence();
-        const uint32_t at = static_cast<uint32_t>(ks / 4) * kWgRowsLbo;
-        if (kSplit) {
-          ptx::wgmma_m64n64k8_tf32(d, as, wgmma::Advance(desc_b, at));
-          ptx::wgmma_m64n64k8_tf32(d, ab, wgmma::Advance(desc_s, at));
+        uint32_t mv[NT][2];  // kPreSplit: the big halves
+        LoadFragsB<NT>(mv, lb, pitch, ks);
+        uint32_t ms[kPreSplit && kSplit ? NT : 1][2];  // ... and the small ones
+        if constexpr (kPreSplit && kSplit) LoadFragsB<NT>(ms, lb + kSmallAt, pitch, ks);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const float m0 = __uint_as_float(mv[nt][0]), m1 = __uint_as_float(mv[nt][1]);
+          if (kFold) fold[nt] = NormChainStep(m1, NormChainStep(m0, fold[nt]));
+          uint32_t bb[2], bs[2];
+          constexpr bool kSmall = kPreSplit && kSplit;
+          CodeOperand<kSplit, kPreSplit, kFiniteSplit>(
+              m0, kSmall ? __uint_as_float(ms[nt][0]) : 0.0f, &bb[0], &bs[0]);
+          CodeOperand<kSplit, kPreSplit, kFiniteSplit>(
+              m1, kSmall ? __uint_as_float(ms[nt][1]) : 0.0f, &bb[1], &bs[1]);
+          MmaMode<kSplit>(d[nt], ab, as, bb, bs);
         }
-        ptx::wgmma_m64n64k8_tf32(d, ab, wgmma::Advance(desc_b, at));
-        ptx::wgmma_commit();
-      };
-      // The first k-step on set 0, pairs on sets 1 and 0, and where kp / 8
-      // is even a last one on set 1: no branch between a pair's stages. A
-      // branch inside the loop made ptxas serialise the TF32 kernel's
-      // products (note C7513: every HGMMA followed by a wait), the same
-      // loop without the peeled first step both kernels' (C7515).
-      uint32_t ab0[4], as0[4], ab1[4], as1[4];
-      k_step(0, ab0, as0);  // kp >= 8
-      int ks = 8;
-      for (; ks + 16 <= kp; ks += 16) {
-        ptx::wgmma_wait<1>();
-        k_step(ks, ab1, as1);
-        ptx::wgmma_wait<1>();
-        k_step(ks + 8, ab0, as0);
-      }
-      if (ks < kp) {
-        ptx::wgmma_wait<1>();
-        k_step(ks, ab1, as1);
-      }
-      ptx::wgmma_wait<0>();  // [barrier-mutation-test] the logits in d
-    }
-    for (int ks = 0; !KWG && ks < kp; ks += 8) {
-      uint32_t av[4];
-      ptx::ldmatrix_x4(av, la + ks);
-      uint32_t ab[4], as[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        SplitTf32Operand<kFiniteSplit>(__uint_as_float(av[e]), &ab[e], &as[e]);
-      }
-      uint32_t mv[NT][2];  // kPreSplit: the big halves
-      LoadFragsB<NT>(mv, lb, pitch, ks);
-      uint32_t ms[kPreSplit && kSplit ? NT : 1][2];  // ... and the small ones
-      if constexpr (kPreSplit && kSplit) LoadFragsB<NT>(ms, lb + kSmallAt, pitch, ks);
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const float m0 = __uint_as_float(mv[nt][0]), m1 = __uint_as_float(mv[nt][1]);
-        if (kFold) fold[nt] = NormChainStep(m1, NormChainStep(m0, fold[nt]));
-        uint32_t bb[2], bs[2];
-        constexpr bool kSmall = kPreSplit && kSplit;
-        CodeOperand<kSplit, kPreSplit, kFiniteSplit>(
-            m0, kSmall ? __uint_as_float(ms[nt][0]) : 0.0f, &bb[0], &bs[0]);
-        CodeOperand<kSplit, kPreSplit, kFiniteSplit>(
-            m1, kSmall ? __uint_as_float(ms[nt][1]) : 0.0f, &bb[1], &bs[1]);
-        MmaMode<kSplit>(d[nt], ab, as, bb, bs);
       }
     }
     // kFold: the quad of class g holds ||M||^2 after the butterfly; thread

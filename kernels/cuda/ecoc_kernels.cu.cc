@@ -166,7 +166,7 @@ struct Plan {
   bool reg = false;              // forward: ForwardRegKernel (kRegSoftmax)
   int reg_warps = 4;             // its warps per block (8: kWarps8)
   bool reg_fold = false;         // its ||M||^2 from the logits' code fragments
-  bool reg_wgmma = false;        // kRows128's logits on wgmma (kWgmma, sm_90a)
+  bool reg_wgmma = false;        // kRows128's products on wgmma (kWgmma, sm_90a)
   int reg_kmax = detail::kRegMaxK;  // its KMAX (4 warps: kRegShortK where kp <= 32)
   bool grad_mma = false;         // codes gradient: CodesGradMmaKernel (kGradMma)
   bool grad_persistent = false;  // codes gradient: CodesGradPersistentKernel
@@ -471,7 +471,7 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
   // batch has more than one 64-row tile and its shared memory fits the
   // device (3xTF32: 200 KiB at kp = 128, an H100 or H200; an A100's 163 KiB
   // up to kp = 48); otherwise the same call runs as kRows64RegSoftmaxWarps8.
-  // kWgmma: that kernel with its logits on wgmma, on a compute capability
+  // kWgmma: that kernel with its products on wgmma, on a compute capability
   // 9.0 device, where the fatbinary holds sm_90a code (its wrappers trap in
   // any other image); otherwise as kRows128.
   const bool rows128_wanted = (v & static_cast<int>(KernelVariant::kRows128)) != 0;

@@ -1438,21 +1438,23 @@ void RunRegSoftmaxWarps8(bool quick) {
 // (every thread's share of a code tile in use) over a partial class tile;
 // a partial tile at k = 40 over 5 class tiles, with column tiles past kp;
 // two full tiles at k = 1 (kp = 8).
+const std::vector<SweepShape> kRows128Quick = {{129, 128, 33}, {200, 40, 301}, {256, 1, 70}};
+constexpr uint64_t kRows128Seed = 889000;
 void RunRows128(bool quick) {
-  RunVariantSweep("rows128", {KernelVariant::kRows128RegSoftmaxWarps8},
-                  {{129, 128, 33}, {200, 40, 301}, {256, 1, 70}}, 1, 889000, quick);
+  RunVariantSweep("rows128", {KernelVariant::kRows128RegSoftmaxWarps8}, kRows128Quick, 1,
+                  kRows128Seed, quick);
 }
 
-// The 128-row forward with its logits on wgmma (kWgmma, sm_90a): the same
-// shapes and seeds as RunRows128, so that each check's inputs are that
+// The 128-row forward with both products on wgmma (kWgmma, sm_90a): the
+// same shapes and seeds as RunRows128, so that each check's inputs are that
 // sweep's and the emulator's digests of the two can be compared check by
 // check (the emulated wgmma takes mma.m16n8k8's arithmetic and the products
 // keep MmaMode's order: the same bits). Where kWgmma does not apply (not a
-// compute capability 9.0 card, no sm_90a image, B <= 128's other rules) the
-// launches are kRows128's.
+// compute capability 9.0 card, no sm_90a image) the launches are
+// kRows128's, and where that does not (B <= 64, FP32) its fallback's.
 void RunRows128Wgmma(bool quick) {
-  RunVariantSweep("rows128+wgmma", {KernelVariant::kRows128WgmmaRegSoftmaxWarps8},
-                  {{129, 128, 33}, {200, 40, 301}, {256, 1, 70}}, 1, 889000, quick);
+  RunVariantSweep("rows128+wgmma", {KernelVariant::kRows128WgmmaRegSoftmaxWarps8}, kRows128Quick,
+                  1, kRows128Seed, quick);
 }
 
 // The codes gradient's mma second product (kGradMma, 16- and 64-row tiles;

@@ -519,8 +519,11 @@ __device__ __forceinline__ void wgmma_wait(const char* file = __builtin_FILE(),
 // Queues d += A . B (N = 32, 64 or 128; the accumulator d[N / 8][4]).
 template <int N>
 __device__ __forceinline__ void WgmmaM64K8(float (&d)[N / 8][4], const uint32_t a[4],
-                                           uint64_t desc_b, const char* what, const char* file,
-                                           int line) {
+                                           uint64_t desc_b, const char* file, int line) {
+  static_assert(N == 32 || N == 64 || N == 128, "N: 32, 64 or 128");
+  constexpr const char* what = N == 32   ? "wgmma.mma_async.m64n32k8.f32.tf32.tf32"
+                               : N == 64 ? "wgmma.mma_async.m64n64k8.f32.tf32.tf32"
+                                         : "wgmma.mma_async.m64n128k8.f32.tf32.tf32";
   RequireWgmma(what, file, line);
   namespace wg = ::keras_ecoc::cuda::wgmma;
   if (wg::Decode(desc_b).swizzle != 0)
@@ -558,32 +561,28 @@ __device__ __forceinline__ void wgmma_m64n32k8_tf32(float (&d)[4][4], const uint
                                                     uint64_t desc_b,
                                                     const char* file = __builtin_FILE(),
                                                     int line = __builtin_LINE()) {
-  WgmmaM64K8<32>(d, a, desc_b, "wgmma.mma_async.m64n32k8.f32.tf32.tf32", file, line);
+  WgmmaM64K8<32>(d, a, desc_b, file, line);
 }
 
 __device__ __forceinline__ void wgmma_m64n64k8_tf32(float (&d)[8][4], const uint32_t a[4],
                                                     uint64_t desc_b,
                                                     const char* file = __builtin_FILE(),
                                                     int line = __builtin_LINE()) {
-  WgmmaM64K8<64>(d, a, desc_b, "wgmma.mma_async.m64n64k8.f32.tf32.tf32", file, line);
+  WgmmaM64K8<64>(d, a, desc_b, file, line);
 }
 
 __device__ __forceinline__ void wgmma_m64n128k8_tf32(float (&d)[16][4], const uint32_t a[4],
                                                      uint64_t desc_b,
                                                      const char* file = __builtin_FILE(),
                                                      int line = __builtin_LINE()) {
-  WgmmaM64K8<128>(d, a, desc_b, "wgmma.mma_async.m64n128k8.f32.tf32.tf32", file, line);
+  WgmmaM64K8<128>(d, a, desc_b, file, line);
 }
 
 template <int N>
 __device__ __forceinline__ void wgmma_tf32(float (&d)[N / 8][4], const uint32_t a[4],
                                            uint64_t desc_b, const char* file = __builtin_FILE(),
                                            int line = __builtin_LINE()) {
-  static_assert(N == 32 || N == 64 || N == 128, "N: 32, 64 or 128");
-  constexpr const char* kWhat = N == 32   ? "wgmma.mma_async.m64n32k8.f32.tf32.tf32"
-                                : N == 64 ? "wgmma.mma_async.m64n64k8.f32.tf32.tf32"
-                                          : "wgmma.mma_async.m64n128k8.f32.tf32.tf32";
-  WgmmaM64K8<N>(d, a, desc_b, kWhat, file, line);
+  WgmmaM64K8<N>(d, a, desc_b, file, line);
 }
 
 // Both cp.async wrappers: on sm_80+ a copy of N bytes deferred until its

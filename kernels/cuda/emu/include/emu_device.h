@@ -55,7 +55,7 @@ void* DynamicSharedMemory();
 struct WgmmaOp {
   uint32_t a[4];
   uint64_t desc;
-  int n;             // N: 64 or 128
+  int n;             // N: 32, 64 or 128
   float* d;          // the accumulator, N / 2 floats of the issuing thread
   bool chained;      // C is the result of an earlier product in flight on d
   float c[64];       // else C, as d held it at the issue
