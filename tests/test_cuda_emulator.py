@@ -396,7 +396,8 @@ def test_auto_variant_follows_the_fitted_rule_on_each_architecture(arch, cc):
 def test_bench_times_each_forward_launch_once_and_splits_auto_into_launches(tmp_path,
                                                                            monkeypatch):
     # `--bench-only --variant all` on two small cells: gradmma and
-    # gradpersistent run v2's forward launch, rows64+gradmma rows64's (`all`
+    # gradpersistent run v2's forward launch, rows64+gradmma and
+    # rows64+gradmma+wgmma rows64's (`all`
     # leaves out rows64+gradpersistent) and auto the variant of
     # ResolveVariant, in the same math mode, so those columns repeat that
     # column's forward ms and host us (timed once there) and say so in
@@ -409,13 +410,14 @@ def test_bench_times_each_forward_launch_once_and_splits_auto_into_launches(tmp_
     assert res.returncode == 0, _fail_message(res)
     raw = json.loads(out.read_text())
     gpu_loss = load_script(REPO / "benchmarks" / "bench_gpu_loss.py", "bench_gpu_loss")
-    assert len(gpu_loss.load_harness_json(str(out))) == len(raw) == 2 * 14 * 3
+    assert len(gpu_loss.load_harness_json(str(out))) == len(raw) == 2 * 15 * 3
     rows = {(r["mode"], r["B"]): r for r in raw}
     auto_forward = set()
     for r in raw:
         math_mode, _, variant = r["mode"].partition("+")
         source = {"gradmma": "v2", "rows64+gradmma": "rows64", "gradpersistent": "v2",
-                  "rows64+gradpersistent": "rows64"}.get(variant)
+                  "rows64+gradpersistent": "rows64",
+                  "rows64+gradmma+wgmma": "rows64"}.get(variant)
         if variant == "auto":
             source = _auto_rule("forward", r["B"], r["n"], r["k"], math_mode, 90)
             auto_forward.add(source)
@@ -431,7 +433,7 @@ def test_bench_times_each_forward_launch_once_and_splits_auto_into_launches(tmp_
     assert auto_forward == {"foldnorms", "regsoftmax+warps8", "rows64", "rows64+regsoftmax"}
     text = res.stdout
     assert text.count("forward ms: the v2 column's (the same launch, timed once there)") == 6
-    assert text.count("forward ms: the rows64 column's") == 3
+    assert text.count("forward ms: the rows64 column's") == 6  # rows64+gradmma (+wgmma)
     assert "variant rows64+gradpersistent" not in text
     assert text.count("forward ms: per row, the column of the forward variant auto ran") == 3
     # auto's forward + codes gradient split into its launches (an event after

@@ -143,26 +143,23 @@ def test_library_gencode_flags_put_every_architecture_in_the_fatbinary(tmp_path,
     assert f"sm_{archs[-1]}" in ptx.stdout, ptx.stdout
 
 
-@pytest.mark.skipif(NVCC is None, reason="nvcc is not on the PATH")
-def test_wgmma_forward_compiles_for_sm90a_without_serialised_products(tmp_path):
-    # The kWgmma forward exists as wgmma only in the H100 / H200 image that
-    # device_check.sh builds (compute_90a / sm_90a with
-    # KERAS_ECOC_SM90A_IMAGE); the library's sm_90 image holds its trap
-    # stubs, and the emulator models the PTX, not ptxas. So the real
-    # instructions are compiled here: ptxas must accept them, keep the
-    # products asynchronous (its C7513 / C7515 notes say where it
-    # serialises them, as it did the TF32 kernel's with a branch in the
-    # k-step loop) and spill nothing. Its two instantiations only, as the
-    # launcher's (3 s of nvcc instead of 55 s for the whole unit).
-    source = tmp_path / "wgmma_forward.cu"
-    source.write_text(
-        '#include "ecoc_forward_reg.cuh"\n'
-        "namespace d = keras_ecoc::cuda::detail;\n"
-        "template __global__ void d::ForwardRegKernel<d::kMath3xTf32, 128, 8, false, 128, true>"
-        "(d::ForwardSplitArgs);\n"
-        "template __global__ void d::ForwardRegKernel<d::kMathTf32, 128, 8, false, 128, true>"
-        "(d::ForwardSplitArgs);\n")
-    cubin = tmp_path / "wgmma_forward.cubin"
+def _compile_sm90a_wgmma(tmp_path, header: str, instantiations: list[str],
+                         mangled_part: str) -> tuple[list[str], str | None]:
+    """Compiles the explicit instantiations of header's kernels for sm_90a
+    (the H100 / H200 image device_check.sh builds: compute_90a / sm_90a with
+    KERAS_ECOC_SM90A_IMAGE) and asserts what every wgmma kernel must keep:
+    ptxas accepts them, keeps the products asynchronous and spills nothing.
+    Its notes C7510-C7515 say where it serialises products (as it did the
+    TF32 forward's with a branch in the k-step loop), C7519 where it injects
+    a warpgroup.arrive (as for the codes gradient's split halves before
+    ptx::wgmma_pin). Returns the ptxas entries whose mangled name holds
+    mangled_part, and the SASS listing (None without cuobjdump)."""
+    source = tmp_path / "wgmma.cu"
+    source.write_text(f'#include "{header}"\n'
+                      "namespace d = keras_ecoc::cuda::detail;\n" +
+                      "".join(f"template __global__ void {i}(d::{args});\n"
+                              for i, args in instantiations))
+    cubin = tmp_path / "wgmma.cubin"
     proc = subprocess.run(
         [NVCC, "-O3", "-DNDEBUG", "-std=c++17", "--expt-relaxed-constexpr", "-cubin",
          "-gencode=arch=compute_90a,code=sm_90a", "-DKERAS_ECOC_SM90A_IMAGE=1", "-Xptxas", "-v",
@@ -174,15 +171,53 @@ def test_wgmma_forward_compiles_for_sm90a_without_serialised_products(tmp_path):
     # ptxas -v: "Compiling entry function '<name>' for 'sm_90a'", then its
     # stack / spill line and its register line.
     entries = re.split(r"Compiling entry function '", log)[1:]
-    wgmma = [e for e in entries if "Li128ELi8ELb0ELi128ELb1E" in e.split("'", 1)[0]]
-    assert len(wgmma) == 2, [e.split("'", 1)[0] for e in entries]
+    wgmma = [e for e in entries if mangled_part in e.split("'", 1)[0]]
+    assert len(wgmma) == len(instantiations), [e.split("'", 1)[0] for e in entries]
     for e in wgmma:
         assert "0 bytes spill stores, 0 bytes spill loads" in e, e[:600]
     listing = _load_sass_tool().find_cuobjdump()
-    if listing is not None:
-        sass = subprocess.run([listing, "-sass", str(cubin)], capture_output=True, text=True).stdout
+    if listing is None:
+        return wgmma, None
+    return wgmma, subprocess.run([listing, "-sass", str(cubin)], capture_output=True,
+                                 text=True).stdout
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not on the PATH")
+def test_wgmma_forward_compiles_for_sm90a_without_serialised_products(tmp_path):
+    # The kWgmma forward exists as wgmma only in the sm_90a image; the
+    # library's sm_90 image holds its trap stubs, and the emulator models
+    # the PTX, not ptxas, so the real instructions are compiled here. Its
+    # two instantiations only, as the launcher's (3 s of nvcc instead of
+    # 55 s for the whole unit).
+    forward = "d::ForwardRegKernel<d::kMath{}, 128, 8, false, 128, true>"
+    _, sass = _compile_sm90a_wgmma(
+        tmp_path, "ecoc_forward_reg.cuh",
+        [(forward.format(m), "ForwardSplitArgs") for m in ("3xTf32", "Tf32")],
+        "Li128ELi8ELb0ELi128ELb1E")
+    if sass is not None:
         for shape in ("64x64x8", "64x32x8", "64x128x8"):
             assert f"HGMMA.{shape}.F32.TF32" in sass, shape
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not on the PATH")
+def test_wgmma_codes_gradient_compiles_for_sm90a_without_serialised_products(tmp_path):
+    # The same for rows64+gradmma+wgmma's six instantiations (both TF32
+    # modes x KMAX 32, 64, 128: one m-tile of G^T, or two): no serialised
+    # product, no injected warpgroup.arrive, no spill, and HGMMA 64x32 (the
+    # 32-class tile) in each.
+    grad = "d::CodesGradWgmmaKernel<d::kMath{}, {}>"
+    entries, sass = _compile_sm90a_wgmma(
+        tmp_path, "ecoc_codes_grad_wgmma.cuh",
+        [(grad.format(m, kmax), "CodesGradArgs") for m in ("3xTf32", "Tf32")
+         for kmax in (32, 64, 128)],
+        "CodesGradWgmmaKernel")
+    if sass is not None:
+        assert "HGMMA.64x32x8.F32.TF32" in sass
+        functions = sass.split("Function : ")[1:]
+        assert len(functions) >= 6
+        for f in functions:
+            if "CodesGradWgmmaKernel" in f.split("\n", 1)[0]:
+                assert "HGMMA.64x32x8.F32.TF32" in f, f.split("\n", 1)[0]
 
 
 @pytest.mark.slow

@@ -130,7 +130,8 @@ fi
 # one, untimed; 54 s measured on the H200 of 2026-11-28; thirteen in `all`
 # since rows128+regsoftmax+warps8, a forward of its own: ~5 s more,
 # untimed; fourteen since rows128+regsoftmax+warps8+wgmma (on an sm_90a
-# card), ~5 s more again, untimed; `all` leaves out rows64+gradpersistent, whose launches there
+# card), ~5 s more again, untimed; fifteen since rows64+gradmma+wgmma, a
+# codes gradient only (rows64's forward): ~6 s, untimed; `all` leaves out rows64+gradpersistent, whose launches there
 # are gradpersistent's or rows64's);
 # racecheck's --small runs them all too: ~29 s; the per-launch tables of
 # 2026-11-27 add three traced calls per cell to the 36 columns, ~8 %, untimed), ncu 16 s. Each can be lowered (or

@@ -100,6 +100,19 @@ __device__ __forceinline__ void LoadClassTerms(const CodesGradArgs& a, const flo
   }
 }
 
+// w's tile of the wgmma codes gradient (kGradMma | kWgmma, 64-row tiles):
+// the B operand of its second product (K = 64 batch rows x N = 32 classes),
+// K-major in wgmma's core-matrix layout (ecoc_wgmma_desc.h): the 4-row
+// groups of a class 128 bytes apart (LBO), the 8-class groups 16 core
+// matrices = 2 KiB apart (SBO); one half is 8 KiB.
+constexpr uint32_t kGradWgWLbo = 128;                        // bytes
+constexpr uint32_t kGradWgWSbo = 64 / 4 * kGradWgWLbo;       // bytes: 2 KiB
+constexpr int kGradWgWFloats = kClassTile * 64;              // one half
+__host__ __device__ constexpr int GradWgWOffset(int cl, int r) {
+  return (cl / 8) * static_cast<int>(kGradWgWSbo / 4) + (r / 4) * static_cast<int>(kGradWgWLbo / 4) +
+         (cl % 8) * 4 + r % 4;
+}
+
 // Overwrites the tile's dot products in W_s [BT][kSPitch] (the RW rows of
 // this warp, class c0 + lane; ct_s: the class tile's logit terms) with the weights
 //   w_rc = g_b (p_bc - [y_b == c]),  p_bc = exp(logit_bc - lse_b),
@@ -116,12 +129,19 @@ __device__ __forceinline__ void LoadClassTerms(const CodesGradArgs& a, const flo
 // (3xTF32) also the small half into W_lo [BT][kSPitch]. w is then split
 // once per element, not once per element and warp. p by SoftmaxExp of the
 // kernel's math mode kMath.
-template <int RW, int kTf32Halves, int kMath>
+// kCore (the wgmma codes gradient, kTf32Halves > 0): the halves go to W_lo
+// instead, in wgmma's K-major core-matrix layout (GradWgWOffset: the 64
+// rows of a class contiguous by fours; the small halves kGradWgWFloats on),
+// 4 rows per 16-byte store (each quarter-warp's 8 classes fill one core
+// matrix: no bank conflict); W_s keeps the logits.
+template <int RW, int kTf32Halves, int kMath, bool kCore = false>
 __device__ __forceinline__ float WriteTileWeights(const CodesGradArgs& a, float* W_s,
                                                   const float* ct_s, float scale, int64_t c0,
                                                   int64_t b0, int rows_valid, int warp,
                                                   int lane, float* W_lo = nullptr) {
   static_assert(RW <= kWarpSize, "one lane per row of the warp");
+  static_assert(!kCore || (kTf32Halves > 0 && RW % 4 == 0), "core layout: halves, rows by fours");
+  [[maybe_unused]] uint32_t hold_big[4], hold_small[4];
   const bool cvalid = c0 + lane < a.num_classes;
   const float ct = cvalid ? ct_s[lane] : 0.0f;
   const int rows_mine = rows_valid - warp * RW;  // the warp's rows inside the batch
@@ -150,7 +170,18 @@ __device__ __forceinline__ float WriteTileWeights(const CodesGradArgs& a, float*
     const float x = Logit(W_s[r * kSPitch + lane], scale, ct, rowc);
     const float p = SoftmaxExp<kMath>(x - lse);
     const float w = cvalid && i < rows_mine ? g * (p - (label == lane ? 1.0f : 0.0f)) : 0.0f;
-    if constexpr (kTf32Halves > 0) {
+    if constexpr (kCore) {
+      SplitTf32(w, &hold_big[i % 4], &hold_small[i % 4]);
+      if (i % 4 == 3) {
+        float* at = W_lo + GradWgWOffset(lane, r - 3);
+        *reinterpret_cast<uint4*>(at) =
+            make_uint4(hold_big[0], hold_big[1], hold_big[2], hold_big[3]);
+        if constexpr (kTf32Halves == 2) {
+          *reinterpret_cast<uint4*>(at + kGradWgWFloats) =
+              make_uint4(hold_small[0], hold_small[1], hold_small[2], hold_small[3]);
+        }
+      }
+    } else if constexpr (kTf32Halves > 0) {
       uint32_t big, small;
       SplitTf32(w, &big, &small);
       W_s[r * kSPitch + lane] = __uint_as_float(big);

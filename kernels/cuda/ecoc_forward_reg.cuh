@@ -700,20 +700,25 @@ __device__ __forceinline__ void AccumulateExpectedCode(float (&acc)[KN][4],
   }
 }
 
-// kWgmma's logits: d = u . M of the warp's 16 rows x 64 classes, the
-// warpgroup's 64 rows per wgmma.m64n64k8 (B: the tile's halves in `rows`, the
+// kWgmma's logits: d = u . M of the warp's 16 rows x N classes, the
+// warpgroup's 64 rows per wgmma.m64nNk8 (B: the tile's halves in `rows`, the
 // core-matrix copy, through descriptors, 2 core matrices = 256 bytes per
-// k-step; A: the warp's u fragment by ldmatrix from la, split as the mma
-// kernels split it), in MmaMode's order of the three products. d must hold
-// zeros. The A registers alternate between two sets, each k-step one commit
-// group, so that the next k-step's fragment loads and splits overlap the
-// products in flight: wait_group 1 before a set is rewritten lets only the
-// other set's group run on.
-template <bool kSplit, bool kFiniteSplit>
-__device__ __forceinline__ void AccumulateLogitsWg(float (&d)[8][4], const float* la,
-                                                   const float* rows, int kp) {
-  const uint64_t desc_b = wgmma::Descriptor(ptx::shared_address(rows), kWgRowsLbo, kWgRowsSbo);
-  const uint64_t desc_s = wgmma::Advance(desc_b, kWgRowsFloats * 4);
+// k-step, class groups `sbo` bytes apart, the small halves `small_bytes`
+// after the big ones; A: the warp's u fragment by ldmatrix from la, split as
+// the mma kernels split it), in MmaMode's order of the three products. d
+// must hold zeros. The A registers alternate between two sets, each k-step
+// one commit group, so that the next k-step's fragment loads and splits
+// overlap the products in flight: wait_group 1 before a set is rewritten
+// lets only the other set's group run on. N = 64: the 128-row forward's
+// code tile (the defaults); N = 32: the wgmma codes gradient's class tile
+// (ecoc_codes_grad_mma.cuh).
+template <bool kSplit, bool kFiniteSplit, int N = kRegClassTile>
+__device__ __forceinline__ void AccumulateLogitsWg(float (&d)[N / 8][4], const float* la,
+                                                   const float* rows, int kp,
+                                                   uint32_t sbo = kWgRowsSbo,
+                                                   uint32_t small_bytes = kWgRowsFloats * 4) {
+  const uint64_t desc_b = wgmma::Descriptor(ptx::shared_address(rows), kWgRowsLbo, sbo);
+  const uint64_t desc_s = wgmma::Advance(desc_b, small_bytes);
   auto k_step = [&](int ks, uint32_t (&ab)[4], uint32_t (&as)[4]) {
     uint32_t av[4];
     ptx::ldmatrix_x4(av, la + ks);
@@ -724,10 +729,10 @@ __device__ __forceinline__ void AccumulateLogitsWg(float (&d)[8][4], const float
     ptx::wgmma_fence();
     const uint32_t at = static_cast<uint32_t>(ks / 4) * kWgRowsLbo;
     if (kSplit) {
-      ptx::wgmma_m64n64k8_tf32(d, as, wgmma::Advance(desc_b, at));
-      ptx::wgmma_m64n64k8_tf32(d, ab, wgmma::Advance(desc_s, at));
+      ptx::wgmma_tf32<N>(d, as, wgmma::Advance(desc_b, at));
+      ptx::wgmma_tf32<N>(d, ab, wgmma::Advance(desc_s, at));
     }
-    ptx::wgmma_m64n64k8_tf32(d, ab, wgmma::Advance(desc_b, at));
+    ptx::wgmma_tf32<N>(d, ab, wgmma::Advance(desc_b, at));
     ptx::wgmma_commit();
   };
   // The first k-step on set 0, pairs on sets 1 and 0, and where kp / 8

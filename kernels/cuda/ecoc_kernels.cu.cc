@@ -32,6 +32,7 @@
 #include "ecoc_codes_grad.cuh"
 #include "ecoc_codes_grad_mma.cuh"
 #include "ecoc_codes_grad_persistent.cuh"
+#include "ecoc_codes_grad_wgmma.cuh"
 #include "ecoc_combine.cuh"
 #include "ecoc_common.cuh"
 #include "ecoc_decode.cuh"
@@ -169,6 +170,7 @@ struct Plan {
   bool reg_wgmma = false;        // kRows128's products on wgmma (kWgmma, sm_90a)
   int reg_kmax = detail::kRegMaxK;  // its KMAX (4 warps: kRegShortK where kp <= 32)
   bool grad_mma = false;         // codes gradient: CodesGradMmaKernel (kGradMma)
+  bool grad_wgmma = false;       // ... as CodesGradWgmmaKernel (kGradMma | kWgmma, sm_90a)
   bool grad_persistent = false;  // codes gradient: CodesGradPersistentKernel
   int grad_stages = 2;           // codes gradient: stage buffers (CodesGradArgs::stages)
   int warp_splits = 1;           // partial states per (row, split) (reg: WC)
@@ -252,9 +254,16 @@ SplitKernel<detail::CodesGradArgs> CodesGradKernelFor(const Plan& p) {
   if constexpr (kMath != detail::kMathFp32) {
     if (p.grad_mma) {
       // The instantiation for the row: one column tile of G per warp at
-      // kp <= 32, two at kp <= 64, four above.
+      // kp <= 32, two at kp <= 64, four above (the wgmma kernel: one m-tile
+      // of G^T up to kp = 64, two above).
       using detail::CodesGradMmaKernel;
       constexpr int kShort = detail::kRegShortK, kMid = detail::kGradMmaMidK;
+      if (p.grad_wgmma) {
+        using detail::CodesGradWgmmaKernel;
+        if (p.kp <= kShort) return {CodesGradWgmmaKernel<kMath, kShort>};
+        if (p.kp <= kMid) return {CodesGradWgmmaKernel<kMath, kMid>};
+        return {CodesGradWgmmaKernel<kMath>};
+      }
       if (p.kp <= kShort) {
         return {rows64 ? CodesGradMmaKernel<kMath, kRowTile64, kShort>
                        : CodesGradMmaKernel<kMath, kRowTile, kShort>};
@@ -435,8 +444,8 @@ bool BadVariant(KernelVariant v) {
   // kAuto (-1); 0-5; kWarps8 only with kRegSoftmax (12, 13); kGradMma
   // alone or with kRows64 (16, 17); kGradPersistent the same (32, 33);
   // kRows128 only with kRows64RegSoftmaxWarps8 (77); kWgmma only with 77
-  // (205).
-  return i != 77 && i != 205 &&
+  // (205) or with kRows64GradMma (145).
+  return i != 77 && i != 145 && i != 205 &&
          (i < -1 || i > 33 || (i > 5 && i < 12) || (i > 13 && i < 16) || (i > 17 && i < 32));
 }
 
@@ -534,12 +543,19 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
   const bool grad_mma_wanted = pass == Pass::kCodesGrad &&
                                (v & static_cast<int>(KernelVariant::kGradMma)) != 0;
   const bool split_w = p->math == detail::kMath3xTf32;
+  // With kWgmma (145): both of its products on wgmma where the batch tile
+  // has 64 rows, on a compute capability 9.0 device with sm_90a code, within
+  // the budget (CodesGradWgmmaKernel); otherwise as kGradMma.
+  auto grad_mma_floats = [&](bool wg, int64_t kp, int stages) {
+    return wg ? detail::CodesGradWgSmemFloats(static_cast<int>(kp), stages, split_w)
+              : detail::CodesGradMmaSmemFloats(p->row_tile, static_cast<int>(kp), stages, split_w);
+  };
   if (grad_mma_wanted && p->math != detail::kMathFp32 && kp_reg <= detail::kRegMaxK &&
-      detail::CodesGradMmaSmemFloats(p->row_tile, static_cast<int>(kp_reg), 1, split_w) * 4 <=
-          budget) {
+      grad_mma_floats(false, kp_reg, 1) * 4 <= budget) {
     p->grad_mma = true;
-    UseOneStage(p, kp_reg,
-                detail::CodesGradMmaSmemFloats(p->row_tile, static_cast<int>(kp_reg), 2, split_w));
+    p->grad_wgmma = wgmma_wanted && wgmma_image && p->row_tile == kRowTile64 &&
+                    grad_mma_floats(true, kp_reg, 1) * 4 <= budget;
+    UseOneStage(p, kp_reg, grad_mma_floats(p->grad_wgmma, kp_reg, 2));
   }
   // kGradPersistent: persistent blocks where the batch is one row tile and
   // one stage holds the padded row within the budget; otherwise the same
@@ -587,7 +603,7 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
     one.grad_stages = 1;
     one.smem_bytes =
         4 * (p->grad_mma
-                 ? detail::CodesGradMmaSmemFloats(p->row_tile, p->kc, 1, split_w)
+                 ? grad_mma_floats(p->grad_wgmma, p->kc, 1)
                  : detail::CodesGradSmemFloats(p->row_tile, p->kc, k, p->acc_in_smem, 1));
     bool use_one = B <= p->row_tile || (p->grad_mma && p->smem_bytes > budget);
     if (!use_one && p->grad_mma) {

@@ -118,15 +118,19 @@ enum class MathMode : int { kFp32 = 0, k3xTf32 = 1, kTf32 = 2 };
 //               opt-in shared memory (an H100 at every k <= 128; an A100 in
 //               TF32, in 3xTF32 up to k = 48); elsewhere the call runs as
 //               13. Not (yet) chosen by kAuto: untimed.
-//   kWgmma:     with kRows128RegSoftmaxWarps8 only (205; 128 to 204 are
-//               invalid): the 128-row kernel with its logits on Hopper's
-//               wgmma.m64n64k8 (each warpgroup's 64 rows x 64 classes per
-//               product, the code tile's TF32 halves read by the tensor
-//               cores from shared memory). Applies where 77 does, on a
-//               device of compute capability 9.0 (H100, H200), in a build
-//               whose fatbinary holds sm_90a code (KERAS_ECOC_SM90A_IMAGE:
-//               the harness's sm_90 build; not yet the library's); elsewhere
-//               the call runs as 77. Not chosen by kAuto: untimed.
+//   kWgmma:     with kRows128RegSoftmaxWarps8 (205) or kRows64GradMma
+//               (145) only (128 to 204 otherwise invalid): products on
+//               Hopper's wgmma (each warpgroup's 64 rows per product, the
+//               code tile's TF32 halves read by the tensor cores from shared
+//               memory). 205: the 128-row forward with both products on
+//               wgmma. 145: the 64-row kGradMma codes gradient with both
+//               products on wgmma (the logits m64n32k8, G^T += U^T W
+//               m64n32k8; ecoc_codes_grad_wgmma.cuh); its other passes run
+//               as 17. Each applies where 77 (17) does, on a device of
+//               compute capability 9.0 (H100, H200), in a build whose
+//               fatbinary holds sm_90a code (KERAS_ECOC_SM90A_IMAGE: the
+//               harness's sm_90 build; not yet the library's); elsewhere
+//               the call runs as 77 (17). Not chosen by kAuto: untimed.
 //   kAuto:      the default of every params struct: the pass picks one of
 //               the variants above from its shape, math mode and the
 //               device's compute capability (ResolveVariant below), by a
@@ -150,6 +154,7 @@ enum class KernelVariant : int {
   kRows128 = 64,
   kRows128RegSoftmaxWarps8 = 77,
   kWgmma = 128,
+  kRows64GradMmaWgmma = 145,
   kRows128WgmmaRegSoftmaxWarps8 = 205,
 };
 

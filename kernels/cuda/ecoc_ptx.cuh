@@ -188,6 +188,18 @@ __device__ __forceinline__ void wgmma_fence() {
 #endif
 }
 
+// Ties the values of A fragment registers to this point (an empty asm that
+// reads and writes each): call it before wgmma_fence on registers that are
+// not all read by the first product after the fence. Without it the
+// compiler sinks their last arithmetic (a small half's subtraction) past the
+// first wgmma, and ptxas then injects a warpgroup.arrive before the product
+// that reads them (its note C7519), splitting the k-step's batch of HGMMAs.
+template <int M>
+__device__ __forceinline__ void wgmma_pin(uint32_t (&r)[M]) {
+#pragma unroll
+  for (int i = 0; i < M; ++i) asm volatile("" : "+r"(r[i]));
+}
+
 // Closes the group of wgmma issued since the last commit
 // (wgmma.commit_group.sync.aligned).
 __device__ __forceinline__ void wgmma_commit() {

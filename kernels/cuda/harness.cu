@@ -156,6 +156,7 @@ constexpr VariantName kVariants[] = {
     // Last, so that the checks of RunVariants before it keep their seeds.
     {KernelVariant::kRows128RegSoftmaxWarps8, "rows128+regsoftmax+warps8"},
     {KernelVariant::kRows128WgmmaRegSoftmaxWarps8, "rows128+regsoftmax+warps8+wgmma"},
+    {KernelVariant::kRows64GradMmaWgmma, "rows64+gradmma+wgmma"},
 };
 
 // The names of kVariants in order, joined by `sep`, for the --variant error
@@ -1031,7 +1032,8 @@ void RunVariantValidation() {
   const int64_t B = 4, n = 10, k = 8;
   int accepted = 0, refused = 0, wrong = 0;
   std::string first_wrong;
-  for (int i = -3; i <= 80; ++i) {
+  // Past 255: every value kWgmma (128) can combine with.
+  for (int i = -3; i <= 260; ++i) {
     const KernelVariant v = static_cast<KernelVariant>(i);
     const bool valid = std::any_of(std::begin(kVariants), std::end(kVariants),
                                    [v](const VariantName& e) { return e.variant == v; });
@@ -1056,7 +1058,7 @@ void RunVariantValidation() {
   char detail[160];
   std::snprintf(detail, sizeof(detail), "%d accepted, %d refused, %d wrong%s%s", accepted,
                 refused, wrong, wrong > 0 ? ", first: " : "", first_wrong.c_str());
-  Report("variant validation [-3 .. 80, four workspace queries]", wrong == 0, detail);
+  Report("variant validation [-3 .. 260, four workspace queries]", wrong == 0, detail);
 }
 
 // The scale as a device pointer (contract field scale_ptr) gives the same
@@ -1467,21 +1469,34 @@ void RunRows128Wgmma(bool quick) {
 // codewords, s = 30, where W^T U - colsum M cancels) with and without the bit,
 // so that the per-mode error table compares the expanded form with the
 // difference form of CodesGradSplitKernel (--quick: s = 8 only).
+// The sweep's --quick shapes and its seeds: one variant takes
+// GradMmaSweepSeeds of them (RunVariantSweep counts one per case), so the
+// wgmma sweep below can run rows64+gradmma's cases with its seeds.
+const std::vector<SweepShape> kGradMmaQuick = {{129, 128, 40}, {33, 31, 33}, {1, 1, 1}};
+constexpr uint64_t kGradMmaSeed = 161600;
+uint64_t GradMmaSweepSeeds(bool quick) {
+  return quick ? kGradMmaQuick.size() + 1 : 6 * 4 * 3 * 3;  // RunVariantSweep's cases
+}
+// The rows of 33-64 padded columns: kp = 48 and 64 (below).
+constexpr SweepShape kGradMmaMidShapes[] = {{33, 48, 40}, {129, 61, 33}};
+constexpr uint64_t kGradMmaMidSeed = 161800;
+constexpr uint64_t kGradMmaNearSeed = 161699;
+
 void RunGradMma(bool quick) {
   RunVariantSweep("gradmma", {KernelVariant::kGradMma, KernelVariant::kRows64GradMma},
-                  {{129, 128, 40}, {33, 31, 33}, {1, 1, 1}}, 1, 161600, quick);
+                  kGradMmaQuick, 1, kGradMmaSeed, quick);
   // Rows of 33-64 padded columns, the instantiation with two column tiles of
   // G per warp (KMAX = 64), which the sweep's k = 1, 31, 32, 128 never
   // reach: kp = 48 (warps 0 and 1 hold two column tiles, warps 2 and 3 one)
   // and kp = 64 with a partial last column tile, over one partial and
   // several batch tiles, in both TF32 modes and both row tiles (--quick
   // too).
-  uint64_t seed = 161800;
+  uint64_t seed = kGradMmaMidSeed;
   for (KernelVariant v : {KernelVariant::kGradMma, KernelVariant::kRows64GradMma}) {
     g_variant = v;
     for (MathMode math : {MathMode::k3xTf32, MathMode::kTf32}) {
       g_math = math;
-      for (const SweepShape& sh : {SweepShape{33, 48, 40}, SweepShape{129, 61, 33}}) {
+      for (const SweepShape& sh : kGradMmaMidShapes) {
         RunCase({"gradmma kp <= 64", sh.B, sh.n, sh.k, 8.0f, false, true, true},
                 FloatType::kFloat32, IndexType::kInt32, seed++);
       }
@@ -1501,8 +1516,57 @@ void RunGradMma(bool quick) {
       g_variant = v;
       for (MathMode math : {MathMode::k3xTf32, MathMode::kTf32}) {
         g_math = math;
-        RunCase(near, FloatType::kFloat32, IndexType::kInt32, 161699);
+        RunCase(near, FloatType::kFloat32, IndexType::kInt32, kGradMmaNearSeed);
       }
+    }
+  }
+  g_math = MathMode::k3xTf32;
+  g_variant = KernelVariant::kV2;
+}
+
+// The 64-row kGradMma codes gradient with both products on wgmma
+// (kRows64GradMmaWgmma, sm_90a): rows64+gradmma's cases of RunGradMma with
+// their seeds (the sweep, the rows of 33-64 padded columns, the near
+// codewords at s = 8 and, without --quick, 30), so that the emulator's
+// digests of the two can be compared check by check: the emulated wgmma
+// takes mma.m16n8k8's arithmetic and each logit and G entry keeps
+// kGradMma's products in their order, so the bits are the same. The
+// shapes cover one m-tile of G^T (kp = 8, 32, 48, 64) and two (kp = 128),
+// one partial batch tile and several, batch splits, a partial class tile;
+// one more case, TF32 at kp = 32, runs under both variants here.
+// Where it does not apply (not a compute capability 9.0 card, no sm_90a
+// image) the launches are rows64+gradmma's, and where that does not (B <=
+// 16: 16-row tiles; FP32) its fallback's.
+void RunGradMmaWgmma(bool quick) {
+  RunVariantSweep("rows64+gradmma+wgmma", {KernelVariant::kRows64GradMmaWgmma}, kGradMmaQuick, 1,
+                  kGradMmaSeed + GradMmaSweepSeeds(quick), quick);
+  g_variant = KernelVariant::kRows64GradMmaWgmma;
+  uint64_t seed = kGradMmaMidSeed + 4;  // after kGradMma's four
+  for (MathMode math : {MathMode::k3xTf32, MathMode::kTf32}) {
+    g_math = math;
+    for (const SweepShape& sh : kGradMmaMidShapes) {
+      RunCase({"rows64+gradmma+wgmma kp <= 64", sh.B, sh.n, sh.k, 8.0f, false, true, true},
+              FloatType::kFloat32, IndexType::kInt32, seed++);
+    }
+  }
+  // TF32 at kp = 32 (the KMAX = 32 instantiation, which the quick sweep
+  // reaches in 3xTF32 only), under both variants with one seed.
+  for (KernelVariant v : {KernelVariant::kRows64GradMma, KernelVariant::kRows64GradMmaWgmma}) {
+    g_variant = v;
+    g_math = MathMode::kTf32;
+    const bool wg = v == KernelVariant::kRows64GradMmaWgmma;
+    RunCase({wg ? "rows64+gradmma+wgmma kp <= 32" : "gradmma kp <= 32", 100, 70, 29, 8.0f, false,
+             true, true},
+            FloatType::kFloat32, IndexType::kInt32, kGradMmaMidSeed + 8);
+  }
+  g_variant = KernelVariant::kRows64GradMmaWgmma;
+  for (float s : {8.0f, 30.0f}) {
+    if (quick && s != 8.0f) continue;
+    Case near{"rows64+gradmma+wgmma near", quick ? 129 : 1024, 40, 128, s};
+    near.near = true;
+    for (MathMode math : {MathMode::k3xTf32, MathMode::kTf32}) {
+      g_math = math;
+      RunCase(near, FloatType::kFloat32, IndexType::kInt32, kGradMmaNearSeed);
     }
   }
   g_math = MathMode::k3xTf32;
@@ -1664,6 +1728,7 @@ void RunChecks(int sms, bool quick) {
   RunGradPersistent(quick);
   RunAuto(quick);
   RunRows128Wgmma(quick);  // last: the checks before it keep their order
+  RunGradMmaWgmma(quick);
 }
 
 
@@ -2150,7 +2215,8 @@ std::string ModeLabel(MathMode m, KernelVariant v) {
 // of compute capability cc: c itself, or the column of the same math mode
 // with the variant c's forward resolves to (kCodesGradBits reach the codes
 // gradient only, so gradmma and gradpersistent run v2's forward, their
-// rows64 forms rows64's; auto runs ResolveVariant's forward variant), where that column
+// rows64 forms and rows64+gradmma+wgmma rows64's; auto runs ResolveVariant's
+// forward variant), where that column
 // is in the list.
 int BenchForwardSource(const std::vector<KernelVariant>& variants, int c, int64_t B, int64_t n,
                        int64_t k, int cc) {
@@ -2163,6 +2229,11 @@ int BenchForwardSource(const std::vector<KernelVariant>& variants, int c, int64_
                                                             B, n, k, mode, cc));
   }
   fwd &= ~kCodesGradBits;
+  // kWgmma reaches the forward with kRows128 only (205): rows64+gradmma+wgmma
+  // (145) runs rows64's forward.
+  if ((fwd & static_cast<int>(KernelVariant::kRows128)) == 0) {
+    fwd &= ~static_cast<int>(KernelVariant::kWgmma);
+  }
   if (fwd == static_cast<int>(v)) return c;
   for (size_t i = 0; i < variants.size(); ++i) {
     if (static_cast<int>(variants[i]) == fwd) return static_cast<int>(i) * 3 + c % 3;

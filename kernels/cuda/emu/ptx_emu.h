@@ -435,6 +435,10 @@ __device__ __forceinline__ void wgmma_fence(const char* file = __builtin_FILE(),
   RequireWgmma("wgmma.fence", file, line);
 }
 
+// Pins registers for the compiler (ecoc_ptx.cuh): nothing to do here.
+template <int M>
+__device__ __forceinline__ void wgmma_pin(uint32_t (&)[M]) {}
+
 __device__ __forceinline__ void wgmma_commit(const char* file = __builtin_FILE(),
                                              int line = __builtin_LINE()) {
   RequireWgmma("wgmma.commit_group", file, line);
