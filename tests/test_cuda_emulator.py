@@ -830,9 +830,10 @@ def test_emulated_ldmatrix_gives_each_lane_the_words_plain_loads_give_and_checks
 
 
 def test_emulated_wgmma_matches_an_exact_reference_and_retires_products_at_the_wait(tmp_path):
-    """ptx::wgmma_tf32<N> (emu/selftest/wgmma.cu) in the three layouts the
-    kWgmma forward uses (N = 64 at LBO 128 / SBO 4096 bytes, N = 128 and 32
-    at 144 / 2304), two k-steps through an advanced descriptor, on small
+    """ptx::wgmma_tf32<N> (emu/selftest/wgmma.cu) in the four layouts the
+    wgmma kernels use (N = 64 at LBO 128 / SBO 4096 bytes, N = 128 and 32
+    at 144 / 2304: the forward; N = 32 at 128 / 2048: the codes gradient's
+    w tile), two k-steps through an advanced descriptor, on small
     integers: exact, so the result must equal the reference bit for bit.
     The emulator runs a product when the wait that retires it runs: reading
     the accumulators before the wait reads NaN, and a store into B between
@@ -843,9 +844,9 @@ def test_emulated_wgmma_matches_an_exact_reference_and_retires_products_at_the_w
     res = run_emu("--arch", "90", *program, str(out), "ok")
     assert res.returncode == 0, _fail_message(res)
     bad, compared = np.fromfile(out, dtype="<u4")
-    assert compared == 64 * (64 + 128 + 32) and bad == 0
+    assert compared == 64 * (64 + 128 + 32 + 32) and bad == 0
     # Row 0 of B zeroed before the wait: column 0 of D, 64 outputs per case.
-    for mode, wrong in (("read-before-wait", compared), ("store-before-wait", 3 * 64)):
+    for mode, wrong in (("read-before-wait", compared), ("store-before-wait", 4 * 64)):
         res = run_emu("--arch", "90", *program, str(tmp_path / mode), mode)
         assert res.returncode == 1, _fail_message(res)
         assert np.fromfile(tmp_path / mode, dtype="<u4")[0] == wrong, res.stdout

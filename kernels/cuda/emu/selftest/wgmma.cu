@@ -7,9 +7,11 @@
 //    (row / 8) SBO + (col / 4) LBO + (row % 8) 16 + (col % 4) 4 bytes
 //    (ecoc_wgmma_desc.h), and Advance() by 2 LBO is the next k-step.
 // One warpgroup computes D = C + A . B^T over K = 16 (two products, the
-// second through the advanced descriptor) for each layout the kernel uses:
-// N = 64 at LBO 128 / SBO 4096 bytes (the logits' code tile), N = 128 and
-// N = 32 at LBO 144 / SBO 2304 (the expected code's transposed tile). The
+// second through the advanced descriptor) for each layout the kernels use:
+// N = 64 at LBO 128 / SBO 4096 bytes (the forward logits' code tile; the
+// codes gradient's code tile at kp = 128 has these strides at N = 32),
+// N = 128 and N = 32 at LBO 144 / SBO 2304 (the forward's transposed tile),
+// N = 32 at LBO 128 / SBO 2048 (the codes gradient's w tile). The
 // entries are small integers, so every product and sum is exact in TF32 and
 // FP32 whatever the tensor cores' rounding: the result must equal the
 // reference exactly. Where it does not, the program says which of a few
@@ -55,7 +57,7 @@ struct Case {
   int n;
   uint32_t lbo, sbo;
 };
-constexpr Case kCases[3] = {{64, 128, 4096}, {128, 144, 2304}, {32, 144, 2304}};
+constexpr Case kCases[4] = {{64, 128, 4096}, {128, 144, 2304}, {32, 144, 2304}, {32, 128, 2048}};
 
 // out[r * N + c] = D[r][c]; mode 0 ok, 1 read-before-wait, 2 store-before-wait.
 template <int N>
