@@ -711,7 +711,7 @@ __device__ __forceinline__ void AccumulateExpectedCode(float (&acc)[KN][4],
 // overlap the products in flight: wait_group 1 before a set is rewritten
 // lets only the other set's group run on. N = 64: the 128-row forward's
 // code tile (the defaults); N = 32: the wgmma codes gradient's class tile
-// (ecoc_codes_grad_mma.cuh).
+// (ecoc_codes_grad_wgmma.cuh).
 template <bool kSplit, bool kFiniteSplit, int N = kRegClassTile>
 __device__ __forceinline__ void AccumulateLogitsWg(float (&d)[N / 8][4], const float* la,
                                                    const float* rows, int kp,

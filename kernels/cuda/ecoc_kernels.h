@@ -119,7 +119,7 @@ enum class MathMode : int { kFp32 = 0, k3xTf32 = 1, kTf32 = 2 };
 //               TF32, in 3xTF32 up to k = 48); elsewhere the call runs as
 //               13. Not (yet) chosen by kAuto: untimed.
 //   kWgmma:     with kRows128RegSoftmaxWarps8 (205) or kRows64GradMma
-//               (145) only (128 to 204 otherwise invalid): products on
+//               (145) only (every other value from 128 on is invalid): products on
 //               Hopper's wgmma (each warpgroup's 64 rows per product, the
 //               code tile's TF32 halves read by the tensor cores from shared
 //               memory). 205: the 128-row forward with both products on

@@ -13,7 +13,8 @@
 //                      architecture-specific target compute_90a / sm_90a, where
 //                      nvcc defines __CUDA_ARCH_FEAT_SM90_ALL; KERAS_ECOC_WGMMA
 //                      below): elsewhere they trap, and the launcher never runs
-//                      a kernel that calls them (MakePlan, kWgmma).
+//                      a kernel that calls them (MakePlan, kWgmma). wgmma_pin,
+//                      an empty asm, compiles everywhere.
 #ifndef KERAS_ECOC_KERNELS_CUDA_ECOC_PTX_CUH_
 #define KERAS_ECOC_KERNELS_CUDA_ECOC_PTX_CUH_
 

@@ -1032,7 +1032,7 @@ void RunVariantValidation() {
   const int64_t B = 4, n = 10, k = 8;
   int accepted = 0, refused = 0, wrong = 0;
   std::string first_wrong;
-  // Past 255: every value kWgmma (128) can combine with.
+  // Up to 260: past 255, the last value kWgmma (128) combines into.
   for (int i = -3; i <= 260; ++i) {
     const KernelVariant v = static_cast<KernelVariant>(i);
     const bool valid = std::any_of(std::begin(kVariants), std::end(kVariants),
