@@ -254,7 +254,8 @@ __global__ void __launch_bounds__(kThreads) CodesGradWgmmaKernel(CodesGradArgs a
       LoadClassTerms(a, M_s, pitch, scale, c0, warp, lane, ct_s);
     }
 
-    // The logits of the warp's 16 rows, into W_s at MmaEngine::Store's places.
+    // The logits of the warp's 16 rows, into W_s at MmaEngine::Store's places
+    // (the m64n32 accumulators have the 64-row engine's layout).
     float s[CT / 8][4];
 #pragma unroll
     for (int nt = 0; nt < CT / 8; ++nt) {
@@ -264,17 +265,7 @@ __global__ void __launch_bounds__(kThreads) CodesGradWgmmaKernel(CodesGradArgs a
     const float* la = FragRowA(cur + warp * 16 * pitch, pitch, lane);
     AccumulateLogitsWg<kSplit, true, CT>(s, la, Mh_s, kp, GradWgCodeSbo(kp),
                                          static_cast<uint32_t>(CT * kp * 4));
-    {
-      const int r = warp * 16 + g;
-#pragma unroll
-      for (int nt = 0; nt < CT / 8; ++nt) {
-        const int c = nt * 8 + 2 * t;
-        W_s[r * kSPitch + c] = s[nt][0];
-        W_s[r * kSPitch + c + 1] = s[nt][1];
-        W_s[(r + 8) * kSPitch + c] = s[nt][2];
-        W_s[(r + 8) * kSPitch + c + 1] = s[nt][3];
-      }
-    }
+    MmaEngine<BT, kSplit>::StoreFragments(s, W_s);
     const int64_t b0 = (t_begin + q) * BT;
     const int rows_valid = static_cast<int>(a.batch - b0 < BT ? a.batch - b0 : BT);
     // W_s and (first batch tile) ct_s complete.

@@ -283,7 +283,12 @@ struct MmaEngine {
     }
   }
 
-  __device__ __forceinline__ void Store(float* S) const {
+  __device__ __forceinline__ void Store(float* S) const { StoreFragments(d, S); }
+
+  // The logit fragments d of a warp into S [BT][kSPitch] (Store's layout):
+  // also the wgmma codes gradient's, whose m64n32 accumulators have the
+  // 64-row engine's layout.
+  __device__ __forceinline__ static void StoreFragments(const float (&d)[kNTiles][4], float* S) {
     const int warp = threadIdx.x / kWarpSize;
     const int lane = threadIdx.x % kWarpSize;
     const int g = lane / 4;

@@ -1480,7 +1480,42 @@ uint64_t GradMmaSweepSeeds(bool quick) {
 // The rows of 33-64 padded columns: kp = 48 and 64 (below).
 constexpr SweepShape kGradMmaMidShapes[] = {{33, 48, 40}, {129, 61, 33}};
 constexpr uint64_t kGradMmaMidSeed = 161800;
+constexpr uint64_t kGradMmaMidCases = 2 * std::size(kGradMmaMidShapes);  // per variant
 constexpr uint64_t kGradMmaNearSeed = 161699;
+
+// The rows of 33-64 padded columns under one variant, in both TF32 modes,
+// seeds counting up from `seed` (kGradMmaMidCases of them).
+void RunGradMmaMid(const char* name, KernelVariant variant, uint64_t seed) {
+  g_variant = variant;
+  for (MathMode math : {MathMode::k3xTf32, MathMode::kTf32}) {
+    g_math = math;
+    for (const SweepShape& sh : kGradMmaMidShapes) {
+      RunCase({name, sh.B, sh.n, sh.k, 8.0f, false, true, true}, FloatType::kFloat32,
+              IndexType::kInt32, seed++);
+    }
+  }
+}
+
+// Near codewords: the same inputs (same seed) under each variant and both
+// TF32 modes, at s = 8 (p_y ~ 0.99: the own-class terms w (u - M_y) still
+// count) and s = 30 (p_y ~ 1 - 1e-12: everything is small). The NEAR lines
+// give the error relative to the gradient's own size. --quick: s = 8 only
+// (s = 30 measured the same error for both forms; README).
+void RunGradMmaNear(const char* name, std::initializer_list<KernelVariant> variants,
+                    bool quick) {
+  for (float s : {8.0f, 30.0f}) {
+    if (quick && s != 8.0f) continue;
+    Case near{name, quick ? 129 : 1024, 40, 128, s};
+    near.near = true;
+    for (KernelVariant v : variants) {
+      g_variant = v;
+      for (MathMode math : {MathMode::k3xTf32, MathMode::kTf32}) {
+        g_math = math;
+        RunCase(near, FloatType::kFloat32, IndexType::kInt32, kGradMmaNearSeed);
+      }
+    }
+  }
+}
 
 void RunGradMma(bool quick) {
   RunVariantSweep("gradmma", {KernelVariant::kGradMma, KernelVariant::kRows64GradMma},
@@ -1491,35 +1526,14 @@ void RunGradMma(bool quick) {
   // and kp = 64 with a partial last column tile, over one partial and
   // several batch tiles, in both TF32 modes and both row tiles (--quick
   // too).
-  uint64_t seed = kGradMmaMidSeed;
-  for (KernelVariant v : {KernelVariant::kGradMma, KernelVariant::kRows64GradMma}) {
-    g_variant = v;
-    for (MathMode math : {MathMode::k3xTf32, MathMode::kTf32}) {
-      g_math = math;
-      for (const SweepShape& sh : kGradMmaMidShapes) {
-        RunCase({"gradmma kp <= 64", sh.B, sh.n, sh.k, 8.0f, false, true, true},
-                FloatType::kFloat32, IndexType::kInt32, seed++);
-      }
-    }
-  }
-  // Near codewords: the same inputs (same seed) under each variant and mode,
-  // at s = 8 (p_y ~ 0.99: the own-class terms w (u - M_y) still count) and
-  // s = 30 (p_y ~ 1 - 1e-12: everything is small). The NEAR lines give the
-  // error relative to the gradient's own size. --quick: s = 8 only (s = 30
-  // measured the same error for both forms; README).
-  for (float s : {8.0f, 30.0f}) {
-    if (quick && s != 8.0f) continue;
-    Case near{"gradmma near", quick ? 129 : 1024, 40, 128, s};
-    near.near = true;
-    for (KernelVariant v : {KernelVariant::kV2, KernelVariant::kRows64, KernelVariant::kGradMma,
-                            KernelVariant::kRows64GradMma}) {
-      g_variant = v;
-      for (MathMode math : {MathMode::k3xTf32, MathMode::kTf32}) {
-        g_math = math;
-        RunCase(near, FloatType::kFloat32, IndexType::kInt32, kGradMmaNearSeed);
-      }
-    }
-  }
+  RunGradMmaMid("gradmma kp <= 64", KernelVariant::kGradMma, kGradMmaMidSeed);
+  RunGradMmaMid("gradmma kp <= 64", KernelVariant::kRows64GradMma,
+                kGradMmaMidSeed + kGradMmaMidCases);
+  // The split kernel's difference form against the expanded one of kGradMma.
+  RunGradMmaNear("gradmma near",
+                 {KernelVariant::kV2, KernelVariant::kRows64, KernelVariant::kGradMma,
+                  KernelVariant::kRows64GradMma},
+                 quick);
   g_math = MathMode::k3xTf32;
   g_variant = KernelVariant::kV2;
 }
@@ -1540,15 +1554,8 @@ void RunGradMma(bool quick) {
 void RunGradMmaWgmma(bool quick) {
   RunVariantSweep("rows64+gradmma+wgmma", {KernelVariant::kRows64GradMmaWgmma}, kGradMmaQuick, 1,
                   kGradMmaSeed + GradMmaSweepSeeds(quick), quick);
-  g_variant = KernelVariant::kRows64GradMmaWgmma;
-  uint64_t seed = kGradMmaMidSeed + 4;  // after kGradMma's four
-  for (MathMode math : {MathMode::k3xTf32, MathMode::kTf32}) {
-    g_math = math;
-    for (const SweepShape& sh : kGradMmaMidShapes) {
-      RunCase({"rows64+gradmma+wgmma kp <= 64", sh.B, sh.n, sh.k, 8.0f, false, true, true},
-              FloatType::kFloat32, IndexType::kInt32, seed++);
-    }
-  }
+  RunGradMmaMid("rows64+gradmma+wgmma kp <= 64", KernelVariant::kRows64GradMmaWgmma,
+                kGradMmaMidSeed + kGradMmaMidCases);
   // TF32 at kp = 32 (the KMAX = 32 instantiation, which the quick sweep
   // reaches in 3xTF32 only), under both variants with one seed.
   for (KernelVariant v : {KernelVariant::kRows64GradMma, KernelVariant::kRows64GradMmaWgmma}) {
@@ -1557,18 +1564,9 @@ void RunGradMmaWgmma(bool quick) {
     const bool wg = v == KernelVariant::kRows64GradMmaWgmma;
     RunCase({wg ? "rows64+gradmma+wgmma kp <= 32" : "gradmma kp <= 32", 100, 70, 29, 8.0f, false,
              true, true},
-            FloatType::kFloat32, IndexType::kInt32, kGradMmaMidSeed + 8);
+            FloatType::kFloat32, IndexType::kInt32, kGradMmaMidSeed + 2 * kGradMmaMidCases);
   }
-  g_variant = KernelVariant::kRows64GradMmaWgmma;
-  for (float s : {8.0f, 30.0f}) {
-    if (quick && s != 8.0f) continue;
-    Case near{"rows64+gradmma+wgmma near", quick ? 129 : 1024, 40, 128, s};
-    near.near = true;
-    for (MathMode math : {MathMode::k3xTf32, MathMode::kTf32}) {
-      g_math = math;
-      RunCase(near, FloatType::kFloat32, IndexType::kInt32, kGradMmaNearSeed);
-    }
-  }
+  RunGradMmaNear("rows64+gradmma+wgmma near", {KernelVariant::kRows64GradMmaWgmma}, quick);
   g_math = MathMode::k3xTf32;
   g_variant = KernelVariant::kV2;
 }
