@@ -108,9 +108,10 @@ HARNESS_RUNS = [
 _LAUNCH_LOGS: dict[str, Path] = {}
 
 # Harness arguments of the barrier-deletion test: the quick check set must
-# itself catch a missing barrier. --fail-fast stops a mutant at its first
-# failed check instead of running the rest of the set (each full mutant run
-# cost as much CPU as the quick set itself, and there are four).
+# itself catch a missing barrier. Each mutant runs the section of the set
+# that exercises its barrier (the marker's only=SECTION; a failing subset
+# fails the set), and --fail-fast stops it at its first failed check. The
+# whole set takes about a minute under the emulator, and there are 17.
 MUTATION_ARGS = ["--check-only", "--quick", "--fail-fast"]
 
 
@@ -132,8 +133,8 @@ def _needed_builds(test_names: set[str]) -> list[list[str]]:
             if ["--src-root", str(SRC_ROOT), *options[:2]] not in builds:
                 builds.append(["--src-root", str(SRC_ROOT), *options[:2]])
     if harness and "test_deleting_a_marked_barrier_makes_the_harness_fail" in test_names:
-        builds += [["--src-root", str(SRC_ROOT), "--arch", "90", "--delete-marked-barrier", str(i)]
-                   for i in range(len(_marked_barriers()))]
+        # One build serves every mutant (the barriers are switched at run time).
+        builds.append(["--src-root", str(SRC_ROOT), "--arch", "90", "--delete-marked-barrier", "0"])
     # (program, architectures, the tests that run it)
     programs = [
         ("divergence.cu", ["90"], {"test_correct_warp_and_block_synchronisation_runs_and_gives_"
@@ -461,6 +462,11 @@ def test_deleting_a_marked_barrier_makes_the_harness_fail():
     marked = _marked_barriers()
     assert len(marked) >= 2, ("the kernel source must mark at least two barriers with "
                               f"// [barrier-mutation-test]; found {marked}")
+    sections = [re.search(r"\[barrier-mutation-test\] only=(\S+)", line) for line in marked]
+    unnamed = [line for line, m in zip(marked, sections) if m is None]
+    assert not unnamed, ("each marked barrier names the check section that exercises it "
+                         f"(// [barrier-mutation-test] only=SECTION): {unnamed}")
+
     def mutant(index: int) -> subprocess.CompletedProcess:
         # A barrier that frees a cp.async target for the next staging is
         # marked `cp-async=eager`: only copies that land when issued show
@@ -473,22 +479,58 @@ def test_deleting_a_marked_barrier_makes_the_harness_fail():
         if "schedule=warps" in marked[index]:
             timing += ["--schedule", "warps"]
         return run_emu("--src-root", str(SRC_ROOT), "--arch", "90", "--sms", "2", *timing,
-                       "--delete-marked-barrier", str(index), "--", *MUTATION_ARGS)
+                       "--delete-marked-barrier", str(index), "--", *MUTATION_ARGS,
+                       "--only", sections[index].group(1))
 
     # One mutant per core: each is a single-threaded emulator run.
     with ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1))) as pool:
         results = list(pool.map(mutant, range(len(marked))))
-    for where, res in zip(marked, results):
+    for index, (where, res) in enumerate(zip(marked, results)):
         caught = (res.returncode in (1, ASAN_EXIT, UBSAN_EXIT, *SIGABRT_CODES)
                   and ("FAIL" in res.stdout or "keras-ecoc CUDA emulator" in res.stderr
                        or "Sanitizer" in res.stderr))
         assert caught, f"deleting the barrier at {where} went unnoticed:\n{_fail_message(res)}"
+        if res.returncode == 1:
+            # A failed check exits through exit(), where the runtime says how
+            # often it skipped the deleted barrier: a mutant that failed
+            # without reaching its barrier would show 0.
+            skipped = re.search(r"marked barrier (\d+) deleted, skipped (\d+) times", res.stderr)
+            assert skipped and int(skipped.group(1)) == index \
+                and int(skipped.group(2)) > 0, f"{where}:\n{res.stderr[-2000:]}"
+
+
+def test_marked_barriers_go_behind_the_run_time_switch_numbered_across_files():
+    # The mutants' build: each marked call becomes a conditional call with
+    # its index among all marked lines (first_index counts the files before),
+    # on the same line; unmarked barriers and other lines stay as they were.
+    rewrite = load_script(EMU / "rewrite.py", "_keras_ecoc_emu_rewrite_for_tests")
+    text = ("  __syncthreads();\n"
+            "  __syncthreads();  // [barrier-mutation-test] only=cases\n"
+            "  if (x) ptx::wgmma_wait<1>();  // [barrier-mutation-test] only=auto\n"
+            "  __syncwarp(0xffffu);  // [barrier-mutation-test] only=scale")
+    out = rewrite.switchable_barriers(text, 5, "k.cuh").split("\n")
+    assert out == [
+        "  __syncthreads();",
+        "  (keras_ecoc_emu_barrier_kept(5) ? __syncthreads() : (void)0);  "
+        "// [barrier-mutation-test] only=cases",
+        "  if (x) (keras_ecoc_emu_barrier_kept(6) ? ptx::wgmma_wait<1>() : (void)0);  "
+        "// [barrier-mutation-test] only=auto",
+        "  (keras_ecoc_emu_barrier_kept(7) ? __syncwarp(0xffffu) : (void)0);  "
+        "// [barrier-mutation-test] only=scale",
+    ]
+    with pytest.raises(rewrite.RewriteError, match=r"k\.cuh:1: marked .* has no __syncthreads"):
+        rewrite.switchable_barriers("  x = 1;  // [barrier-mutation-test] only=cases", 0, "k.cuh")
+    out_of_range = run_emu("--src-root", str(SRC_ROOT), "--delete-marked-barrier", "999",
+                           "--build-only")
+    assert out_of_range.returncode != 0
+    assert "--delete-marked-barrier 999: the sources have" in out_of_range.stderr
 
 
 @needs_kernels
 def test_an_object_is_keyed_by_the_headers_its_unit_includes_and_no_others():
-    # Why a barrier deleted in a kernel header rebuilds the kernels but reuses
-    # the harness object, and an edited harness reuses the kernels.
+    # Why the mutants' build (its marked barriers switchable, all in kernel
+    # headers) rebuilds the kernels but reuses the harness object, and an
+    # edited harness reuses the kernels.
     run = load_script(RUN, "_keras_ecoc_emu_run_for_tests")
     texts = {"a.cu": '#include "b.h"\n#include <vector>\n  #  include "emu/x.h"\n',
              "b.h": '#include "c.cuh"\n#include "not_staged.h"\n', "c.cuh": '#include "b.h"\n',

@@ -261,11 +261,37 @@ def test_harness_usage_and_variant_error_name_every_variant_of_its_table(harness
     error = subprocess.run([str(harness), "--variant", "nope"], capture_output=True, text=True,
                            timeout=60)
     assert usage.returncode == error.returncode == 3
-    offered = usage.stderr.split("all, or one of", 1)[1].split()
+    offered = usage.stderr.split("all, or one of", 1)[1].split("--only", 1)[0].split()
     assert offered == names
     listed = error.stderr.split("must be one of", 1)[1].split("; got")[0]
     assert [w.strip() for w in listed.split(",")][:-1] == names
     assert listed.rstrip().endswith("or all")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not on the PATH")
+def test_harness_only_names_its_check_sections_and_refuses_other_names_and_modes(harness):
+    # --only looks names up in kCheckSections, the table RunChecks walks: the
+    # usage offers its names in order, and a wrong name or a mode without
+    # the checks is refused before any device is asked for.
+    table = re.search(r"constexpr CheckSection kCheckSections\[\] = \{(.*?)\n\};",
+                      (REPO / "kernels" / "cuda" / "harness.cu").read_text(), re.S).group(1)
+    names = re.findall(r'^\s*\{"([^"]+)",', table, re.M)
+    assert names[0] == "cases" and "gradmma+wgmma" in names and len(names) == len(set(names))
+    usage = subprocess.run([str(harness), "--no-such-flag"], capture_output=True, text=True,
+                           timeout=60)
+    assert usage.stderr.split("--only S[,S]", 1)[1].split("S one of", 1)[1].split() == names
+
+    def refused(*args: str) -> str:
+        proc = subprocess.run([str(harness), *args], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 3, proc.stdout + proc.stderr
+        return proc.stderr
+
+    error = refused("--check-only", "--only", "gradmma,nope")
+    assert "--only must be a comma-separated list of check sections" in error
+    assert ", ".join(names) in error and error.rstrip().endswith("got gradmma,nope")
+    assert "use it with --check-only" in refused("--only", "gradmma")
+    assert "use it with --check-only" in refused("--small", "--only", "gradmma")
 
 
 @pytest.mark.slow

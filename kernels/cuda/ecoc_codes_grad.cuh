@@ -297,7 +297,7 @@ __global__ void __launch_bounds__(kThreads, BT == 16 ? (kMath == kMath3xTf32 ? 8
       WriteTileWeights<RW, 0, kMath>(a, W_s, ct_s, scale, c0, b0, rows_valid, warp, lane);
       // Every w of the tile is written before any thread reads another
       // warp's rows.
-      __syncthreads();  // [barrier-mutation-test]
+      __syncthreads();  // [barrier-mutation-test] only=cases
       const float* usrc = a.nchunks == 1 ? cur : a.u + b0 * a.kp;
       const int64_t ustride = a.nchunks == 1 ? pitch : a.kp;
       const float* msrc = a.nchunks == 1 ? cur + BT * pitch : a.codes + c0 * k;

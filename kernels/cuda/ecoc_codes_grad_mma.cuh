@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(kThreads, BT == 16 ? kGradMmaMinBlocks16 : 0)
                                                     lane, W_lo);
     // Every w and partial column sum of the tile is written before any
     // warp reads the whole tile.
-    __syncthreads();  // [barrier-mutation-test]
+    __syncthreads();  // [barrier-mutation-test] only=gradmma
 
     // Column sums of the thread's four classes (mt*16 + g + 8h), warps in
     // increasing order.
@@ -254,7 +254,7 @@ __global__ void __launch_bounds__(kThreads, BT == 16 ? kGradMmaMinBlocks16 : 0)
     // buffer, the next tile's target; with two, the one after), W_s and cs_s
     // are free. The emulator sees a missing one only with eager copies and
     // one warp running ahead.
-    __syncthreads();  // [barrier-mutation-test] cp-async=eager schedule=warps
+    __syncthreads();  // [barrier-mutation-test] only=gradmma cp-async=eager schedule=warps
     if (a.stages == 1 && q + 1 < ntiles) stage_u(U_s, (t_begin + q + 1) * BT);
     // G_c -= (sum_r w_rc) M_c for the tile (the code tile is zero past k
     // and past the class count, and stays for the block's whole range),

@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(kThreads, BT == 64 ? 5 : 0) CodesGradPersisten
     WriteTileWeights<RW, 0, kMath>(a, W_s, ct_s, scale, c0, 0, rows_valid, warp, lane);
     // Every w of the tile is written before any thread reads another
     // warp's rows.
-    __syncthreads();  // [barrier-mutation-test]
+    __syncthreads();  // [barrier-mutation-test] only=gradpersistent
 
     float* out = a.out + c0 * k;
     if (group < groups) {
@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(kThreads, BT == 64 ? 5 : 0) CodesGradPersisten
     }
     // Buffer `buf` (the next staging's target), W_s and ct_s are free for
     // the next tile. The emulator sees a missing one only with eager copies.
-    __syncthreads();  // [barrier-mutation-test] cp-async=eager
+    __syncthreads();  // [barrier-mutation-test] only=gradpersistent cp-async=eager
   }
 }
 

@@ -151,7 +151,7 @@ __device__ __forceinline__ void AccumulateGradWg(float (&acc)[MT][4][4], const f
     }
     ptx::wgmma_commit();
   }
-  ptx::wgmma_wait<0>();  // [barrier-mutation-test] G^T in acc
+  ptx::wgmma_wait<0>();  // [barrier-mutation-test] only=gradmma+wgmma G^T in acc
 }
 
 // Calls f(v, n, h, cl, j) on each accumulator float v of G^T with j < kp:
@@ -250,7 +250,7 @@ __global__ void __launch_bounds__(kThreads) CodesGradWgmmaKernel(CodesGradArgs a
       // default rounds the warps finish the split together.)
       SplitCodeTileWg<kSplit>(M_s, pitch, kp, Mh_s);
       ptx::fence_proxy_async_shared();
-      __syncthreads();  // [barrier-mutation-test] schedule=warps
+      __syncthreads();  // [barrier-mutation-test] only=gradmma+wgmma schedule=warps
       LoadClassTerms(a, M_s, pitch, scale, c0, warp, lane, ct_s);
     }
 
@@ -275,7 +275,7 @@ __global__ void __launch_bounds__(kThreads) CodesGradWgmmaKernel(CodesGradArgs a
     // w's halves visible to wgmma's proxy, and every partial column sum
     // written, before any warp's second product.
     ptx::fence_proxy_async_shared();
-    __syncthreads();  // [barrier-mutation-test]
+    __syncthreads();  // [barrier-mutation-test] only=gradmma+wgmma
 
     // Column sums of the thread's eight classes 8 n + 2t + h, warps in
     // increasing order (CodesGradMmaKernel's sums).

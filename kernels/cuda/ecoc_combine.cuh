@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(kCombineMaxThreads) ForwardCombineKernel(Forwa
       }
       col_s[t] = e;
       // Every group's sums visible to the column's first thread.
-      __syncthreads();  // [barrier-mutation-test]
+      __syncthreads();  // [barrier-mutation-test] only=cases
       if (t < cols && j < k) {
         float sum = col_s[t];
         for (int q = 1; q < groups; ++q) sum += col_s[q * cols + t];

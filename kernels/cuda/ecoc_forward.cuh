@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(kThreads, BT == 16 ? (kMath == kMathFp32 ? 4 :
       ptx::cp_async_wait<0>();
     }
     // Stage q is visible to every thread after this barrier.
-    __syncthreads();  // [barrier-mutation-test]
+    __syncthreads();  // [barrier-mutation-test] only=cases
 
     const int chunk = static_cast<int>(q % a.nchunks);
     if (chunk == 0) engine.Init();

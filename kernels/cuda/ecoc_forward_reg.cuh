@@ -548,7 +548,7 @@ __device__ __forceinline__ void AccumulateExpectedCodeWg(float (&acc_all)[kRegMa
     ptx::wgmma_tf32<N>(acc, b, wgmma::Advance(desc_b, at));
     ptx::wgmma_commit();
   }
-  ptx::wgmma_wait<0>();  // [barrier-mutation-test] the products in acc
+  ptx::wgmma_wait<0>();  // [barrier-mutation-test] only=rows128+wgmma the products in acc
 }
 
 // acc[jn] = alpha * acc[jn] + P.M for the 8-column blocks jn < kn of the
@@ -753,7 +753,7 @@ __device__ __forceinline__ void AccumulateLogitsWg(float (&d)[N / 8][4], const f
     ptx::wgmma_wait<1>();
     k_step(ks, ab1, as1);
   }
-  ptx::wgmma_wait<0>();  // [barrier-mutation-test] the logits in d
+  ptx::wgmma_wait<0>();  // [barrier-mutation-test] only=rows128+wgmma the logits in d
 }
 
 // NW = 4 or 8 warps; with 8 the launch bound asks for 2 blocks per SM, i.e.
@@ -908,7 +908,7 @@ __global__ void __launch_bounds__(NW * kWarpSize,
       // that publishes them).
       if constexpr (KWG) ptx::fence_proxy_async_shared();
       // Tile q's halves (and u) visible to every thread.
-      __syncthreads();  // [barrier-mutation-test]
+      __syncthreads();  // [barrier-mutation-test] only=rows128
       // The next tile's loads, in flight while this one runs.
       if (q + 1 < ntiles) LoadRows128Codes(pre, a, (t_begin + q + 1) * CT, kp);
     } else if (q + 1 < ntiles) {
@@ -921,7 +921,7 @@ __global__ void __launch_bounds__(NW * kWarpSize,
     }
     if constexpr (!kT) {
       // Tile q (and u) visible to every thread after this barrier.
-      __syncthreads();  // [barrier-mutation-test]
+      __syncthreads();  // [barrier-mutation-test] only=regsoftmax
     }
     if constexpr (kPreSplit && !kT) {
       SplitCodeTile<kSplit, CT, NTH>(m_s + (q & 1) * CT * pitch, pitch, kp);
@@ -929,7 +929,7 @@ __global__ void __launch_bounds__(NW * kWarpSize,
       // emulator sees a missing one with the warp-major schedule: in its
       // default rounds the warps meet at u's ldmatrix before any reads a
       // code fragment.)
-      __syncthreads();  // [barrier-mutation-test] schedule=warps
+      __syncthreads();  // [barrier-mutation-test] only=regsoftmax schedule=warps
     }
 
     // Logits u.M of the warp's 16 rows x CW classes, in registers.
@@ -1096,7 +1096,7 @@ __global__ void __launch_bounds__(NW * kWarpSize,
     }
     // Buffer q & 1 is free for the prefetch of tile q + 2. The emulator sees
     // a missing one only with eager copies and one warp running ahead.
-    __syncthreads();  // [barrier-mutation-test] cp-async=eager schedule=warps
+    __syncthreads();  // [barrier-mutation-test] only=warps8 cp-async=eager schedule=warps
   }
 
   // Epilogue: the quad's partial sums, then the warp's normalised state
@@ -1139,7 +1139,7 @@ __global__ void __launch_bounds__(NW * kWarpSize,
         }
       }
     }
-    __syncthreads();  // [barrier-mutation-test] every warp's state visible to the merge
+    __syncthreads();  // [barrier-mutation-test] only=warps8 every warp's state visible to the merge
     // Row r, column j: the WC states in increasing wc order,
     //   M = max_w m_w,  c_w = exp(m_w - M),  L = sum_w c_w l_w,
     //   acc = sum_w c_w acc_w (/ L), sqn likewise; lse = M + log L.

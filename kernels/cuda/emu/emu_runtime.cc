@@ -1030,6 +1030,26 @@ long keras_ecoc_emu_runtime_calls(const char* name) {
   return 0;
 }
 
+bool keras_ecoc_emu_barrier_kept(int index) {
+  // Read once: a mutant deletes one barrier for the whole run. The count of
+  // skipped calls goes to stderr at exit, so that a mutant the checks did not
+  // notice says whether its barrier ran at all.
+  static std::atomic<long> skipped{0};
+  static const long deleted = [] {
+    const long i = keras_ecoc_emu::EnvLong("KERAS_ECOC_EMU_DELETE_BARRIER", -1);
+    if (i >= 0) {
+      std::atexit([] {
+        std::fprintf(stderr, "[emu] mutant: marked barrier %ld deleted, skipped %ld times\n",
+                     deleted, skipped.load());
+      });
+    }
+    return i;
+  }();
+  if (index != deleted) return true;
+  ++skipped;
+  return false;
+}
+
 cudaError_t cudaGetDeviceCount(int* count) {
   if (count == nullptr) return SetError(cudaErrorInvalidValue);
   Dev();

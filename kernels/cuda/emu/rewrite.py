@@ -8,10 +8,11 @@
   ``T* const name = reinterpret_cast<T*>(::keras_ecoc_emu::DynamicSharedMemory());``.
   Any other ``__shared__`` (a static shared array) is outside the contract of
   kernels/cuda and is reported as an error.
-* Optionally, the call on the i-th line marked ``[barrier-mutation-test]``
-  (``__syncthreads();``, ``__syncwarp(...);`` or a wgmma group wait,
-  ``ptx::wgmma_wait<N>();``) is deleted, for the test that a missing barrier
-  or wait is caught.
+* Optionally (switchable_barriers), the call on each line marked
+  ``[barrier-mutation-test]`` (``__syncthreads();``, ``__syncwarp(...);`` or
+  a wgmma group wait, ``ptx::wgmma_wait<N>();``) goes behind a run-time
+  switch, so that one build runs every mutant of the test that a missing
+  barrier or wait is caught.
 
 Comments and string literals are never rewritten.
 """
@@ -222,16 +223,32 @@ def marked_barriers(text: str) -> list[tuple[int, str]]:
     return [(i + 1, line) for i, line in enumerate(text.split("\n")) if MARKER in line]
 
 
-def delete_barrier(text: str, line_no: int, path: str) -> str:
+_BARRIER_CALL = re.compile(r"(__syncthreads\s*\(\s*\)|__syncwarp\s*\([^;]*\)"
+                           r"|ptx::wgmma_wait\s*<\s*\d+\s*>\s*\(\s*\))\s*;")
+
+
+def switchable_barriers(text: str, first_index: int, path: str) -> str:
+    """Puts each marked barrier of ``text`` behind the emulator's run-time switch.
+
+    The I-th marked barrier of the sources (``first_index`` + its place in
+    ``text``) becomes ``(keras_ecoc_emu_barrier_kept(I) ? CALL : (void)0);``
+    on the same line. One build then serves every mutant of the
+    barrier-deletion test: KERAS_ECOC_EMU_DELETE_BARRIER=I skips the I-th
+    call at run time, which is what deleting it from the source does under
+    the emulator (its barriers and waits are calls into the runtime), and
+    leaves every other one in place.
+    """
     lines = text.split("\n")
-    line = lines[line_no - 1]
-    new, count = re.subn(r"(__syncthreads\s*\(\s*\)|__syncwarp\s*\([^;]*\)"
-                         r"|ptx::wgmma_wait\s*<\s*\d+\s*>\s*\(\s*\))\s*;",
-                         "/* barrier deleted by the emulator's mutation test */;", line, count=1)
-    if count == 0:
-        raise RewriteError(f"{path}:{line_no}: marked {MARKER} but has no __syncthreads(); "
-                           f"__syncwarp(...); or ptx::wgmma_wait<N>(); call: {line.strip()!r}")
-    lines[line_no - 1] = new
+    index = first_index
+    for line_no, line in marked_barriers(text):
+        new, count = _BARRIER_CALL.subn(
+            lambda m: f"(keras_ecoc_emu_barrier_kept({index}) ? {m.group(1)} : (void)0);",
+            line, count=1)
+        if count == 0:
+            raise RewriteError(f"{path}:{line_no}: marked {MARKER} but has no __syncthreads(); "
+                               f"__syncwarp(...); or ptx::wgmma_wait<N>(); call: {line.strip()!r}")
+        lines[line_no - 1] = new
+        index += 1
     return "\n".join(lines)
 
 

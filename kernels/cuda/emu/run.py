@@ -86,17 +86,19 @@ def list_marked_barriers(cuda_dir: Path) -> list[tuple[str, int, str]]:
     return out
 
 
-def stage_sources(cuda_dir: Path, stage_root: Path, delete_marked: int | None,
+def stage_sources(cuda_dir: Path, stage_root: Path, switchable: bool,
                   extra: list[Path], headers_only: bool = False) -> tuple[Path, dict[str, str]]:
-    """Copies and rewrites the sources; returns (staged kernels/cuda dir, name -> text)."""
+    """Copies and rewrites the sources; returns (staged kernels/cuda dir, name -> text).
+
+    ``switchable``: the marked barriers go behind the emulator's run-time
+    switch (rewrite.switchable_barriers), numbered as list_marked_barriers
+    lists them.
+    """
     texts: dict[str, str] = {}
-    marked = list_marked_barriers(cuda_dir) if cuda_dir.is_dir() else []
-    target = None
-    if delete_marked is not None:
-        if not 0 <= delete_marked < len(marked):
-            raise SystemExit(f"[emu] --delete-marked-barrier {delete_marked}: the sources have "
-                             f"{len(marked)} marked barriers")
-        target = marked[delete_marked]
+    marked = list_marked_barriers(cuda_dir) if switchable and cuda_dir.is_dir() else []
+    first_index = {}
+    for i, (name, _, _) in enumerate(marked):
+        first_index.setdefault(name, i)
     sources = []
     if cuda_dir.is_dir():
         sources = [p for p in sorted(cuda_dir.iterdir())
@@ -105,8 +107,8 @@ def stage_sources(cuda_dir: Path, stage_root: Path, delete_marked: int | None,
     sources += extra
     for path in sources:
         text = path.read_text()
-        if target is not None and path.name == target[0] and path.parent == cuda_dir:
-            text = rewrite.delete_barrier(text, target[1], str(path))
+        if path.name in first_index and path.parent == cuda_dir:
+            text = rewrite.switchable_barriers(text, first_index[path.name], str(path))
         try:
             display = str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
             new, _ = rewrite.rewrite(text, str(path), display)
@@ -189,7 +191,13 @@ def build(args: argparse.Namespace) -> Path:
     programs = [Path(p).resolve() for p in args.program]
     # Programs see the headers of kernels/cuda (ecoc_ptx.cuh, ...) but not
     # the harness or the kernels' translation unit.
-    stage, texts = stage_sources(cuda_dir, build_dir, args.delete_marked_barrier, programs,
+    switchable = args.delete_marked_barrier is not None
+    if switchable:
+        count = len(list_marked_barriers(cuda_dir))
+        if not 0 <= args.delete_marked_barrier < count:
+            raise SystemExit(f"[emu] --delete-marked-barrier {args.delete_marked_barrier}: the "
+                             f"sources have {count} marked barriers (0 .. {count - 1})")
+    stage, texts = stage_sources(cuda_dir, build_dir, switchable, programs,
                                  headers_only=bool(programs))
     include = ["-I" + str(EMU_DIR / "include"), "-I" + str(stage.parent), "-I" + str(stage)]
     emu_files = "".join(p.read_text() for p in sorted((EMU_DIR / "include").iterdir()))
@@ -227,8 +235,9 @@ def build(args: argparse.Namespace) -> Path:
                 # (device_check.sh), whose kernels may use wgmma.
                 flags.append("-DKERAS_ECOC_SM90A_IMAGE=1")
         # The key leaves out the staging directory (its name hashes every
-        # source): a barrier deleted in a kernel header, or an edited harness,
-        # must not rebuild the units that do not include the changed file.
+        # source): the mutants' switchable barriers (all in kernel headers),
+        # or an edited harness, must not rebuild the units that do not
+        # include the changed file.
         # The staged files carry #line directives with their repository
         # paths, so an object does not depend on where it was staged.
         included = included_texts(unit, texts)
@@ -269,6 +278,9 @@ def run_env(args: argparse.Namespace) -> dict[str, str]:
         env["KERAS_ECOC_EMU_LAUNCH_LOG"] = str(Path(args.launch_log).resolve())
     if args.cp_async is not None:
         env["KERAS_ECOC_EMU_CP_ASYNC"] = args.cp_async
+    env.pop("KERAS_ECOC_EMU_DELETE_BARRIER", None)
+    if args.delete_marked_barrier is not None:
+        env["KERAS_ECOC_EMU_DELETE_BARRIER"] = str(args.delete_marked_barrier)
     # Sanitizer reports get their own exit codes (the harness uses 1 for a
     # failed check); leaks are not the question here.
     env["ASAN_OPTIONS"] = (f"exitcode={ASAN_EXIT}:detect_leaks=0:abort_on_error=0:"
@@ -301,7 +313,9 @@ def main(argv: list[str] | None = None) -> int:
                         "(deferred, the default: catches a read before the wait) or when "
                         "issued (eager: catches a copy into a buffer other threads still read)")
     p.add_argument("--delete-marked-barrier", type=int, metavar="I",
-                   help="delete the barrier on the I-th [barrier-mutation-test] line (build copy only)")
+                   help="delete the barrier on the I-th [barrier-mutation-test] line: one build "
+                        "with every marked barrier behind a run-time switch serves each I "
+                        "(the sources are not changed)")
     p.add_argument("--list-marked-barriers", action="store_true",
                    help="print the [barrier-mutation-test] lines and exit")
     p.add_argument("--list-kernels", action="store_true",

@@ -159,6 +159,10 @@ inline T FromBits(uint64_t b) {
 inline void __syncthreads(const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
   keras_ecoc_emu::SyncThreads(file, line);
 }
+// The barrier-deletion test's switch (run.py --delete-marked-barrier I
+// builds each marked barrier as `(keras_ecoc_emu_barrier_kept(J) ? CALL :
+// (void)0)`): false only for J = $KERAS_ECOC_EMU_DELETE_BARRIER.
+bool keras_ecoc_emu_barrier_kept(int index);
 inline void __syncwarp(unsigned mask = 0xffffffffu, const char* file = __builtin_FILE(),
                        int line = __builtin_LINE()) {
   keras_ecoc_emu::WarpOp(keras_ecoc_emu::WarpOpKind::kSyncwarp, mask, 0, 0, 32, "__syncwarp",
