@@ -1751,7 +1751,9 @@ constexpr CheckSection kCheckSections[] = {
 
 std::string CheckSectionNames() {
   std::string out;
-  for (const CheckSection& s : kCheckSections) out += (out.empty() ? "" : ", ") + std::string(s.name);
+  for (const CheckSection& s : kCheckSections) {
+    out += (out.empty() ? "" : ", ") + std::string(s.name);
+  }
   return out;
 }
 
