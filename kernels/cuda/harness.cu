@@ -163,9 +163,11 @@ constexpr VariantName kVariants[] = {
 // The names of kVariants in order, joined by `sep`, for the --variant error
 // (PrintUsage wraps the same list): both come from the table, so that a new
 // variant is named once.
-std::string VariantNames(const char* sep) {
+// The names of a table's entries (kVariants, kCheckSections), joined by sep.
+template <typename Entry, size_t N>
+std::string TableNames(const Entry (&table)[N], const char* sep) {
   std::string out;
-  for (const VariantName& e : kVariants) {
+  for (const Entry& e : table) {
     if (!out.empty()) out += sep;
     out += e.name;
   }
@@ -1749,14 +1751,6 @@ constexpr CheckSection kCheckSections[] = {
     {"gradmma+wgmma", [](int, bool quick) { RunGradMmaWgmma(quick); }},
 };
 
-std::string CheckSectionNames() {
-  std::string out;
-  for (const CheckSection& s : kCheckSections) {
-    out += (out.empty() ? "" : ", ") + std::string(s.name);
-  }
-  return out;
-}
-
 void RunChecks(int sms, bool quick) {
   for (const CheckSection& section : kCheckSections) {
     if (!g_only_sections.empty() &&
@@ -2685,15 +2679,15 @@ const char kUsage[] =
     "  --fail-fast    stop at the first failed check (exit 1)\n"
     "  V              all, or one of\n";
 
-// The usage text, then the variant names (VariantNames) and the check
-// sections (kCheckSections) wrapped under it.
+// The usage text, then the names of kVariants and of kCheckSections wrapped
+// under it.
 void PrintUsage(const char* argv0) {
   std::fprintf(stderr, kUsage, argv0);
   const std::string indent(16, ' ');
-  auto print_wrapped = [&](const std::vector<std::string>& names) {
+  auto print_wrapped = [&](const auto& table) {
     std::string line = indent;
-    for (const std::string& name : names) {
-      const std::string item = " " + name;
+    for (const auto& entry : table) {
+      const std::string item = std::string(" ") + entry.name;
       if (line.size() + item.size() > 90) {
         std::fprintf(stderr, "%s\n", line.c_str());
         line = indent;
@@ -2702,14 +2696,10 @@ void PrintUsage(const char* argv0) {
     }
     std::fprintf(stderr, "%s\n", line.c_str());
   };
-  std::vector<std::string> names;
-  for (const VariantName& e : kVariants) names.push_back(e.name);
-  print_wrapped(names);
+  print_wrapped(kVariants);
   std::fprintf(stderr, "  --only S[,S]   --check-only runs only these sections of its checks, in "
                        "their fixed\n                 order; S one of\n");
-  names.clear();
-  for (const CheckSection& s : kCheckSections) names.push_back(s.name);
-  print_wrapped(names);
+  print_wrapped(kCheckSections);
 }
 
 int main(int argc, char** argv) {
@@ -2754,7 +2744,7 @@ int main(int argc, char** argv) {
                                        [&](const CheckSection& s) { return name == s.name; });
         if (!known) {
           std::fprintf(stderr, "--only must be a comma-separated list of check sections (%s); "
-                               "got %s\n", CheckSectionNames().c_str(), list.c_str());
+                               "got %s\n", TableNames(kCheckSections, ", ").c_str(), list.c_str());
           return 3;
         }
         g_only_sections.push_back(name);
@@ -2775,7 +2765,7 @@ int main(int argc, char** argv) {
       }
       if (g_bench_variants.empty()) {
         std::fprintf(stderr, "--variant must be one of %s, or all; got %s\n",
-                     VariantNames(", ").c_str(), v);
+                     TableNames(kVariants, ", ").c_str(), v);
         return 3;
       }
       g_variant = g_bench_variants.size() == 1 ? g_bench_variants[0] : KernelVariant::kV2;

@@ -86,18 +86,17 @@ def list_marked_barriers(cuda_dir: Path) -> list[tuple[str, int, str]]:
     return out
 
 
-def stage_sources(cuda_dir: Path, stage_root: Path, switchable: bool,
+def stage_sources(cuda_dir: Path, stage_root: Path, switched: list[tuple[str, int, str]],
                   extra: list[Path], headers_only: bool = False) -> tuple[Path, dict[str, str]]:
     """Copies and rewrites the sources; returns (staged kernels/cuda dir, name -> text).
 
-    ``switchable``: the marked barriers go behind the emulator's run-time
-    switch (rewrite.switchable_barriers), numbered as list_marked_barriers
-    lists them.
+    ``switched``: list_marked_barriers's answer for ``cuda_dir`` when the
+    marked barriers go behind the emulator's run-time switch
+    (rewrite.switchable_barriers, numbered in that order), else empty.
     """
     texts: dict[str, str] = {}
-    marked = list_marked_barriers(cuda_dir) if switchable and cuda_dir.is_dir() else []
     first_index = {}
-    for i, (name, _, _) in enumerate(marked):
+    for i, (name, _, _) in enumerate(switched):
         first_index.setdefault(name, i)
     sources = []
     if cuda_dir.is_dir():
@@ -191,13 +190,14 @@ def build(args: argparse.Namespace) -> Path:
     programs = [Path(p).resolve() for p in args.program]
     # Programs see the headers of kernels/cuda (ecoc_ptx.cuh, ...) but not
     # the harness or the kernels' translation unit.
-    switchable = args.delete_marked_barrier is not None
-    if switchable:
-        count = len(list_marked_barriers(cuda_dir))
+    switched = []
+    if args.delete_marked_barrier is not None:
+        switched = list_marked_barriers(cuda_dir) if cuda_dir.is_dir() else []
+        count = len(switched)
         if not 0 <= args.delete_marked_barrier < count:
             raise SystemExit(f"[emu] --delete-marked-barrier {args.delete_marked_barrier}: the "
                              f"sources have {count} marked barriers (0 .. {count - 1})")
-    stage, texts = stage_sources(cuda_dir, build_dir, switchable, programs,
+    stage, texts = stage_sources(cuda_dir, build_dir, switched, programs,
                                  headers_only=bool(programs))
     include = ["-I" + str(EMU_DIR / "include"), "-I" + str(stage.parent), "-I" + str(stage)]
     emu_files = "".join(p.read_text() for p in sorted((EMU_DIR / "include").iterdir()))
@@ -278,7 +278,6 @@ def run_env(args: argparse.Namespace) -> dict[str, str]:
         env["KERAS_ECOC_EMU_LAUNCH_LOG"] = str(Path(args.launch_log).resolve())
     if args.cp_async is not None:
         env["KERAS_ECOC_EMU_CP_ASYNC"] = args.cp_async
-    env.pop("KERAS_ECOC_EMU_DELETE_BARRIER", None)
     if args.delete_marked_barrier is not None:
         env["KERAS_ECOC_EMU_DELETE_BARRIER"] = str(args.delete_marked_barrier)
     # Sanitizer reports get their own exit codes (the harness uses 1 for a
