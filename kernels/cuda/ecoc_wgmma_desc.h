@@ -1,10 +1,13 @@
 // The shared-memory matrix descriptor of Hopper's wgmma.mma_async (PTX ISA,
-// "Matrix Descriptor Format"), for the one layout the kernels use: K-major,
-// no swizzle. Encoding and decoding in one place, so that the kernels (which
-// build descriptors) and the CUDA emulator (which reads the operand through
-// them, kernels/cuda/emu/ptx_emu.h) cannot disagree with each other; whether
-// both agree with the hardware only a GPU run shows. No CUDA types: the
-// emulator and host-side tests include it too.
+// "Matrix Descriptor Format"), for the one layout the kernels use (K-major,
+// no swizzle), and the register fragments of its TF32 m64nNk8 form.
+// Encoding and decoding in one place, so that the kernels (which build
+// descriptors) and the CUDA emulator (which reads the operand through them,
+// kernels/cuda/emu/ptx_emu.h) cannot disagree with each other. Whether they
+// agree with the hardware: tests/test_cuda_emulator.py compares every
+// layout here with CUTLASS's (its GPU-tested CuTe layouts of the same
+// instruction); the device selftest emu/selftest/wgmma.cu checks them on a
+// card. No CUDA types: the emulator and host-side tests include it too.
 //
 // The layout in units of "core matrices" of 8 rows x 16 bytes (4 TF32
 // values), each 128 contiguous bytes, row r of the 8 at byte 16 r. For a
@@ -70,6 +73,32 @@ KERAS_ECOC_WGMMA_HD constexpr Decoded Decode(uint64_t desc) {
 KERAS_ECOC_WGMMA_HD constexpr uint32_t ElementOffset(const Decoded& d, int row, int col) {
   return static_cast<uint32_t>(row / 8) * d.sbo + static_cast<uint32_t>(col / 4) * d.lbo +
          static_cast<uint32_t>(row % 8) * 16u + static_cast<uint32_t>(col % 4) * 4u;
+}
+
+// The register fragments of wgmma.mma_async.m64nNk8 with a TF32 A operand in
+// registers and an F32 accumulator (PTX ISA, "Register Fragments and Shared
+// Memory Matrix Layouts"): warp w (0-3) of the warpgroup holds rows 16 w ..
+// 16 w + 15, laid out as mma.m16n8k8's A and C fragments are, which is what
+// lets the kernels hand wgmma the fragments their mma.sync paths load. With
+// g = lane / 4 and t = lane % 4:
+//   A register r (0-3):        row 16 w + g + 8 (r % 2), column t + 4 (r / 2);
+//   accumulator r (0 .. N/2):  row 16 w + g + 8 ((r % 4) / 2),
+//                              column 8 (r / 4) + 2 t + r % 2,
+// the kernels' d[r / 4][r % 4]. The emulator places the operands and the
+// device selftest (emu/selftest/wgmma.cu) its inputs by these, and
+// tests/test_cuda_emulator.py compares them with CUTLASS's CuTe layouts of
+// the same instruction (ALayout_64x8, CLayout_64xN).
+struct RowCol {
+  int row, col;
+};
+
+KERAS_ECOC_WGMMA_HD constexpr RowCol AFragmentElement(int warp, int lane, int reg) {
+  return RowCol{16 * warp + lane / 4 + 8 * (reg % 2), lane % 4 + 4 * (reg / 2)};
+}
+
+KERAS_ECOC_WGMMA_HD constexpr RowCol DFragmentElement(int warp, int lane, int reg) {
+  return RowCol{16 * warp + lane / 4 + 8 * ((reg % 4) / 2),
+                8 * (reg / 4) + 2 * (lane % 4) + reg % 2};
 }
 
 }  // namespace wgmma

@@ -255,39 +255,35 @@ struct WgmmaLaneOut {
 
 template <int N>
 void WgmmaM64K8Collective(const void* const* in, void* const* out) {
+  namespace wg = ::keras_ecoc::cuda::wgmma;
   constexpr int R = N / 32;
   Term A[16][8], Bt[N][8];  // Bt[n][k] = B[k][n]
   float C[16][N];
   const auto* first = static_cast<const WgmmaLaneIn<N>*>(in[0]);
   for (int lane = 0; lane < 32; ++lane) {
     const WgmmaLaneIn<N>& f = *static_cast<const WgmmaLaneIn<N>*>(in[lane]);
-    const int g = lane / 4, t = lane % 4;
     if (f.desc != first->desc)
       Fatal("wgmma.mma_async: lane %d's B descriptor %#llx differs from lane 0's %#llx", lane,
             static_cast<unsigned long long>(f.desc),
             static_cast<unsigned long long>(first->desc));
-    A[g][t] = Decompose(f.a[0], 13);
-    A[g + 8][t] = Decompose(f.a[1], 13);
-    A[g][t + 4] = Decompose(f.a[2], 13);
-    A[g + 8][t + 4] = Decompose(f.a[3], 13);
+    // The warp's 16 rows: warp 0's coordinates (ecoc_wgmma_desc.h).
+    for (int r = 0; r < 4; ++r) {
+      const wg::RowCol e = wg::AFragmentElement(0, lane, r);
+      A[e.row][e.col] = Decompose(f.a[r], 13);
+    }
     for (int r = 0; r < R; ++r)
       for (int k = 0; k < 8; ++k) Bt[R * lane + r][k] = Decompose(f.b[r][k], 13);
-    for (int j = 0; j < N / 8; ++j) {
-      C[g][8 * j + 2 * t] = f.d[4 * j];
-      C[g][8 * j + 2 * t + 1] = f.d[4 * j + 1];
-      C[g + 8][8 * j + 2 * t] = f.d[4 * j + 2];
-      C[g + 8][8 * j + 2 * t + 1] = f.d[4 * j + 3];
+    for (int r = 0; r < N / 2; ++r) {
+      const wg::RowCol e = wg::DFragmentElement(0, lane, r);
+      C[e.row][e.col] = f.d[r];
     }
   }
   const MmaModel m = ModelForArch(DeviceArch());
   for (int lane = 0; lane < 32; ++lane) {
     WgmmaLaneOut<N>& o = *static_cast<WgmmaLaneOut<N>*>(out[lane]);
-    const int g = lane / 4, t = lane % 4;
-    for (int j = 0; j < N / 8; ++j) {
-      for (int e = 0; e < 4; ++e) {
-        const int row = g + 8 * (e / 2), col = 8 * j + 2 * t + (e & 1);
-        o.d[4 * j + e] = MmaDot8(A[row], Bt[col], C[row][col], m);
-      }
+    for (int r = 0; r < N / 2; ++r) {
+      const wg::RowCol e = wg::DFragmentElement(0, lane, r);
+      o.d[r] = MmaDot8(A[e.row], Bt[e.col], C[e.row][e.col], m);
     }
   }
 }

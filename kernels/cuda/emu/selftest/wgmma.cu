@@ -1,8 +1,9 @@
 // Self-test of the wgmma wrappers (ecoc_ptx.cuh) and of the layouts the kWgmma
 // forward assumes, on the emulator and, built with nvcc for sm_90a, on a card:
 //  * the A fragment of m64nNk8 TF32 is mma.m16n8k8's, per warp of the
-//    warpgroup (warp w: rows 16 w .. 16 w + 15);
-//  * d[j][e] holds column 8 j + 2t + (e & 1) of row 16 w + g + 8 (e / 2);
+//    warpgroup (warp w: rows 16 w .. 16 w + 15; AFragmentElement);
+//  * d[j][e] holds column 8 j + 2t + (e & 1) of row 16 w + g + 8 (e / 2)
+//    (DFragmentElement);
 //  * a K-major unswizzled descriptor reads element (row, col) of B at
 //    (row / 8) SBO + (col / 4) LBO + (row % 8) 16 + (col % 4) 4 bytes
 //    (ecoc_wgmma_desc.h), and Advance() by 2 LBO is the next k-step.
@@ -72,19 +73,18 @@ __global__ void Run(float* out, uint32_t lbo, uint32_t sbo, int mode) {
   }
   ptx::fence_proxy_async_shared();
   __syncthreads();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int r0 = 16 * warp + g;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float d[N / 8][4];
-  for (int j = 0; j < N / 8; ++j) {
-    for (int e = 0; e < 4; ++e) d[j][e] = CVal(r0 + 8 * (e / 2), 8 * j + 2 * t + (e & 1));
+  for (int r = 0; r < N / 2; ++r) {
+    const wg::RowCol e = wg::DFragmentElement(warp, lane, r);
+    d[r / 4][r % 4] = CVal(e.row, e.col);
   }
   uint32_t a[2][4];
   for (int s = 0; s < 2; ++s) {
-    const int k0 = 8 * s;
-    a[s][0] = __float_as_uint(AVal(r0, k0 + t));
-    a[s][1] = __float_as_uint(AVal(r0 + 8, k0 + t));
-    a[s][2] = __float_as_uint(AVal(r0, k0 + t + 4));
-    a[s][3] = __float_as_uint(AVal(r0 + 8, k0 + t + 4));
+    for (int r = 0; r < 4; ++r) {
+      const wg::RowCol e = wg::AFragmentElement(warp, lane, r);
+      a[s][r] = __float_as_uint(AVal(e.row, 8 * s + e.col));
+    }
   }
   const uint64_t desc = wg::Descriptor(ptx::shared_address(smem), lbo, sbo);
   ptx::wgmma_fence();
@@ -96,10 +96,9 @@ __global__ void Run(float* out, uint32_t lbo, uint32_t sbo, int mode) {
     if (threadIdx.x < kK) smem[wg::ElementOffset(lay, 0, threadIdx.x) / 4] = 0.0f;
   }
   if (mode != 1) ptx::wgmma_wait<0>();
-  for (int j = 0; j < N / 8; ++j) {
-    for (int e = 0; e < 4; ++e) {
-      out[(r0 + 8 * (e / 2)) * N + 8 * j + 2 * t + (e & 1)] = d[j][e];
-    }
+  for (int r = 0; r < N / 2; ++r) {
+    const wg::RowCol e = wg::DFragmentElement(warp, lane, r);
+    out[e.row * N + e.col] = d[r / 4][r % 4];
   }
   if (mode == 1) ptx::wgmma_wait<0>();
 }
