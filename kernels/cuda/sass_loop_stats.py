@@ -70,7 +70,8 @@ reads a loaded register, counts the loads issued and not yet used (that one
 included): 1 means each load's latency is exposed unless other warps cover
 it. The 64-row split codes gradient's second product went from 6 to 2 on
 average with bb86f52 and took 1.35-1.8x longer on the H200 of 2026-11-28
-(kernels/cuda/README.md, last section); the stall-cycle count had gone down.
+(kernels/cuda/README.md, "Measured on the H200, 2026-11-28"); the stall-cycle
+count had gone down.
 
 The tools: $CUOBJDUMP / $NVDISASM, else on $PATH, else the pip wheels
 ``nvidia-cuda-cuobjdump`` and ``nvidia-cuda-nvdisasm`` (the extra
