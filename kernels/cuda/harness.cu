@@ -1231,12 +1231,11 @@ void RunVariants(bool quick) {
 // the batch is one row tile (B <= 16; B <= 64 with kRows64) and takes
 // PrepClasses' values otherwise: the same chain, so the first R rows
 // of a batch of 2R rows (prep) have the bits of a batch of R rows (fold).
-// Rows are independent given the splits, and n = 119 (2 class tiles of 64)
-// gives one class tile per split for both batches wherever the device holds
-// 4 blocks at once (the emulated 2-SM H100 holds 4 of the 64-row kernel at
-// k = 100: with 5 tiles the larger batch got fewer splits); different
-// splits would show as different bits (a failure, never a false pass).
-// k = 100 leaves 4 zero padding columns in the chain.
+// Rows are independent given the splits, so both calls must get the same
+// splits: n = 61 is one partial class tile of 64, one split on any card.
+// (n = 119, two tiles, gave the two batches different splits on a 1-SM
+// card, and so different bits.) k = 100 leaves 4 zero padding columns in
+// the chain.
 void RunRegFold() {
   if (DeviceCc() < 80) {
     std::printf("SKIP register-softmax folded norms: the register softmax needs sm_80+\n");
@@ -1248,7 +1247,7 @@ void RunRegFold() {
   for (int vi = 0; vi < 2; ++vi) {
     const int64_t R = tiles[vi];
     for (int64_t k : {32, 100}) {
-      const int64_t n = 119;
+      const int64_t n = 61;
       DeviceProblem pb(2 * R, n, k, 5150 + R + k);
       for (MathMode math : {MathMode::k3xTf32, MathMode::kTf32}) {
         g_math = math;
