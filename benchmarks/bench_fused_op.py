@@ -404,6 +404,29 @@ is measured above the RSS after a warm-up epoch.
 """
 
 
+STREAMING_MARKER = "<!-- bench_streaming:begin -->"
+CONTENTS_MARKERS = ("<!-- contents:begin -->", "<!-- contents:end -->")
+
+
+def merge_report(report: str, old: str | None) -> str:
+    """The new report in place of the old file's generated head. Kept from the
+    old file: the hand-written contents block (between CONTENTS_MARKERS),
+    placed after the report's title line, and everything from
+    bench_streaming.py's begin marker on (its section and the hand-written
+    notes and generated sections after it)."""
+    text = report.rstrip("\n") + "\n"
+    if old is None:
+        return text
+    begin, end = CONTENTS_MARKERS
+    if begin in old and end in old.split(begin, 1)[1]:
+        block = old[old.index(begin):old.index(end, old.index(begin)) + len(end)]
+        title, _, rest = text.partition("\n")
+        text = f"{title}\n\n{block}\n\n{rest.lstrip(chr(10))}"
+    if STREAMING_MARKER in old:
+        text += "\n" + old[old.index(STREAMING_MARKER):]
+    return text
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="tiny smoke run (a few seconds of compute)")
@@ -475,17 +498,12 @@ def main(argv=None) -> int:
     out = args.out or (None if args.quick else os.path.join(ROOT, "docs", "benchmarks.md"))
     if out:
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        # Keep what bench_streaming.py wrote (its section and the hand-written
-        # notes after it): everything from its begin marker on.
-        marker = "<!-- bench_streaming:begin -->"
-        kept = ""
+        old = None
         if os.path.exists(out):
             with open(out) as f:
                 old = f.read()
-            if marker in old:
-                kept = "\n" + old[old.index(marker):]
         with open(out, "w") as f:
-            f.write(report.rstrip("\n") + "\n" + kept)
+            f.write(merge_report(report, old))
     errors = [r for r in results if "error" in r] + [r for r in fits if "error" in r]
     return 1 if errors else 0
 

@@ -31,3 +31,25 @@ def test_benchmark_quick_runs(tmp_path):
     text = out.read_text()
     assert "| B | k | n |" in text and "| 16 | 32 | 1000 |" in text
     assert "model.fit" in text and "error" not in text.split("## Forward")[1]
+
+
+def test_regenerated_report_keeps_the_contents_block_and_the_later_sections():
+    # bench_fused_op.py rewrites only its own head of docs/benchmarks.md: the
+    # hand-written contents block moves to the new head, right after the
+    # title, and everything from bench_streaming.py's marker on stays as it was.
+    from conftest import load_script
+
+    bench = load_script(os.path.join(ROOT, "benchmarks", "bench_fused_op.py"), "bench_fused_op")
+    begin, end = bench.CONTENTS_MARKERS
+    old = (f"# Benchmarks of the fused ECOC op\n\n{begin}\n- [where](#x)\n{end}\n\n"
+           "Generated on day 1.\n\n| old | table |\n\n"
+           f"{bench.STREAMING_MARKER}\nstreaming section\n<!-- bench_scale:begin -->\nscale\n")
+    new = bench.merge_report("# Benchmarks of the fused ECOC op\n\nGenerated on day 2.\n\n"
+                             "| new | table |\n", old)
+    assert new == (f"# Benchmarks of the fused ECOC op\n\n{begin}\n- [where](#x)\n{end}\n\n"
+                   "Generated on day 2.\n\n| new | table |\n\n"
+                   f"{bench.STREAMING_MARKER}\nstreaming section\n<!-- bench_scale:begin -->\n"
+                   "scale\n")
+    # A first run (no file yet) and a file without the block write the report alone.
+    assert bench.merge_report("# T\n\nbody\n", None) == "# T\n\nbody\n"
+    assert bench.merge_report("# T\n\nbody\n", "# T\n\nold body\n") == "# T\n\nbody\n"

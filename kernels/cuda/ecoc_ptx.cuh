@@ -20,6 +20,7 @@
 
 #include <cstdint>
 
+#include "ecoc_ldmatrix_layout.h"
 #include "ecoc_wgmma_desc.h"
 
 #ifdef KERAS_ECOC_EMULATOR
@@ -72,8 +73,9 @@ __device__ __forceinline__ void mma_m16n8k8_tf32(float d[4], const uint32_t a[4]
 // matrix j, i.e. exactly what a plain load of row[l / 4][l % 4] gives (the
 // instruction copies bits; its b16 element type only names the layout).
 // Lane l supplies the address of row l % 8 of matrix l / 8 (16-byte
-// aligned); with x2 only lanes 0-15 are read. One instruction replaces the
-// 2 or 4 scalar shared loads per lane of an A or B fragment of
+// aligned); with x2 only lanes 0-15 are read (ecoc_ldmatrix_layout.h
+// states this layout for the emulator and the selftest). One instruction
+// replaces the 2 or 4 scalar shared loads per lane of an A or B fragment of
 // mma.m16n8k8.tf32 whose operand is stored K-contiguous (u's rows, the codes'
 // rows), and the fragment's registers hold the same bits. Rows at a pitch of
 // p floats with p = 4 (mod 8) fall in 8 distinct groups of 4 banks: no

@@ -4,7 +4,7 @@
 // Encoding and decoding in one place, so that the kernels (which build
 // descriptors) and the CUDA emulator (which reads the operand through them,
 // kernels/cuda/emu/ptx_emu.h) cannot disagree with each other. Whether they
-// agree with the hardware: tests/test_cuda_emulator.py compares every
+// agree with the hardware: tests/test_ptx_layouts.py compares every
 // layout here with CUTLASS's (its GPU-tested CuTe layouts of the same
 // instruction); the device selftest emu/selftest/wgmma.cu checks them on a
 // card. No CUDA types: the emulator and host-side tests include it too.
@@ -86,7 +86,7 @@ KERAS_ECOC_WGMMA_HD constexpr uint32_t ElementOffset(const Decoded& d, int row, 
 //                              column 8 (r / 4) + 2 t + r % 2,
 // the kernels' d[r / 4][r % 4]. The emulator places the operands and the
 // device selftest (emu/selftest/wgmma.cu) its inputs by these, and
-// tests/test_cuda_emulator.py compares them with CUTLASS's CuTe layouts of
+// tests/test_ptx_layouts.py compares them with CUTLASS's CuTe layouts of
 // the same instruction (ALayout_64x8, CLayout_64xN).
 struct RowCol {
   int row, col;

@@ -306,11 +306,13 @@ struct LdMatrixLaneOut {
 };
 template <int kMatrices>
 void LdMatrixCollective(const void* const* in, void* const* out) {
+  namespace lm = ::keras_ecoc::cuda::ldmatrix;  // ecoc_ldmatrix_layout.h
   for (int lane = 0; lane < 32; ++lane) {
     LdMatrixLaneOut& o = *static_cast<LdMatrixLaneOut*>(out[lane]);
     for (int j = 0; j < kMatrices; ++j) {
-      const auto& src = *static_cast<const LdMatrixLaneIn*>(in[8 * j + lane / 4]);
-      o.r[j] = src.words[lane % 4];
+      const lm::Word w = lm::Received(lane, j);
+      const auto& src = *static_cast<const LdMatrixLaneIn*>(in[lm::AddressLane(w.matrix, w.row)]);
+      o.r[j] = src.words[w.word];
     }
   }
 }

@@ -24,6 +24,7 @@
 #include "ecoc_ptx.cuh"
 
 namespace ptx = keras_ecoc::cuda::ptx;
+namespace lm = keras_ecoc::cuda::ldmatrix;
 
 constexpr int kWords = 8192;
 constexpr int kTrials = 64;
@@ -39,15 +40,16 @@ __global__ void Trials(uint32_t* result, int mode) {
     const int pitch = pitches[trial % 4];
     int base[4];
     for (int j = 0; j < 4; ++j) base[j] = 4 * ((trial * 37 + j * 101) % 64) + j * 8 * pitch;
-    const int j_mine = lane / 8, r_mine = lane % 8;
-    const uint32_t* row = words + base[j_mine] + r_mine * pitch;
+    const lm::Row mine = lm::AddressedRow(lane);
+    const uint32_t* row = words + base[mine.matrix] + mine.row * pitch;
     if (mode == 1 && lane == 5) row += 1;                // 4 bytes off
     if (mode == 2 && lane == 9) row = words + kWords;    // past the end
     uint32_t r4[4], r2[2];
     ptx::ldmatrix_x4(r4, row);
     ptx::ldmatrix_x2(r2, row);
     for (int j = 0; j < 4; ++j) {
-      const uint32_t want = words[base[j] + (lane / 4) * pitch + lane % 4];
+      const lm::Word w = lm::Received(lane, j);
+      const uint32_t want = words[base[w.matrix] + w.row * pitch + w.word];
       bad += r4[j] != want;
       if (j < 2) bad += r2[j] != want;
       compared += j < 2 ? 2 : 1;

@@ -1,13 +1,15 @@
-"""Hopper's wgmma layouts as kernels/cuda/ecoc_wgmma_desc.h states them, against CUTLASS's.
+"""The PTX layouts the CUDA kernels assume, against CUTLASS's.
 
-The kWgmma kernels, the CUDA emulator and the device selftest
-(kernels/cuda/emu/selftest/wgmma.cu) all take the TF32 m64nNk8 layouts from
-that header: the A fragment in registers, the F32 accumulator, and the
-K-major unswizzled shared-memory operand with its 64-bit descriptor. The
-emulator runs the kernels with them, so a misreading of the PTX ISA there
-would pass every emulated check and fail only on a card. The second source
-here is CUTLASS, whose CuTe layouts of the same instruction run on Hopper in
-NVIDIA's own GEMMs (NVIDIA/cutlass at 6433f99 and 1beab64, BSD-3-Clause):
+Two headers state them once for the kernels, the CUDA emulator and the
+device selftests: kernels/cuda/ecoc_wgmma_desc.h (Hopper's TF32 m64nNk8
+`wgmma`: the A fragment in registers, the F32 accumulator, the K-major
+unswizzled shared-memory operand and its 64-bit descriptor) and
+kernels/cuda/ecoc_ldmatrix_layout.h (`ldmatrix.m8n8.{x2,x4}` on 32-bit
+words, which every mma kernel's fragment loads use). The emulator runs the
+kernels with these readings of the PTX ISA, so a misreading would pass every
+emulated check and fail only on a card. The second source here is CUTLASS,
+whose CuTe layouts of the same instructions run on the hardware in NVIDIA's
+own GEMMs (NVIDIA/cutlass at 6433f99, 1beab64 and ee9dd81, BSD-3-Clause):
 
 - include/cute/atom/mma_traits_sm90_gmma.hpp: `ALayout_64x8` (the register
   A of `SM90_64xNx8_F32TF32TF32_RS_TN`), `CLayout_64xN`, and
@@ -16,14 +18,17 @@ NVIDIA's own GEMMs (NVIDIA/cutlass at 6433f99 and 1beab64, BSD-3-Clause):
   the stride between the two 16-byte columns of a k-step;
 - include/cute/arch/mma_sm90_desc.hpp: `GmmaDescriptor`'s bit fields
   (start address bits 0-13, LBO 16-29, SBO 32-45, base offset 49-51, layout
-  type 62-63, INTERLEAVE = 0; addresses and offsets in 16-byte units).
+  type 62-63, INTERLEAVE = 0; addresses and offsets in 16-byte units);
+- include/cute/atom/copy_traits_sm75.hpp: `SM75_U32x4_LDSM_N` and
+  `SM75_U32x2_LDSM_N`, whose source and destination layouts map (thread,
+  bit) to the bits of the 4 (2) matrices of 8 rows x 128 bits.
 
 The layouts are evaluated here from their (shape, stride) pairs as CuTe
-defines a layout (the first mode varies fastest), and the header's
+defines a layout (the first mode varies fastest), and the headers'
 functions, compiled by g++ into a small program, must agree everywhere.
-What this cannot show is the tensor cores' rounding, which the
-emulator assumes to be mma.sync's: the device selftest's exact integers do
-not test it, the harness's float64 checks on a card do.
+What this cannot show is the tensor cores' rounding, which the emulator
+assumes to be mma.sync's: the device selftest's exact integers do not test
+it, the harness's float64 checks on a card do.
 """
 
 from __future__ import annotations
@@ -49,15 +54,32 @@ def c_layout_64xn(n: int):
     return (((4, 8, 4), (2, 2, n // 8)), ((128, 1, 16), (64, 8, 512)))
 
 
+# (shape, stride) of CUTLASS's ldmatrix copy traits: (thread, bit) -> bit of
+# the concatenated matrices (matrix j at bits 1024 j, its row r at 128 r).
+LDSM_SRC = {4: ((32, 128), (128, 1)), 2: (((16, 2), 128), ((128, 0), 1))}
+LDSM_DST = {4: ((32, (32, 4)), (32, (1, 1024))), 2: ((32, (32, 2)), (32, (1, 1024)))}
+
+
 # The (N, LBO, SBO) the kernels use (emu/selftest/wgmma.cu's kCases): the
 # forward's code tile by rows and its transposed copy, the codes gradient's w tile.
 KERNEL_OPERANDS = ((64, 128, 4096), (128, 144, 2304), (32, 144, 2304), (32, 128, 2048))
 
 _MAIN = r"""
 #include <cstdio>
+#include "ecoc_ldmatrix_layout.h"
 #include "ecoc_wgmma_desc.h"
+namespace lm = keras_ecoc::cuda::ldmatrix;
 namespace wg = keras_ecoc::cuda::wgmma;
 int main() {
+  for (int lane = 0; lane < 32; ++lane) {
+    const lm::Row row = lm::AddressedRow(lane);
+    std::printf("L %d %d %d %d\n", lane, row.matrix, row.row,
+                lm::AddressLane(row.matrix, row.row));
+    for (int r = 0; r < 4; ++r) {
+      const lm::Word w = lm::Received(lane, r);
+      std::printf("R %d %d %d %d %d\n", lane, r, w.matrix, w.row, w.word);
+    }
+  }
   for (int warp = 0; warp < 4; ++warp)
     for (int lane = 0; lane < 32; ++lane) {
       for (int r = 0; r < 4; ++r) {
@@ -133,11 +155,15 @@ def header_tables(tmp_path_factory):
     queries = "".join(f"{s} {lbo} {sbo} {n}\n" for s in starts for n, lbo, sbo in KERNEL_OPERANDS)
     out = subprocess.run([str(binary)], input=queries, check=True, capture_output=True,
                          text=True).stdout
-    tables = {"A": {}, "D": {}, "desc": {}, "B": {}}
+    tables = {"A": {}, "D": {}, "desc": {}, "B": {}, "L": {}, "R": {}}
     for line in out.splitlines():
         kind, *numbers = line.split()
         numbers = [int(x) for x in numbers]
-        if kind in ("A", "D"):
+        if kind == "L":
+            tables["L"][numbers[0]] = tuple(numbers[1:])
+        elif kind == "R":
+            tables["R"][numbers[0], numbers[1]] = tuple(numbers[2:])
+        elif kind in ("A", "D"):
             thread, reg, row, col = numbers
             tables[kind][thread, reg] = (row, col)
         elif kind == "desc":
@@ -187,3 +213,32 @@ def test_descriptor_bits_are_cutlass_gmma_descriptor_unswizzled(header_tables, n
         # offset in 16-byte units to the descriptor; two 16-byte columns of
         # LBO each make one k8 step of TF32.
         assert advanced == gmma_descriptor(start + 2 * lbo, lbo, sbo) == desc + 2 * lbo // 16
+
+
+@pytest.mark.parametrize("matrices", [4, 2])
+def test_ldmatrix_addresses_are_cutlass_ldsm_source_layout(header_tables, matrices):
+    (t_shape, _), (t_stride, _) = LDSM_SRC[matrices]
+    for lane in range(32):
+        bit = cute_offset(t_shape, t_stride, lane)  # where this lane's 128 bits start
+        want = (bit // 1024, bit % 1024 // 128)
+        matrix, row, back = header_tables["L"][lane]
+        if lane < 8 * matrices:
+            assert (matrix, row) == want and back == lane, lane
+        else:
+            # x2: lanes 16-31 alias lanes 0-15 in CUTLASS (stride 0); the
+            # hardware reads no address from them, and the header's reading
+            # is only used for lanes below 8 x matrices.
+            assert want == header_tables["L"][lane - 16][:2], lane
+
+
+@pytest.mark.parametrize("matrices", [4, 2])
+def test_ldmatrix_registers_are_cutlass_ldsm_destination_layout(header_tables, matrices):
+    (t_shape, v_shape), (t_stride, v_stride) = LDSM_DST[matrices]
+    for lane, reg in itertools.product(range(32), range(matrices)):
+        # Register reg of a lane is its values 32 reg .. 32 reg + 31 (bits).
+        bits = {cute_offset(t_shape, t_stride, lane) + cute_offset(v_shape, v_stride, 32 * reg + b)
+                for b in range(32)}
+        first = min(bits)
+        assert bits == set(range(first, first + 32)) and first % 32 == 0  # one whole word
+        want = (first // 1024, first % 1024 // 128, first % 128 // 32)
+        assert header_tables["R"][lane, reg] == want, (lane, reg)
