@@ -101,9 +101,16 @@ class BuildEcocOps(build_ext):
         return {}
 
     def get_source_files(self):
-        return [os.path.join("kernels", f) for f in sorted(os.listdir(os.path.join(HERE, "kernels")))
-                if f.endswith((".cc", ".h", ".py"))] + [
-            os.path.join("kernels", "ffi", f) for f in sorted(os.listdir(os.path.join(HERE, "kernels", "ffi")))]
+        # What an sdist carries so that this build_ext runs from it: all of
+        # kernels/ (the CPU, TensorFlow and FFI sources, the CUDA kernels, the
+        # vendored XLA FFI headers with their licence, build.py), whatever
+        # build.py reads.
+        files = []
+        for root, dirs, names in os.walk(os.path.join(HERE, "kernels")):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith("."))
+            files += [os.path.relpath(os.path.join(root, f), HERE) for f in sorted(names)
+                      if not f.startswith(".") and not f.endswith(".pyc")]
+        return files
 
 
 def _long_description():
