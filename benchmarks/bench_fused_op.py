@@ -421,7 +421,7 @@ def merge_report(report: str, old: str | None) -> str:
     if begin in old and end in old.split(begin, 1)[1]:
         block = old[old.index(begin):old.index(end, old.index(begin)) + len(end)]
         title, _, rest = text.partition("\n")
-        text = f"{title}\n\n{block}\n\n{rest.lstrip(chr(10))}"
+        text = f"{title}\n\n{block}\n\n" + rest.lstrip("\n")
     if STREAMING_MARKER in old:
         text += "\n" + old[old.index(STREAMING_MARKER):]
     return text

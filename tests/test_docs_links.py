@@ -11,6 +11,7 @@ there.
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 import subprocess
@@ -43,7 +44,8 @@ def github_anchor(heading: str) -> str:
     return text.replace(" ", "-")
 
 
-def anchors(path: Path) -> set[str]:
+@functools.lru_cache(maxsize=None)
+def anchors(path: Path) -> frozenset[str]:
     """The heading anchors of a Markdown file, and its `<a id="...">` ones."""
     text = FENCE.sub("", path.read_text(encoding="utf-8"))
     seen: dict[str, int] = {}
@@ -53,7 +55,7 @@ def anchors(path: Path) -> set[str]:
         count = seen.get(base, 0)
         seen[base] = count + 1
         result.add(base if count == 0 else f"{base}-{count}")
-    return result
+    return frozenset(result)
 
 
 def test_github_anchor_follows_githubs_rule():

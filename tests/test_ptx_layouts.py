@@ -63,6 +63,9 @@ LDSM_DST = {4: ((32, (32, 4)), (32, (1, 1024))), 2: ((32, (32, 2)), (32, (1, 102
 # The (N, LBO, SBO) the kernels use (emu/selftest/wgmma.cu's kCases): the
 # forward's code tile by rows and its transposed copy, the codes gradient's w tile.
 KERNEL_OPERANDS = ((64, 128, 4096), (128, 144, 2304), (32, 144, 2304), (32, 128, 2048))
+# Shared-window start addresses of those operands: 0, an odd multiple of 16,
+# and 169 KiB (within the 228 KiB window, high bits of the 14-bit field set).
+START_ADDRESSES = (0, 0x1230, 0x2A400)
 
 _MAIN = r"""
 #include <cstdio>
@@ -151,8 +154,8 @@ def header_tables(tmp_path_factory):
     binary = work / "main"
     subprocess.run(["g++", "-std=c++17", "-O1", f"-I{CUDA_DIR}", str(work / "main.cc"), "-o",
                     str(binary)], check=True, capture_output=True, text=True)
-    starts = (0, 0x1230, 0x2A400)  # 0x2A400: 169 KiB, within the 228 KiB window
-    queries = "".join(f"{s} {lbo} {sbo} {n}\n" for s in starts for n, lbo, sbo in KERNEL_OPERANDS)
+    queries = "".join(f"{s} {lbo} {sbo} {n}\n" for s in START_ADDRESSES
+                      for n, lbo, sbo in KERNEL_OPERANDS)
     out = subprocess.run([str(binary)], input=queries, check=True, capture_output=True,
                          text=True).stdout
     tables = {"A": {}, "D": {}, "desc": {}, "B": {}, "L": {}, "R": {}}
@@ -194,7 +197,7 @@ def test_accumulator_fragment_is_cutlass_clayout_64xn(header_tables, n):
 
 @pytest.mark.parametrize("n,lbo,sbo", KERNEL_OPERANDS)
 def test_shared_operand_offsets_are_cutlass_k_major_interleave(header_tables, n, lbo, sbo):
-    for start in (0, 0x1230, 0x2A400):
+    for start in START_ADDRESSES:
         offsets = set()
         for row, col in itertools.product(range(n), range(8)):
             got = header_tables["B"][start, lbo, sbo, row, col]
@@ -205,7 +208,7 @@ def test_shared_operand_offsets_are_cutlass_k_major_interleave(header_tables, n,
 
 @pytest.mark.parametrize("n,lbo,sbo", KERNEL_OPERANDS)
 def test_descriptor_bits_are_cutlass_gmma_descriptor_unswizzled(header_tables, n, lbo, sbo):
-    for start in (0, 0x1230, 0x2A400):
+    for start in START_ADDRESSES:
         desc, d_start, d_lbo, d_sbo, swizzle, advanced = header_tables["desc"][start, lbo, sbo]
         assert desc == gmma_descriptor(start, lbo, sbo)
         assert (d_start, d_lbo, d_sbo, swizzle) == (start, lbo, sbo, 0)

@@ -160,10 +160,9 @@ constexpr VariantName kVariants[] = {
     {KernelVariant::kRows64GradMmaWgmma, "rows64+gradmma+wgmma"},
 };
 
-// The names of kVariants in order, joined by `sep`, for the --variant error
-// (PrintUsage wraps the same list): both come from the table, so that a new
-// variant is named once.
-// The names of a table's entries (kVariants, kCheckSections), joined by sep.
+// The names of a table's entries in order (kVariants, kCheckSections),
+// joined by `sep`, for the --variant and --only errors: they come from the
+// table, as PrintUsage's lists do, so that a new entry is named once.
 template <typename Entry, size_t N>
 std::string TableNames(const Entry (&table)[N], const char* sep) {
   std::string out;
