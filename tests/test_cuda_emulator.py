@@ -325,10 +325,14 @@ def test_harness_runs_launch_every_kernel_variant_and_the_large_shared_memory_pa
 
 def _auto_rule(pass_: str, B: int, n: int, k: int, math_mode: str, cc: int) -> str:
     """kAuto's rule as kernels/cuda/README.md states it ("Launch variant choice")."""
-    if pass_ in ("label_rank", "nearest"):
-        return "v2"  # order decisions were not timed per variant
     engine = math_mode if cc >= 80 else "fp32"  # no TF32 mma below sm_80
     mma = engine != "fp32" and k <= 128  # G or the logits fit the registers
+    if pass_ in ("label_rank", "nearest"):
+        # Order decisions were not timed per variant: FP32's v2, and in a
+        # TF32 mode the register kernel (3xTF32) with the forward's row tile.
+        if not mma:
+            return "v2"
+        return "rows64+regsoftmax" if B >= 64 else "regsoftmax"
     if pass_ == "codes_grad":
         if mma:
             return "rows64+gradmma" if B >= 64 else "gradmma"
@@ -368,7 +372,14 @@ def test_auto_variant_follows_the_fitted_rule_on_each_architecture(arch, cc):
     assert all("regsoftmax" not in v for (_, _, _, k), v in fwd.items() if k > 128)
     assert all("gradmma" not in v for (_, _, _, k), v in grad.items() if k > 128)
     assert all("rows64" not in v for (p, _, B, _, _), v in got.items() if B <= 16)
-    assert all(v == "v2" for (p, *_), v in got.items() if p in ("label_rank", "nearest"))
+    # Order decisions: FP32's v2; asked for in a TF32 mode, the register
+    # kernel where the code row fits it (k <= 128, sm_80+).
+    decode = {key: v for key, v in got.items() if key[0] in ("label_rank", "nearest")}
+    assert all(v == "v2" for (_, mm, _, _, k), v in decode.items()
+               if mm == "fp32" or k > 128 or cc < 80)
+    if cc >= 80:
+        assert decode[("label_rank", "3xtf32", 16, 1000000, 128)] == "regsoftmax"
+        assert decode[("nearest", "tf32", 256, 10000, 32)] == "rows64+regsoftmax"
     # The persistent codes gradient only where the batch is one 16-row tile.
     assert all(B <= 16 for (_, B, _, _), v in grad.items() if v == "gradpersistent")
     if cc < 80:
@@ -403,7 +414,7 @@ def test_bench_times_each_forward_launch_once_and_splits_auto_into_launches(tmp_
     # ResolveVariant, in the same math mode, so those columns repeat that
     # column's forward ms and host us (timed once there) and say so in
     # "fwd_from" and in the table's note; the JSON still loads in
-    # bench_gpu_loss.py.
+    # bench_gpu_loss.py. The decode passes get a table of their own.
     out = tmp_path / "bench.json"
     monkeypatch.setenv("ECOC_HARNESS_JSON", str(out))
     res = run_emu("--src-root", str(SRC_ROOT), "--arch", "90", "--sms", "2", "--",
@@ -455,6 +466,27 @@ def test_bench_times_each_forward_launch_once_and_splits_auto_into_launches(tmp_
     assert sum("launch_ms" in r for r in raw) == 2 * 3
     assert text.count("### Per launch: math mode") == 3
     assert "forward combine" in text.split("### Per launch: math mode 3xtf32, variant auto")[1]
+    # The decode passes, once per cell in variant auto, in FP32 (what the
+    # library runs) and 3xTF32 (the register kernel): the label rank (the
+    # accuracy metrics' pass in every fit step) against the loss forward of
+    # the default math mode, auto's 3xTF32 column.
+    decode = text.split("### Decode passes, variant auto")[1]
+    assert "the loss forward of the 3xtf32+auto column" in decode
+    lines = [line for line in decode.splitlines() if re.match(r"\| \d", line)]
+    assert len(lines) == 2, decode
+    for line in lines:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        B, k, n = (int(c) for c in cells[:3])
+        forward_ms, rank32, rank3x, nearest32, nearest3x, r32, r3x, r32_3x = (
+            float(c) for c in cells[3:11])
+        assert min(rank32, rank3x, nearest32, nearest3x) > 0
+        assert forward_ms == pytest.approx(rows[("3xtf32+auto", B)]["fwd_ms"], abs=5e-5)
+        assert r32 == pytest.approx(rank32 / forward_ms, abs=0.006)
+        assert r3x == pytest.approx(rank3x / forward_ms, abs=0.006)
+        assert r32_3x == pytest.approx(rank32 / rank3x, abs=0.006)
+        assert cells[-1] == (f"fp32 {_auto_rule('label_rank', B, n, k, 'fp32', 90)}, "
+                             f"3xtf32 {_auto_rule('label_rank', B, n, k, '3xtf32', 90)}")
+    assert "3xtf32 regsoftmax" in decode and "3xtf32 rows64+regsoftmax" in decode
 
 
 @needs_kernels
@@ -486,9 +518,13 @@ def test_deleting_a_marked_barrier_makes_the_harness_fail():
     with ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1))) as pool:
         results = list(pool.map(mutant, range(len(marked))))
     for index, (where, res) in enumerate(zip(marked, results)):
+        # UBSan's report is a "runtime error:" line (no summary line under
+        # halt_on_error), e.g. for a sum of counts read from a NaN-filled
+        # buffer.
         caught = (res.returncode in (1, ASAN_EXIT, UBSAN_EXIT, *SIGABRT_CODES)
                   and ("FAIL" in res.stdout or "keras-ecoc CUDA emulator" in res.stderr
-                       or "Sanitizer" in res.stderr))
+                       or "Sanitizer" in res.stderr
+                       or (res.returncode == UBSAN_EXIT and "runtime error:" in res.stderr)))
         assert caught, f"deleting the barrier at {where} went unnoticed:\n{_fail_message(res)}"
         if res.returncode == 1:
             # A failed check exits through exit(), where the runtime says how

@@ -34,6 +34,11 @@ struct DecodeSplitArgs {
   float* part_key;        // [batch, splits]  nearest
   long long* part_index;  // [batch, splits]  nearest (-1: none)
   int* part_bad;          // [batch, splits]  a non-finite key
+  // The labels (rank; DecodeRegKernel stages their codewords), or null.
+  // Last, so that the fields above keep their offsets (and this kernel its
+  // SASS).
+  const void* labels;
+  bool labels_int64;
 };
 
 __host__ __device__ constexpr int64_t DecodeSmemFloats(int bt, int kc) {

@@ -36,6 +36,7 @@
 #include "ecoc_combine.cuh"
 #include "ecoc_common.cuh"
 #include "ecoc_decode.cuh"
+#include "ecoc_decode_reg.cuh"
 #include "ecoc_engine.cuh"
 #include "ecoc_forward.cuh"
 #include "ecoc_forward_reg.cuh"
@@ -164,7 +165,8 @@ struct Plan {
   int row_tile = kRowTile;       // rows per batch tile (16, 64; 128: kRows128's forward)
   bool fold = false;             // forward: ||M||^2 from the staged tiles
   bool prep_classes = true;      // PrepClasses fills ||M||^2, ct in the workspace
-  bool reg = false;              // forward: ForwardRegKernel (kRegSoftmax)
+  bool reg = false;              // forward: ForwardRegKernel (kRegSoftmax);
+                                 // rank, nearest: DecodeRegKernel
   int reg_warps = 4;             // its warps per block (8: kWarps8)
   bool reg_fold = false;         // its ||M||^2 from the logits' code fragments
   bool reg_wgmma = false;        // kRows128's products on wgmma (kWgmma, sm_90a)
@@ -300,9 +302,18 @@ SplitKernel<detail::CodesGradArgs> CodesGradKernelFor(const Plan& p) {
   return WithMath(p.math, [&p](auto m) { return CodesGradKernelFor<decltype(m)::value>(p); });
 }
 
-// Label rank (rank = true) or nearest codeword: FP32 only.
+// Label rank (rank = true) or nearest codeword: the FP32 split kernel, or
+// the 3xTF32 register kernel (p.reg).
 SplitKernel<detail::DecodeSplitArgs> DecodeKernelFor(bool rank, const Plan& p) {
   const bool rows64 = p.row_tile == kRowTile64;
+  if (p.reg) {
+    if (rank) {
+      return {rows64 ? detail::DecodeRegKernel<true, kRowTile64>
+                     : detail::DecodeRegKernel<true, kRowTile>};
+    }
+    return {rows64 ? detail::DecodeRegKernel<false, kRowTile64>
+                   : detail::DecodeRegKernel<false, kRowTile>};
+  }
   if (rank) {
     return {rows64 ? detail::DecodeSplitKernel<true, kRowTile64>
                    : detail::DecodeSplitKernel<true, kRowTile>};
@@ -462,9 +473,10 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
   }
   const bool loss_pass = pass == Pass::kForward || pass == Pass::kCodesGrad;
   p->math = detail::kMathFp32;
-  if (loss_pass && info.cc >= 80) {
+  if (info.cc >= 80) {
     if (math == MathMode::k3xTf32) p->math = detail::kMath3xTf32;
-    if (math == MathMode::kTf32) p->math = detail::kMathTf32;
+    // An order decision never rests on a plain TF32 product.
+    if (math == MathMode::kTf32) p->math = loss_pass ? detail::kMathTf32 : detail::kMath3xTf32;
   }
   const int v = static_cast<int>(variant);
   const bool rows64 = (v & static_cast<int>(KernelVariant::kRows64)) != 0;
@@ -532,6 +544,18 @@ cudaError_t MakePlan(Pass pass, const ProblemArgs& pr, MathMode math, KernelVari
       UseOneStage(p, kp_reg, smem_floats);
     }
   }
+  // Rank and nearest with kRegSoftmax in 3xTF32: the register kernel where
+  // the padded row fits one stage within the opt-in shared memory (4 warps,
+  // one state per (row, split) after its in-block merge); otherwise the
+  // FP32 split kernel.
+  if (!loss_pass && (v & static_cast<int>(KernelVariant::kRegSoftmax)) != 0 &&
+      p->math != detail::kMathFp32 && kp_reg <= detail::kRegMaxK &&
+      detail::DecodeRegSmemFloats(p->row_tile, static_cast<int>(kp_reg)) * 4 <=
+          info.smem_optin) {
+    p->reg = true;
+    UseOneStage(p, kp_reg, detail::DecodeRegSmemFloats(p->row_tile, static_cast<int>(kp_reg)));
+  }
+  if (!loss_pass && !p->reg) p->math = detail::kMathFp32;
   const int64_t budget = std::min<int64_t>(
       info.smem_optin, p->row_tile == kRowTile64 ? kSmemTarget64 : kSmemTarget);
   // kGradMma: the codes gradient's second product on the mma engine where
@@ -824,14 +848,14 @@ cudaError_t RankPlan(const LabelRankParams& params, Plan* p) {
     return cudaErrorInvalidValue;
   }
   if (pr.batch > 0 && pr.num_classes == 0) return cudaErrorInvalidValue;
-  return MakePlan(Pass::kRank, pr, MathMode::kFp32, params.variant, p);
+  return MakePlan(Pass::kRank, pr, params.math, params.variant, p);
 }
 
 cudaError_t NearestPlan(const NearestParams& params, Plan* p) {
   const ProblemArgs& pr = params.problem;
   if (BadSizes(pr) || BadTypes(pr)) return cudaErrorInvalidValue;
   if (pr.batch > 0 && pr.num_classes == 0) return cudaErrorInvalidValue;
-  return MakePlan(Pass::kNearest, pr, MathMode::kFp32, params.variant, p);
+  return MakePlan(Pass::kNearest, pr, params.math, params.variant, p);
 }
 
 }  // namespace
@@ -856,16 +880,21 @@ void SetLaunchObserver(LaunchObserver observer, void* context) {
 // untimed.
 KernelVariant ResolveVariant(KernelPass pass, int64_t batch, int64_t num_classes,
                              int64_t code_length, MathMode math, int cc) {
-  // Order decisions (rank, nearest) were not timed per variant: v2 as before.
-  if (pass == KernelPass::kLabelRank || pass == KernelPass::kNearest) return KernelVariant::kV2;
   // 64-row tiles stage the codes 4 times less often: faster from B = 256 in
   // the codes gradient (every mode and engine) and in the register-softmax
   // forward, the same launch as 16-row tiles at B = 16.
   const bool rows64 = batch >= 64;
-  // The engine of the loss passes: FP32 below sm_80 whatever was asked (MakePlan).
+  // The engine: FP32 below sm_80 whatever was asked (MakePlan).
   const MathMode engine = cc >= 80 ? math : MathMode::kFp32;
   // Both mma paths hold a whole padded code row (kp <= kRegMaxK).
   const bool mma = engine != MathMode::kFp32 && code_length <= detail::kRegMaxK;
+  // Order decisions (rank, nearest) were not timed per variant: the FP32
+  // split kernel's v2 as before; asked for in a TF32 mode, the register
+  // kernel (3xTF32), with the forward's row tile. Not timed either.
+  if (pass == KernelPass::kLabelRank || pass == KernelPass::kNearest) {
+    if (!mma) return KernelVariant::kV2;
+    return rows64 ? KernelVariant::kRows64RegSoftmax : KernelVariant::kRegSoftmax;
+  }
   if (pass == KernelPass::kCodesGrad) {
     // The second product on the mma engine: 1.1-2.6x (3xTF32) and 1.3-4.2x
     // (TF32) faster than the FP32 second product of the same row tile.
@@ -1061,14 +1090,18 @@ namespace {
 cudaError_t LaunchDecode(bool rank, const ProblemArgs& pr, const Plan& p, void* ws,
                          const void* labels, IndexType label_type, int32_t* rank_out,
                          int64_t* index_out, cudaStream_t stream) {
+  // The register kernel computes the label keys itself, on the tensor
+  // cores (ecoc_decode_reg.cuh); the split kernel reads the prep's.
   cudaError_t err = LaunchPrep(rank ? "rank prep" : "nearest prep", pr, p, ws, 1.0f, nullptr,
-                               true, labels, label_type, rank, stream);
+                               true, labels, label_type, rank && !p.reg, stream);
   if (err != cudaSuccess) return err;
   detail::DecodeSplitArgs a{};
   a.u = At<float>(ws, p.u);
   a.ct = At<float>(ws, p.ct);
   a.codes = pr.codes;
-  a.label_key = rank ? At<float>(ws, p.a) : nullptr;
+  a.label_key = rank && !p.reg ? At<float>(ws, p.a) : nullptr;
+  a.labels = rank ? labels : nullptr;
+  a.labels_int64 = label_type == IndexType::kInt64;
   a.codes_vec = CodesVec(pr);
   a.batch = pr.batch;
   a.num_classes = pr.num_classes;

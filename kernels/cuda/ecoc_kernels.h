@@ -43,14 +43,19 @@ namespace cuda {
 enum class FloatType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 enum class IndexType : int { kInt32 = 0, kInt64 = 1 };
 
-// How the inner products u_b . M_i of the loss passes (Forward, CodesGrad)
-// are computed. Label rank and nearest codeword always use kFp32: an order
-// decision must not depend on a reduced-precision product.
-//   kFp32:   register-blocked FP32 FMAs (every architecture).
+// How the inner products u_b . M_i are computed.
+//   kFp32:   register-blocked FP32 FMAs (every architecture). The default of
+//            label rank and nearest codeword.
 //   k3xTf32: TF32 mma.sync with split operands (hi + lo), close to FP32
-//            accuracy; sm_80 and later, kFp32 elsewhere. The default.
+//            accuracy; sm_80 and later, kFp32 elsewhere. The default of the
+//            loss passes (Forward, CodesGrad). Label rank and nearest
+//            codeword run it when asked (LabelRankParams::math), on the
+//            register kernel of ecoc_decode_reg.cuh: two keys within an
+//            FP32 chain's error of each other may then be ordered
+//            differently from kFp32's order; identical codewords still tie.
 //   kTf32:   plain TF32 mma.sync (only when the user asks for it); sm_80 and
-//            later, kFp32 elsewhere.
+//            later, kFp32 elsewhere. Never for an order decision: label rank
+//            and nearest codeword run a kTf32 request as k3xTf32.
 enum class MathMode : int { kFp32 = 0, k3xTf32 = 1, kTf32 = 2 };
 
 // Launch variants of the forward, label-rank and nearest-codeword passes,
@@ -73,12 +78,17 @@ enum class MathMode : int { kFp32 = 0, k3xTf32 = 1, kTf32 = 2 };
 //               quad shuffles for the row max, 64-class tiles, the expected
 //               code accumulated by mma from the p fragments). Applies in
 //               the TF32 math modes on sm_80+ with k <= 128; elsewhere the
-//               forward runs as kV2 (or kRows64). No effect on rank and
-//               nearest beyond the kRows64 bit. Does not combine with
-//               kFoldNorms (values 6 and 7 are invalid): with 4 warps it
-//               folds ||M_i||^2 itself where the batch is one row tile
-//               (B <= 16; B <= 64 with kRows64), from the code fragments
-//               its logits load (the prep kernel's chain, the same bits).
+//               forward runs as kV2 (or kRows64). Rank and nearest in a
+//               TF32 math mode (LabelRankParams::math) run their register
+//               kernel with it (its keys in the accumulators, 64-class
+//               tiles, 4 warps; ecoc_decode_reg.cuh), on sm_80+ with
+//               k <= 128, and as kV2 (or kRows64) elsewhere; its other bits
+//               (kWarps8, kRows128, kWgmma) have no effect there. Does not
+//               combine with kFoldNorms (values 6 and 7 are invalid): with
+//               4 warps it folds ||M_i||^2 itself where the batch is one
+//               row tile (B <= 16; B <= 64 with kRows64), from the code
+//               fragments its logits load (the prep kernel's chain, the
+//               same bits).
 //   kWarps8:    with kRegSoftmax only (12, 13; 8 to 11 are invalid): the
 //               register-softmax forward with 8 warps (256 threads) per
 //               block on the same staged tiles (16-row tiles: 8 classes of
@@ -236,7 +246,13 @@ struct LabelRankParams {
   ProblemArgs problem;
   const void* labels = nullptr;
   IndexType label_type = IndexType::kInt32;
-  KernelVariant variant = KernelVariant::kAuto;  // kFoldNorms has no effect here
+  // kFp32 (the default: the FP32 chain of the CPU kernel) or k3xTf32 (see
+  // MathMode; kTf32 runs as k3xTf32).
+  MathMode math = MathMode::kFp32;
+  // kRows64: 64-row batch tiles; kRegSoftmax: in the TF32 modes on sm_80+
+  // with k <= 128, the register kernel (ecoc_decode_reg.cuh), else the
+  // split kernel; the other bits have no effect here.
+  KernelVariant variant = KernelVariant::kAuto;
   int32_t* rank = nullptr;  // [batch]
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
@@ -246,7 +262,8 @@ struct LabelRankParams {
 // smallest i); -1 when a logit of the row is not finite.
 struct NearestParams {
   ProblemArgs problem;
-  KernelVariant variant = KernelVariant::kAuto;  // kFoldNorms has no effect here
+  MathMode math = MathMode::kFp32;               // as in LabelRankParams
+  KernelVariant variant = KernelVariant::kAuto;  // as in LabelRankParams
   int64_t* index = nullptr;  // [batch]
   void* workspace = nullptr;
   size_t workspace_bytes = 0;

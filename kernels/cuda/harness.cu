@@ -303,6 +303,7 @@ cudaError_t LabelRank(const void* z, FloatType z_type, const float* codes, const
   p.problem = Problem(z, z_type, codes, epsilon, B, n, k);
   p.labels = labels;
   p.label_type = label_type;
+  p.math = g_math;
   p.variant = g_variant;
   p.rank = rank;
   return RunWithWorkspace(&p, keras_ecoc::cuda::EcocLabelRankWorkspaceSize,
@@ -313,6 +314,7 @@ cudaError_t Nearest(const void* z, FloatType z_type, const float* codes, float e
                     int64_t B, int64_t n, int64_t k, int64_t* index, cudaStream_t stream) {
   keras_ecoc::cuda::NearestParams p;
   p.problem = Problem(z, z_type, codes, epsilon, B, n, k);
+  p.math = g_math;
   p.variant = g_variant;
   p.index = index;
   return RunWithWorkspace(&p, keras_ecoc::cuda::EcocNearestWorkspaceSize,
@@ -1719,6 +1721,99 @@ void RunCases(int sms, bool quick) {
   g_math = MathMode::k3xTf32;
 }
 
+// The 3xTF32 register decode (DecodeRegKernel, kRegSoftmax with a TF32 math
+// mode) against the FP32 split kernel on the same inputs: on Gaussian data
+// with n <= 1,001 no two keys lie within the products' error of each other,
+// so both must give the same rank and nearest codeword in every row. Each
+// shape also carries twins across class tiles and splits: codeword n - 2
+// duplicates codeword 1 (first and last class tile); row 0 is labelled
+// n - 2 with u on M_1 (its twin, 1, must neither outrank it nor lose the
+// nearest-codeword tie), row 1, also on M_1, is labelled 1 (its twin n - 2
+// must not outrank it). Many class splits at B = 3; several row tiles at
+// B = 70 and 130, and at B = 130, n = 700 one split of 11 class tiles per
+// block on a small card (the buffer reuse of the tile loop); k = 21 stages
+// the label tile by elements, the others by vectors; k = 129 falls back to
+// the FP32 split kernel.
+void RunDecodeReg(bool quick) {
+  struct Shape {
+    int64_t B, n, k;
+  };
+  std::vector<Shape> shapes = {{3, 1001, 32},  {70, 700, 21}, {16, 129, 128},
+                               {130, 300, 64}, {130, 700, 16}, {5, 200, 129}};
+  if (quick) {
+    shapes = {{3, 1001, 32}, {70, 300, 21}, {16, 129, 128}, {130, 700, 16}, {5, 70, 129}};
+  }
+  uint64_t seed = 880000;
+  for (KernelVariant v : {KernelVariant::kRegSoftmax, KernelVariant::kRows64RegSoftmax}) {
+    for (MathMode math : {MathMode::k3xTf32, MathMode::kTf32}) {
+      for (const Shape& sh : shapes) {
+        const int64_t B = sh.B, n = sh.n, k = sh.k;
+        Rng rng(seed++);
+        std::vector<float> codes(n * k), z(B * k);
+        std::vector<int32_t> labels(B);
+        for (auto& x : codes) x = static_cast<float>(rng.Normal() / std::sqrt(double(k)));
+        for (auto& x : z) x = static_cast<float>(rng.Normal());
+        for (auto& y : labels) y = static_cast<int32_t>(rng.Below(n));
+        double sq = 0.0;
+        for (int64_t j = 0; j < k; ++j) sq += double(codes[k + j]) * codes[k + j];
+        for (int64_t j = 0; j < k; ++j) {
+          codes[k + j] = static_cast<float>(codes[k + j] / std::sqrt(sq));
+          codes[(n - 2) * k + j] = codes[k + j];
+          z[j] = 2.0f * codes[k + j];
+          z[k + j] = 3.0f * codes[k + j];
+        }
+        labels[0] = static_cast<int32_t>(n - 2);
+        labels[1] = 1;
+        DeviceBuffer<float> d_codes(n * k), d_z(B * k);
+        DeviceBuffer<int32_t> d_labels(B), d_rank(B), d_rank_ref(B);
+        DeviceBuffer<int64_t> d_index(B), d_index_ref(B);
+        d_codes.Upload(codes);
+        d_z.Upload(z);
+        d_labels.Upload(labels);
+        for (auto* buf : {&d_rank, &d_rank_ref}) buf->Fill(0xFF);
+        for (auto* buf : {&d_index, &d_index_ref}) buf->Fill(0xFF);
+        g_variant = v;
+        g_math = math;
+        CUDA_OK(LabelRank(d_z.ptr, FloatType::kFloat32, d_codes.ptr, d_labels.ptr,
+                          IndexType::kInt32, kEpsilon, B, n, k, d_rank.ptr, 0));
+        CUDA_OK(Nearest(d_z.ptr, FloatType::kFloat32, d_codes.ptr, kEpsilon, B, n, k,
+                        d_index.ptr, 0));
+        g_variant = KernelVariant::kV2;
+        g_math = MathMode::kFp32;
+        CUDA_OK(LabelRank(d_z.ptr, FloatType::kFloat32, d_codes.ptr, d_labels.ptr,
+                          IndexType::kInt32, kEpsilon, B, n, k, d_rank_ref.ptr, 0));
+        CUDA_OK(Nearest(d_z.ptr, FloatType::kFloat32, d_codes.ptr, kEpsilon, B, n, k,
+                        d_index_ref.ptr, 0));
+        CUDA_OK(cudaDeviceSynchronize());
+        const std::vector<int32_t> rank = d_rank.Download(), rank_ref = d_rank_ref.Download();
+        const std::vector<int64_t> index = d_index.Download(), index_ref = d_index_ref.Download();
+        int64_t rank_differ = 0, index_differ = 0;
+        for (int64_t b = 0; b < B; ++b) {
+          rank_differ += rank[b] != rank_ref[b];
+          index_differ += index[b] != index_ref[b];
+        }
+        char name[200], detail[200];
+        std::snprintf(name, sizeof(name), "decodereg [math=%s variant=%s B=%lld n=%lld k=%lld]",
+                      MathName(math), VariantString(v), static_cast<long long>(B),
+                      static_cast<long long>(n), static_cast<long long>(k));
+        std::snprintf(detail, sizeof(detail),
+                      "%lld rank and %lld nearest of %lld rows differ from the FP32 kernel's",
+                      static_cast<long long>(rank_differ), static_cast<long long>(index_differ),
+                      static_cast<long long>(B));
+        Report(std::string(name) + " against fp32", rank_differ == 0 && index_differ == 0,
+               detail);
+        std::snprintf(detail, sizeof(detail),
+                      "rank[0] = %d (want 0), rank[1] = %d (want 0), index[0] = %lld (want 1)",
+                      rank[0], rank[1], static_cast<long long>(index[0]));
+        Report(std::string(name) + " twins across tiles",
+               rank[0] == 0 && rank[1] == 0 && index[0] == 1, detail);
+      }
+    }
+  }
+  g_math = MathMode::k3xTf32;
+  g_variant = KernelVariant::kV2;
+}
+
 // The sections of --check-only, in their fixed order. Each seeds its own
 // inputs and leaves the math mode, launch variant and scale pointer as it
 // found them, so one section run alone (--only) gives the same checks as in
@@ -1747,6 +1842,7 @@ constexpr CheckSection kCheckSections[] = {
     // Late: the checks before them keep their order.
     {"rows128+wgmma", [](int, bool quick) { RunRows128Wgmma(quick); }},
     {"gradmma+wgmma", [](int, bool quick) { RunGradMmaWgmma(quick); }},
+    {"decodereg", [](int, bool quick) { RunDecodeReg(quick); }},
 };
 
 void RunChecks(int sms, bool quick) {
@@ -2276,6 +2372,58 @@ int BenchForwardSource(const std::vector<KernelVariant>& variants, int c, int64_
   return c;
 }
 
+// --bench-only's table of the decode passes: label rank, the pass of the
+// accuracy metrics (ECOCAccuracy, ECOCTopKAccuracy), runs in every training
+// and evaluation step that reports accuracy, next to the loss's forward;
+// nearest codeword is predict_classes'. Each in FP32 (the default of their
+// params: what the library runs) and in 3xTF32 (DecodeRegKernel, on
+// sm_80+ with k <= 128). `forward` gives a row's loss forward ms in the
+// default math mode and that column's label. FLOPs counted: 2Bnk (the
+// keys' inner products).
+template <typename RowT, typename ForwardOf>
+void PrintDecodeTable(const std::vector<RowT>& rows, ForwardOf forward, const Peaks& peaks,
+                      int cc) {
+  using keras_ecoc::cuda::KernelPass;
+  using keras_ecoc::cuda::ResolveVariant;
+  if (rows.empty()) return;
+  const std::string fwd_label = forward(rows[0]).second;
+  std::printf("\n### Decode passes, variant auto: FP32 (the library's) and 3xTF32\n\n");
+  std::printf("label rank: the pass of ECOCAccuracy / ECOCTopKAccuracy, once per training and "
+              "evaluation step next to the loss; nearest: predict_classes'. forward: the loss "
+              "forward of the %s column. A training step with the accuracy metric runs forward "
+              "+ label rank on the codes (the z gradient is elementwise on the forward's "
+              "outputs; the codes gradient runs only for trainable codes). TFLOP/s from 2Bnk; "
+              "host us: the rank call's.\n\n",
+              fwd_label.c_str());
+  std::printf("| B | k | n | forward ms | rank fp32 ms | rank 3xtf32 ms | nearest fp32 ms | "
+              "nearest 3xtf32 ms | rank fp32 / forward | rank 3xtf32 / forward | "
+              "rank fp32 / 3xtf32 | rank fp32 TFLOP/s | rank 3xtf32 TFLOP/s | "
+              "rank fp32 %% of FP32 peak | rank fp32 host us | rank 3xtf32 host us | auto ran |\n"
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+              "---|\n");
+  for (const RowT& r : rows) {
+    const float fwd = forward(r).first;
+    const double flops = 2.0 * r.B * r.n * r.k;
+    const double tf[2] = {flops / (r.rank[0].ms * 1e-3) * 1e-12,
+                          flops / (r.rank[1].ms * 1e-3) * 1e-12};
+    char fp32[32] = "n/a";
+    if (peaks.fp32 > 0) std::snprintf(fp32, sizeof(fp32), "%.1f", 100 * tf[0] / peaks.fp32);
+    const std::string ran =
+        std::string("fp32 ") +
+        VariantString(ResolveVariant(KernelPass::kLabelRank, r.B, r.n, r.k, MathMode::kFp32, cc)) +
+        ", 3xtf32 " +
+        VariantString(ResolveVariant(KernelPass::kLabelRank, r.B, r.n, r.k, MathMode::k3xTf32,
+                                     cc));
+    std::printf("| %lld | %lld | %lld | %.4f | %.4f | %.4f | %.4f | %.4f | %.2f | %.2f | %.2f | "
+                "%.2f | %.2f | %s | %.1f | %.1f | %s |\n",
+                static_cast<long long>(r.B), static_cast<long long>(r.k),
+                static_cast<long long>(r.n), fwd, r.rank[0].ms, r.rank[1].ms, r.nearest[0].ms,
+                r.nearest[1].ms, r.rank[0].ms / fwd, r.rank[1].ms / fwd,
+                r.rank[0].ms / r.rank[1].ms, tf[0], tf[1], fp32, r.rank[0].host_us,
+                r.rank[1].host_us, ran.c_str());
+  }
+}
+
 void RunBench(bool quick, bool tiny, const cudaDeviceProp& prop) {
   using namespace keras_ecoc::cuda;
   const int warmup = tiny ? 0 : quick ? 1 : 3;
@@ -2330,6 +2478,11 @@ void RunBench(bool quick, bool tiny, const cudaDeviceProp& prop) {
     // The traced columns' forward + codes gradient split into its launches
     // (TimeLaunches); empty for the others.
     std::vector<LaunchTimes> launches;
+    // The decode passes once per cell, variant kAuto: label rank
+    // (ECOCAccuracy's pass) and nearest codeword (predict_classes'), [0] in
+    // FP32 (the default of their params, what the library runs), [1] in
+    // 3xTF32 (the register kernel, DecodeRegKernel).
+    CallTime rank[2], nearest[2];
   };
   // The columns split into launches: auto's (what a caller gets) where the
   // list has it, else the first variant's; one per math mode.
@@ -2355,7 +2508,8 @@ void RunBench(bool quick, bool tiny, const cudaDeviceProp& prop) {
         for (auto& y : labels) y = static_cast<int32_t>(rng.Below(n));
         DeviceBuffer<float> d_z(B * k), d_loss(B), d_lse(B), d_ecode(B * k), d_esq(B), d_g(B),
             d_grad(n * k);
-        DeviceBuffer<int32_t> d_labels(B);
+        DeviceBuffer<int32_t> d_labels(B), d_rank(B);
+        DeviceBuffer<int64_t> d_index(B);
         d_z.Upload(z);
         d_g.Upload(g);
         d_labels.Upload(labels);
@@ -2373,7 +2527,7 @@ void RunBench(bool quick, bool tiny, const cudaDeviceProp& prop) {
         };
         Row row{B, k, n, std::vector<float>(ncols), std::vector<float>(ncols),
                 std::vector<float>(ncols), std::vector<float>(ncols), std::vector<int>(ncols),
-                std::vector<size_t>(ncols), std::vector<LaunchTimes>(ncols)};
+                std::vector<size_t>(ncols), std::vector<LaunchTimes>(ncols), {}, {}};
         for (int m = 0; m < ncols; ++m) {
           row.fwd_src[m] = BenchForwardSource(g_bench_variants, m, B, n, k, cc);
         }
@@ -2407,6 +2561,18 @@ void RunBench(bool quick, bool tiny, const cudaDeviceProp& prop) {
         for (int m = 0; m < ncols; ++m) {
           row.fwd[m] = row.fwd[row.fwd_src[m]];
           row.fwd_host[m] = row.fwd_host[row.fwd_src[m]];
+        }
+        g_variant = KernelVariant::kAuto;
+        for (int i = 0; i < 2; ++i) {
+          g_math = i == 0 ? MathMode::kFp32 : MathMode::k3xTf32;
+          row.rank[i] = TimeMs([&]() {
+            return LabelRank(d_z.ptr, FloatType::kFloat32, d_codes.ptr, d_labels.ptr,
+                             IndexType::kInt32, kEpsilon, B, n, k, d_rank.ptr, 0);
+          }, warmup, repeats);
+          row.nearest[i] = TimeMs([&]() {
+            return Nearest(d_z.ptr, FloatType::kFloat32, d_codes.ptr, kEpsilon, B, n, k,
+                           d_index.ptr, 0);
+          }, warmup, repeats);
         }
         rows.push_back(row);
       }
@@ -2486,6 +2652,15 @@ void RunBench(bool quick, bool tiny, const cudaDeviceProp& prop) {
                   is_auto ? " |" : "", lt.total_ms, r.both[m], parts.c_str());
     }
   }
+  PrintDecodeTable(rows, [&](const Row& r) {
+    // The loss forward a caller gets by default: auto's 3xTF32 column where
+    // the list has auto, else the first variant's 3xTF32 column.
+    int c = 1;
+    for (int m = 1; m < ncols; m += 3) {
+      if (col_variant(m) == KernelVariant::kAuto) c = m;
+    }
+    return std::make_pair(r.fwd[c], ModeLabel(col_mode(c), col_variant(c)));
+  }, peaks, cc);
   // $ECOC_HARNESS_JSON: the same rows for benchmarks/bench_gpu_loss.py
   // --harness-json (format in its docstring; fwdbwd_ms is forward + codes
   // gradient: the z gradient is elementwise on the forward's outputs).
