@@ -414,7 +414,8 @@ def test_bench_times_each_forward_launch_once_and_splits_auto_into_launches(tmp_
     # ResolveVariant, in the same math mode, so those columns repeat that
     # column's forward ms and host us (timed once there) and say so in
     # "fwd_from" and in the table's note; the JSON still loads in
-    # bench_gpu_loss.py. The decode passes get a table of their own.
+    # bench_gpu_loss.py. The decode passes get a table of their own (and
+    # "decode_ms" in the JSON).
     out = tmp_path / "bench.json"
     monkeypatch.setenv("ECOC_HARNESS_JSON", str(out))
     res = run_emu("--src-root", str(SRC_ROOT), "--arch", "90", "--sms", "2", "--",
@@ -486,7 +487,15 @@ def test_bench_times_each_forward_launch_once_and_splits_auto_into_launches(tmp_
         assert r32_3x == pytest.approx(rank32 / rank3x, abs=0.006)
         assert cells[-1] == (f"fp32 {_auto_rule('label_rank', B, n, k, 'fp32', 90)}, "
                              f"3xtf32 {_auto_rule('label_rank', B, n, k, '3xtf32', 90)}")
+        # The JSON carries the same four times on that forward's row only.
+        timed = rows[("3xtf32+auto", B)]["decode_ms"]
+        assert list(timed) == ["rank fp32", "rank 3xtf32", "nearest fp32", "nearest 3xtf32"]
+        for got, want in zip(timed.values(), (rank32, rank3x, nearest32, nearest3x)):
+            assert got == pytest.approx(want, abs=5e-5)
     assert "3xtf32 regsoftmax" in decode and "3xtf32 rows64+regsoftmax" in decode
+    assert sum("decode_ms" in r for r in raw) == 2
+    # Rewritten after each cell through a temporary file, renamed into place.
+    assert not (tmp_path / "bench.json.partial").exists()
 
 
 @needs_kernels

@@ -282,12 +282,13 @@ def test_device_run_gives_the_kernel_steps_what_the_gpus_measured_when_earlier_p
     # the earlier phases their 110 s of limits, so a budget of 431 + 110 s shows
     # that plan. With the prebuilt harness, what the H100 and H200 of 2026-11-27
     # measured must fit: the grid (92 s), the timings of every launch variant
-    # (53-54 s), the checks (10 s), racecheck (32 s on the H200, more on the H100)
+    # (53-54 s with 12 variants; about 70 s with today's 15 and the decode
+    # table), the checks (10 s), racecheck (32 s on the H200, more on the H100)
     # and the profiles (23 s and 8 s).
     _, env = _prebuilt
     out, _, steps = _dry_run(DEVICE_RUN_BUDGET=str(431 + 110), **env)
     assert "kernels: prebuilt: match" in out
-    assert steps["grid"] >= 95 and steps["bench"] >= 65 and steps["checks"] >= 12
+    assert steps["grid"] >= 95 and steps["bench"] >= 75 and steps["checks"] >= 12
     assert steps["racecheck"] >= 45 and steps["ncu"] >= 26 and steps["ncu-codes-grad"] >= 13
     assert steps["build"] >= 5 and "install -m 755" in out
     # Without it the harness compiles (73 s on the H200): the build keeps what

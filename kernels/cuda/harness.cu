@@ -2491,7 +2491,92 @@ void RunBench(bool quick, bool tiny, const cudaDeviceProp& prop) {
   auto traced = [&](int c) {
     return have_auto ? col_variant(c) == KernelVariant::kAuto : c < 3;
   };
+  // "" where column m timed its own forward at this row, else the label of
+  // the column it took it from ("3xtf32", "tf32+rows64+regsoftmax").
+  auto fwd_from = [&](int m, const Row& r) {
+    const int src = r.fwd_src[m];
+    return src == m ? std::string() : ModeLabel(col_mode(src), col_variant(src));
+  };
+  // The loss forward the decode passes are set beside, the one a caller
+  // gets by default: auto's 3xTF32 column where the list has auto, else the
+  // first variant's 3xTF32 column.
+  int decode_col = 1;
+  for (int m = 1; m < ncols; m += 3) {
+    if (col_variant(m) == KernelVariant::kAuto) decode_col = m;
+  }
   std::vector<Row> rows;
+  // $ECOC_HARNESS_JSON: the rows so far for benchmarks/bench_gpu_loss.py
+  // --harness-json (format in its docstring; fwdbwd_ms is forward + codes
+  // gradient: the z gradient is elementwise on the forward's outputs),
+  // rewritten after every cell (through a temporary file and a rename), so
+  // that a run stopped by the device run's step limit keeps the cells it
+  // finished. `final`: the last write, which says so on stdout.
+  auto write_json = [&](bool final) {
+    const char* path = std::getenv("ECOC_HARNESS_JSON");
+    if (path == nullptr || !*path) return;
+    const std::string tmp = std::string(path) + ".partial";
+    FILE* f = std::fopen(tmp.c_str(), "w");
+    if (f == nullptr) {
+      if (final) std::printf("\nCould not write ECOC_HARNESS_JSON=%s\n", path);
+      return;
+    }
+    std::fprintf(f, "[");
+    bool first = true;
+    for (const Row& r : rows) {
+      for (int m = 0; m < ncols; ++m) {
+        // "3xtf32+auto" rows carry what auto ran in the optional "note".
+        std::string note =
+            col_variant(m) == KernelVariant::kAuto
+                ? ", \"note\": \"auto ran " + AutoChoice(col_mode(m), r.B, r.n, r.k, cc) + "\""
+                : std::string();
+        // "fwd_from": the mode label of the row whose fwd_ms this one
+        // repeats (the same forward launch, timed once).
+        if (const std::string src = fwd_from(m, r); !src.empty()) {
+          note += ", \"fwd_from\": \"" + src + "\"";
+        }
+        // "launch_ms": the traced columns' call split into its launches,
+        // {"forward prep": ms, ...} in launch order.
+        if (const LaunchTimes& lt = r.launches[m]; traced(m)) {
+          note += ", \"launch_ms\": {";
+          for (size_t i = 0; i < lt.names.size(); ++i) {
+            char buf[96];
+            std::snprintf(buf, sizeof(buf), "%s\"%s\": %.6g", i ? ", " : "",
+                          lt.names[i].c_str(), lt.ms[i]);
+            note += buf;
+          }
+          note += "}";
+          if (!lt.stable) note += ", \"launch_ms_unstable\": true";
+        }
+        // "decode_ms": the cell's decode passes (the decode table's row) on
+        // the row of the forward they are set beside.
+        if (m == decode_col) {
+          char buf[200];
+          std::snprintf(buf, sizeof(buf),
+                        ", \"decode_ms\": {\"rank fp32\": %.6g, \"rank 3xtf32\": %.6g, "
+                        "\"nearest fp32\": %.6g, \"nearest 3xtf32\": %.6g}",
+                        r.rank[0].ms, r.rank[1].ms, r.nearest[0].ms, r.nearest[1].ms);
+          note += buf;
+        }
+        std::fprintf(f, "%s\n {\"B\": %lld, \"k\": %lld, \"n\": %lld, \"mode\": \"%s\", "
+                     "\"fwd_ms\": %.6g, \"fwdbwd_ms\": %.6g, \"peak_bytes\": %zu, "
+                     "\"fwd_host_us\": %.6g, \"fwdbwd_host_us\": %.6g%s}",
+                     first ? "" : ",", static_cast<long long>(r.B),
+                     static_cast<long long>(r.k), static_cast<long long>(r.n),
+                     ModeLabel(col_mode(m), col_variant(m)).c_str(), r.fwd[m], r.both[m],
+                     r.peak[m], r.fwd_host[m], r.both_host[m], note.c_str());
+        first = false;
+      }
+    }
+    std::fprintf(f, "\n]\n");
+    const bool ok = std::fclose(f) == 0 && std::rename(tmp.c_str(), path) == 0;
+    if (final) {
+      if (ok) {
+        std::printf("\nTiming rows written to %s (ECOC_HARNESS_JSON).\n", path);
+      } else {
+        std::printf("\nCould not write ECOC_HARNESS_JSON=%s\n", path);
+      }
+    }
+  };
   for (int64_t n : ns) {
     for (int64_t k : ks) {
       if (n * k > kMaxCodes) continue;
@@ -2575,17 +2660,12 @@ void RunBench(bool quick, bool tiny, const cudaDeviceProp& prop) {
           }, warmup, repeats);
         }
         rows.push_back(row);
+        write_json(false);
       }
     }
   }
   g_math = MathMode::k3xTf32;
   g_variant = KernelVariant::kV2;
-  // "" where column m timed its own forward at this row, else the label of
-  // the column it took it from ("3xtf32", "tf32+rows64+regsoftmax").
-  auto fwd_from = [&](int m, const Row& r) {
-    const int src = r.fwd_src[m];
-    return src == m ? std::string() : ModeLabel(col_mode(src), col_variant(src));
-  };
   for (int m = 0; m < ncols; ++m) {
     // auto's table names what each cell ran.
     const bool is_auto = col_variant(m) == KernelVariant::kAuto;
@@ -2653,63 +2733,10 @@ void RunBench(bool quick, bool tiny, const cudaDeviceProp& prop) {
     }
   }
   PrintDecodeTable(rows, [&](const Row& r) {
-    // The loss forward a caller gets by default: auto's 3xTF32 column where
-    // the list has auto, else the first variant's 3xTF32 column.
-    int c = 1;
-    for (int m = 1; m < ncols; m += 3) {
-      if (col_variant(m) == KernelVariant::kAuto) c = m;
-    }
-    return std::make_pair(r.fwd[c], ModeLabel(col_mode(c), col_variant(c)));
+    return std::make_pair(r.fwd[decode_col], ModeLabel(col_mode(decode_col),
+                                                       col_variant(decode_col)));
   }, peaks, cc);
-  // $ECOC_HARNESS_JSON: the same rows for benchmarks/bench_gpu_loss.py
-  // --harness-json (format in its docstring; fwdbwd_ms is forward + codes
-  // gradient: the z gradient is elementwise on the forward's outputs).
-  if (const char* path = std::getenv("ECOC_HARNESS_JSON"); path != nullptr && *path) {
-    if (FILE* f = std::fopen(path, "w")) {
-      std::fprintf(f, "[");
-      bool first = true;
-      for (const Row& r : rows) {
-        for (int m = 0; m < ncols; ++m) {
-          // "3xtf32+auto" rows carry what auto ran in the optional "note".
-          std::string note =
-              col_variant(m) == KernelVariant::kAuto
-                  ? ", \"note\": \"auto ran " + AutoChoice(col_mode(m), r.B, r.n, r.k, cc) + "\""
-                  : std::string();
-          // "fwd_from": the mode label of the row whose fwd_ms this one
-          // repeats (the same forward launch, timed once).
-          if (const std::string src = fwd_from(m, r); !src.empty()) {
-            note += ", \"fwd_from\": \"" + src + "\"";
-          }
-          // "launch_ms": the traced columns' call split into its launches,
-          // {"forward prep": ms, ...} in launch order.
-          if (const LaunchTimes& lt = r.launches[m]; traced(m)) {
-            note += ", \"launch_ms\": {";
-            for (size_t i = 0; i < lt.names.size(); ++i) {
-              char buf[96];
-              std::snprintf(buf, sizeof(buf), "%s\"%s\": %.6g", i ? ", " : "",
-                            lt.names[i].c_str(), lt.ms[i]);
-              note += buf;
-            }
-            note += "}";
-            if (!lt.stable) note += ", \"launch_ms_unstable\": true";
-          }
-          std::fprintf(f, "%s\n {\"B\": %lld, \"k\": %lld, \"n\": %lld, \"mode\": \"%s\", "
-                       "\"fwd_ms\": %.6g, \"fwdbwd_ms\": %.6g, \"peak_bytes\": %zu, "
-                       "\"fwd_host_us\": %.6g, \"fwdbwd_host_us\": %.6g%s}",
-                       first ? "" : ",", static_cast<long long>(r.B),
-                       static_cast<long long>(r.k), static_cast<long long>(r.n),
-                       ModeLabel(col_mode(m), col_variant(m)).c_str(), r.fwd[m], r.both[m],
-                       r.peak[m], r.fwd_host[m], r.both_host[m], note.c_str());
-          first = false;
-        }
-      }
-      std::fprintf(f, "\n]\n");
-      std::fclose(f);
-      std::printf("\nTiming rows written to %s (ECOC_HARNESS_JSON).\n", path);
-    } else {
-      std::printf("\nCould not write ECOC_HARNESS_JSON=%s\n", path);
-    }
-  }
+  write_json(true);
   std::printf("\nSkipped: codes above %lld floats or B n k above %.0e. Largest workspace "
               "asked for: %zu bytes.\n",
               static_cast<long long>(kMaxCodes), kMaxWork, g_ws_largest);
