@@ -1722,9 +1722,11 @@ void RunCases(int sms, bool quick) {
 }
 
 // The 3xTF32 register decode (DecodeRegKernel, kRegSoftmax with a TF32 math
-// mode) against the FP32 split kernel on the same inputs: on Gaussian data
-// with n <= 1,001 no two keys lie within the products' error of each other,
-// so both must give the same rank and nearest codeword in every row. Each
+// mode) against the FP32 split kernel on the same inputs: both must give the
+// same rank and nearest codeword in every row, except where the float64 keys
+// put another class within float32 rounding (1e-5 (1 + |key|)) of the
+// label's key (rank) or of the best key (nearest): there the two roundings
+// may order them either way (counted and printed, never failed). Each
 // shape also carries twins across class tiles and splits: codeword n - 2
 // duplicates codeword 1 (first and last class tile); row 0 is labelled
 // n - 2 with u on M_1 (its twin, 1, must neither outrank it nor lose the
@@ -1787,19 +1789,46 @@ void RunDecodeReg(bool quick) {
         CUDA_OK(cudaDeviceSynchronize());
         const std::vector<int32_t> rank = d_rank.Download(), rank_ref = d_rank_ref.Download();
         const std::vector<int64_t> index = d_index.Download(), index_ref = d_index_ref.Download();
-        int64_t rank_differ = 0, index_differ = 0;
+        // Float64 keys of row b, and whether another class lies within
+        // rounding of `key` (the label's or the best one).
+        std::vector<double> key(n);
+        auto near_tie = [&](int64_t self, double at) {
+          const double slack = 1e-5 * (1.0 + std::fabs(at));
+          for (int64_t i = 0; i < n; ++i) {
+            if (i != self && std::fabs(key[i] - at) <= slack) return true;
+          }
+          return false;
+        };
+        int64_t rank_differ = 0, index_differ = 0, near_ties = 0;
         for (int64_t b = 0; b < B; ++b) {
-          rank_differ += rank[b] != rank_ref[b];
-          index_differ += index[b] != index_ref[b];
+          if (rank[b] == rank_ref[b] && index[b] == index_ref[b]) continue;
+          double zz = 0.0;
+          for (int64_t j = 0; j < k; ++j) zz += double(z[b * k + j]) * z[b * k + j];
+          const double inv = 1.0 / std::sqrt(std::max(zz, double(kEpsilon)));
+          for (int64_t i = 0; i < n; ++i) {
+            double dot = 0.0, mm = 0.0;
+            for (int64_t j = 0; j < k; ++j) {
+              dot += z[b * k + j] * inv * codes[i * k + j];
+              mm += double(codes[i * k + j]) * codes[i * k + j];
+            }
+            key[i] = dot - 0.5 * mm;
+          }
+          const bool rank_tie = rank[b] != rank_ref[b] && near_tie(labels[b], key[labels[b]]);
+          const bool index_tie = index[b] != index_ref[b] && index_ref[b] >= 0 &&
+                                 near_tie(index_ref[b], key[index_ref[b]]);
+          rank_differ += rank[b] != rank_ref[b] && !rank_tie;
+          index_differ += index[b] != index_ref[b] && !index_tie;
+          near_ties += rank_tie || index_tie;
         }
         char name[200], detail[200];
         std::snprintf(name, sizeof(name), "decodereg [math=%s variant=%s B=%lld n=%lld k=%lld]",
                       MathName(math), VariantString(v), static_cast<long long>(B),
                       static_cast<long long>(n), static_cast<long long>(k));
         std::snprintf(detail, sizeof(detail),
-                      "%lld rank and %lld nearest of %lld rows differ from the FP32 kernel's",
+                      "%lld rank and %lld nearest of %lld rows differ from the FP32 kernel's "
+                      "outside a float64 near-tie (%lld rows differ at one)",
                       static_cast<long long>(rank_differ), static_cast<long long>(index_differ),
-                      static_cast<long long>(B));
+                      static_cast<long long>(B), static_cast<long long>(near_ties));
         Report(std::string(name) + " against fp32", rank_differ == 0 && index_differ == 0,
                detail);
         std::snprintf(detail, sizeof(detail),
