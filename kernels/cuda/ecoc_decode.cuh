@@ -35,8 +35,7 @@ struct DecodeSplitArgs {
   long long* part_index;  // [batch, splits]  nearest (-1: none)
   int* part_bad;          // [batch, splits]  a non-finite key
   // The labels (rank; DecodeRegKernel stages their codewords), or null.
-  // Last, so that the fields above keep their offsets (and this kernel its
-  // SASS).
+  // Last, so that the fields above keep their offsets.
   const void* labels;
   bool labels_int64;
 };

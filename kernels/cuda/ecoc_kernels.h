@@ -246,8 +246,8 @@ struct LabelRankParams {
   ProblemArgs problem;
   const void* labels = nullptr;
   IndexType label_type = IndexType::kInt32;
-  // kFp32 (the default: the FP32 chain of the CPU kernel) or k3xTf32 (see
-  // MathMode; kTf32 runs as k3xTf32).
+  // kFp32 (the default: the FP32 engine's sequential chain per key) or
+  // k3xTf32 (see MathMode; kTf32 runs as k3xTf32).
   MathMode math = MathMode::kFp32;
   // kRows64: 64-row batch tiles; kRegSoftmax: in the TF32 modes on sm_80+
   // with k <= 128, the register kernel (ecoc_decode_reg.cuh), else the
