@@ -68,6 +68,17 @@ struct DecodeRowState {
   int bad;          // a key that is not finite
 };
 
+// s takes in o's classes: counts add, flags or, the better (key, index) by
+// BetterNearest's order (symmetric: any merge order gives the same winner).
+__device__ __forceinline__ void MergeDecodeState(DecodeRowState& s, const DecodeRowState& o) {
+  s.bad |= o.bad;
+  s.count += o.count;
+  if (BetterNearest(o.best, o.index, s.best, s.index)) {
+    s.best = o.best;
+    s.index = o.index;
+  }
+}
+
 template <bool kRank, int BT>
 __global__ void __launch_bounds__(kThreads, BT == 16 ? 4 : 0) DecodeRegKernel(DecodeSplitArgs a) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
@@ -99,10 +110,7 @@ __global__ void __launch_bounds__(kThreads, BT == 16 ? 4 : 0) DecodeRegKernel(De
   // commits (ct goes by cp.async too).
   auto stage_code_tile = [&](float* buf, int64_t c0) {
     StageTile(buf, pitch, a.codes, k, c0, a.num_classes, CT, 0, kp, k, a.codes_vec);
-    for (int cl = threadIdx.x; cl < CT; cl += kThreads) {
-      const bool ok = c0 + cl < a.num_classes;
-      ptx::cp_async_4(buf + cl * pitch + kp, ok ? a.ct + c0 + cl : a.ct, ok ? 4 : 0);
-    }
+    StageClassTerms<1>(buf, pitch, kp, a.ct, nullptr, c0, a.num_classes);
   };
   // The label tile: row r = the codeword of row b0 + r's label (r < BT, a
   // row of the batch with a label in [0, n)), else zeros; ct likewise.
@@ -260,17 +268,15 @@ __global__ void __launch_bounds__(kThreads, BT == 16 ? 4 : 0) DecodeRegKernel(De
   for (int h = 0; h < 2; ++h) {
 #pragma unroll
     for (int offset = 1; offset < 4; offset <<= 1) {
-      st[h].bad |= __shfl_xor_sync(kFullMask, st[h].bad, offset);
+      // The partner's state: the fields this pass keeps, the others empty.
+      DecodeRowState o{0, -INFINITY, -1, __shfl_xor_sync(kFullMask, st[h].bad, offset)};
       if constexpr (kRank) {
-        st[h].count += __shfl_xor_sync(kFullMask, st[h].count, offset);
+        o.count = __shfl_xor_sync(kFullMask, st[h].count, offset);
       } else {
-        const float ok = __shfl_xor_sync(kFullMask, st[h].best, offset);
-        const long long oi = __shfl_xor_sync(kFullMask, st[h].index, offset);
-        if (BetterNearest(ok, oi, st[h].best, st[h].index)) {
-          st[h].best = ok;
-          st[h].index = oi;
-        }
+        o.best = __shfl_xor_sync(kFullMask, st[h].best, offset);
+        o.index = __shfl_xor_sync(kFullMask, st[h].index, offset);
       }
+      MergeDecodeState(st[h], o);
     }
   }
   auto write = [&](int64_t b, const DecodeRowState& s) {
@@ -301,15 +307,7 @@ __global__ void __launch_bounds__(kThreads, BT == 16 ? 4 : 0) DecodeRegKernel(De
     __syncthreads();  // [barrier-mutation-test] only=decodereg
     if (threadIdx.x < BT && b0 + threadIdx.x < a.batch) {
       DecodeRowState s = st_s[threadIdx.x];
-      for (int w = 1; w < WC; ++w) {
-        const DecodeRowState o = st_s[w * BT + threadIdx.x];
-        s.bad |= o.bad;
-        s.count += o.count;
-        if (BetterNearest(o.best, o.index, s.best, s.index)) {
-          s.best = o.best;
-          s.index = o.index;
-        }
-      }
+      for (int w = 1; w < WC; ++w) MergeDecodeState(s, st_s[w * BT + threadIdx.x]);
       write(b0 + threadIdx.x, s);
     }
   }

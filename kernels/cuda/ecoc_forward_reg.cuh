@@ -191,10 +191,13 @@ __device__ __forceinline__ void SplitCodeTile(float* tile, int pitch, int kp) {
 // cp.async by the block's first 128 threads (the caller commits the group):
 // the per-class terms arrive with the codes, and the padding the fragment
 // loads never read costs no shared memory (a separate 1 KiB would cut the
-// 16-row kernel at k = 128 from 3 to 2 blocks per H100 SM).
+// 16-row kernel at k = 128 from 3 to 2 blocks per H100 SM). kTerms = 1:
+// ct only (the decode kernel's keys; sqn unused).
+template <int kTerms = 2>
 __device__ __forceinline__ void StageClassTerms(float* tile, int pitch, int kp, const float* ct,
                                                 const float* sqn, int64_t c0, int64_t n) {
-  if (threadIdx.x < 2 * kRegClassTile) {
+  static_assert(kTerms == 1 || kTerms == 2, "ct, or ct and ||M||^2");
+  if (threadIdx.x < kTerms * kRegClassTile) {
     const int cl = threadIdx.x % kRegClassTile;
     const int which = threadIdx.x / kRegClassTile;  // 0: ct, 1: ||M||^2
     const bool ok = c0 + cl < n;

@@ -1789,33 +1789,28 @@ void RunDecodeReg(bool quick) {
         CUDA_OK(cudaDeviceSynchronize());
         const std::vector<int32_t> rank = d_rank.Download(), rank_ref = d_rank_ref.Download();
         const std::vector<int64_t> index = d_index.Download(), index_ref = d_index_ref.Download();
-        // Float64 keys of row b, and whether another class lies within
-        // rounding of `key` (the label's or the best one).
-        std::vector<double> key(n);
-        auto near_tie = [&](int64_t self, double at) {
+        // The float64 reference's squared distances (ComputeReference, as
+        // RunCase's checks), as keys u.M - 1/2 ||M||^2 = (1 - dist) / 2 of
+        // the unit u (no row of z is zero here), and whether another class
+        // lies within rounding of class `self`'s key (the label's or the best).
+        const Reference ref =
+            ComputeReference(z, codes, std::vector<int64_t>(labels.begin(), labels.end()),
+                             std::vector<float>(B, 0.0f), 1.0, B, n, k);
+        auto key = [&](int64_t b, int64_t i) { return 0.5 * (1.0 - ref.dist[b][i]); };
+        auto near_tie = [&](int64_t b, int64_t self) {
+          const double at = key(b, self);
           const double slack = 1e-5 * (1.0 + std::fabs(at));
           for (int64_t i = 0; i < n; ++i) {
-            if (i != self && std::fabs(key[i] - at) <= slack) return true;
+            if (i != self && std::fabs(key(b, i) - at) <= slack) return true;
           }
           return false;
         };
         int64_t rank_differ = 0, index_differ = 0, near_ties = 0;
         for (int64_t b = 0; b < B; ++b) {
           if (rank[b] == rank_ref[b] && index[b] == index_ref[b]) continue;
-          double zz = 0.0;
-          for (int64_t j = 0; j < k; ++j) zz += double(z[b * k + j]) * z[b * k + j];
-          const double inv = 1.0 / std::sqrt(std::max(zz, double(kEpsilon)));
-          for (int64_t i = 0; i < n; ++i) {
-            double dot = 0.0, mm = 0.0;
-            for (int64_t j = 0; j < k; ++j) {
-              dot += z[b * k + j] * inv * codes[i * k + j];
-              mm += double(codes[i * k + j]) * codes[i * k + j];
-            }
-            key[i] = dot - 0.5 * mm;
-          }
-          const bool rank_tie = rank[b] != rank_ref[b] && near_tie(labels[b], key[labels[b]]);
-          const bool index_tie = index[b] != index_ref[b] && index_ref[b] >= 0 &&
-                                 near_tie(index_ref[b], key[index_ref[b]]);
+          const bool rank_tie = rank[b] != rank_ref[b] && near_tie(b, labels[b]);
+          const bool index_tie =
+              index[b] != index_ref[b] && index_ref[b] >= 0 && near_tie(b, index_ref[b]);
           rank_differ += rank[b] != rank_ref[b] && !rank_tie;
           index_differ += index[b] != index_ref[b] && !index_tie;
           near_ties += rank_tie || index_tie;
