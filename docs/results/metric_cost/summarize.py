@@ -7,21 +7,19 @@ CPU op): the `loss` model (a Dense(k) head compiled with `ECOCLoss(codes)` and
 and loss, no metric), in alternating order from round to round (`run.sh`).
 Rounds pair the two arms: the table gives, per (batch, k), the median step
 time of each arm (over its later epochs) averaged over the rounds, and the
-paired difference with its 95 % confidence interval (Student t over rounds).
+paired difference with its 95 % confidence interval (Student t over rounds,
+the experiments' `t_interval`).
 
     python docs/results/metric_cost/summarize.py
 """
 
 import glob
 import json
-import math
 import os
 import re
 import statistics
 
-# Two-sided 95 % quantiles of Student's t for 1-9 degrees of freedom.
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-       9: 2.262}
+from ecoc_research.experiments.stats import t_interval
 
 
 def load(folder):
@@ -48,13 +46,11 @@ def table(cells):
     for (batch, k), arms in sorted(cells.items()):
         with_m, without = arms["loss"], arms["loss_nometric"]
         rounds = sorted(set(with_m) & set(without))
-        diff = [with_m[r] - without[r] for r in rounds]
-        mean = statistics.mean(diff)
-        half = T95[len(rounds) - 1] * statistics.stdev(diff) / math.sqrt(len(rounds))
+        mean, low, high = t_interval([with_m[r] - without[r] for r in rounds])
         a = statistics.mean(with_m[r] for r in rounds)
         b = statistics.mean(without[r] for r in rounds)
         lines.append(f"| {batch} | {k} | {len(rounds)} | {a:.1f} | {b:.1f} | "
-                     f"{mean:+.1f} [{mean - half:+.1f}, {mean + half:+.1f}] | {a / b:.2f} |")
+                     f"{mean:+.1f} [{low:+.1f}, {high:+.1f}] | {a / b:.2f} |")
     return "\n".join(lines)
 
 
