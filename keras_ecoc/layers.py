@@ -124,7 +124,10 @@ class ECOCDecoder(keras.layers.Layer):
         # eigenvectors lose their structure in float16.
         # The validated array is handed to the backend once, as the
         # initializer (no zeros first); the layer then drops its host
-        # reference, so the weight is the only copy it keeps.
+        # reference, so the weight is the only copy it keeps. The
+        # initializer's own reference must stay: built inside a stateless
+        # scope (a parent layer traced without a `build`) the weight is
+        # initialized later, from it; Keras drops it once it has run.
         initial = self._initial_codes
         if initial is None:
             # A read-only broadcast view: no host copy of the placeholder.
@@ -139,7 +142,6 @@ class ECOCDecoder(keras.layers.Layer):
             dtype="float32",
             autocast=False,
         )
-        del initial
         self._initial_codes = None
         if self.learnable_scale:
             self.log_scale = self.add_weight(

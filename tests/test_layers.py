@@ -78,6 +78,32 @@ def test_decoder_in_functional_model_has_static_output_shape(rng):
     assert model.predict(np.ones((2, 3, 5), "float32"), verbose=0).shape == (2, 3, 7)
 
 
+def test_decoder_inside_a_layer_without_build_gets_its_codes(rng):
+    # A parent layer with no `build` is built by tracing its `call` in a
+    # stateless scope, where Keras defers every weight's initializer: the
+    # decoder's must still hold the codes when it runs.
+    codes = _codes(rng, 9, 4)
+
+    class Head(keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.project = keras.layers.Dense(4)
+            self.decoder = keras_ecoc.ECOCDecoder(codes, scale=2.0)
+
+        def call(self, x):
+            return self.decoder(self.project(x))
+
+    inputs = keras.Input((5,))
+    head = Head()
+    model = keras.Model(inputs, head(inputs))
+    np.testing.assert_array_equal(ops.convert_to_numpy(head.decoder.codes), codes)
+    x = rng.normal(size=(6, 5)).astype("float32")
+    z = ops.convert_to_numpy(head.project(x))
+    np.testing.assert_allclose(
+        model.predict(x, verbose=0), reference_logits(z, codes, 2.0), rtol=1e-5, atol=1e-6
+    )
+
+
 def test_decode_returns_nearest_codeword(rng):
     codes = _codes(rng, 12, 6)
     z = rng.normal(size=(30, 6)).astype("float32")
