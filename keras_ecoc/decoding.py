@@ -14,9 +14,7 @@ Notation used in every docstring:
 
 from keras import ops
 
-# Floor on ||z||^2 (not on ||z||): the fused op uses the same constant, and the
-# two paths must agree to float32 rounding, including around z = 0.
-EPSILON = 1e-12
+from keras_ecoc.ops._constants import EPSILON
 
 
 def normalize(z, epsilon=EPSILON):

@@ -6,12 +6,12 @@ from keras import ops
 
 from keras_ecoc import _validation
 from keras_ecoc import ops as ecoc_ops
-from keras_ecoc.losses import CodesSource
-from keras_ecoc.losses import _codes_from_config
-from keras_ecoc.losses import _float_outputs
-from keras_ecoc.losses import _labels_for
-from keras_ecoc.losses import _labels_tensor
-from keras_ecoc.losses import codes_in_program
+from keras_ecoc._codes_source import CodesSource
+from keras_ecoc._codes_source import codes_from_config
+from keras_ecoc._codes_source import codes_in_program
+from keras_ecoc._loss_inputs import float_outputs
+from keras_ecoc._loss_inputs import labels_for
+from keras_ecoc._loss_inputs import labels_tensor
 
 
 @keras.saving.register_keras_serializable(package="keras_ecoc")
@@ -65,10 +65,10 @@ class ECOCTopKAccuracy(CodesSource, keras.metrics.Mean):
         # y_true is never cast to the metric dtype: labels stay integers.
         codes = self.codes
         num_classes, code_length = (int(d) for d in codes.shape)
-        y_true = _labels_tensor(y_true, num_classes)
-        y_pred = _float_outputs(y_pred)
+        y_true = labels_tensor(y_true, num_classes)
+        y_pred = float_outputs(y_pred)
         _validation.check_code_length(tuple(y_pred.shape), code_length, "y_pred")
-        labels = _labels_for(y_true, y_pred)
+        labels = labels_for(y_true, y_pred)
         rank = ecoc_ops._label_rank_checked(
             labels, y_pred, codes_in_program(codes, y_pred), num_classes, code_length
         )
@@ -82,7 +82,7 @@ class ECOCTopKAccuracy(CodesSource, keras.metrics.Mean):
 
     @classmethod
     def from_config(cls, config):
-        return cls(**_codes_from_config(config))
+        return cls(**codes_from_config(config))
 
 
 @keras.saving.register_keras_serializable(package="keras_ecoc")

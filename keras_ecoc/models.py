@@ -6,8 +6,8 @@ from keras import ops
 
 from keras_ecoc import decoding
 from keras_ecoc import ops as ecoc_ops
+from keras_ecoc._codes_source import CodesSource
 from keras_ecoc.layers import ECOCDecoder
-from keras_ecoc.losses import CodesSource
 from keras_ecoc.losses import ECOCLoss
 from keras_ecoc.metrics import ECOCAccuracy
 

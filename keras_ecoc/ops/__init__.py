@@ -80,7 +80,6 @@ __all__ = [
     "load_library",
 ]
 
-EPSILON = 1e-12
 _warned = [False]
 
 

@@ -41,8 +41,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from keras_ecoc.ops import _loader
+from keras_ecoc.ops._constants import EPSILON
 
-EPSILON = 1e-12
 _lock = threading.Lock()
 _state = {"registered": None, "error": None, "platforms": ()}
 

@@ -15,8 +15,7 @@ dimensions are flattened and restored.
 from __future__ import annotations
 
 from keras_ecoc.ops import _loader
-
-EPSILON = 1e-12
+from keras_ecoc.ops._constants import EPSILON
 
 
 def _lib():

@@ -30,8 +30,8 @@ import threading
 import torch
 
 from keras_ecoc.ops import _loader
+from keras_ecoc.ops._constants import EPSILON
 
-EPSILON = 1e-12
 _c_int64 = ctypes.c_int64
 _c_float = ctypes.c_float
 _ptr = ctypes.c_void_p

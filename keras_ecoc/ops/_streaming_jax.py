@@ -25,7 +25,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-EPSILON = 1e-12
+from keras_ecoc.ops._constants import EPSILON
+
 _HI = lax.Precision.HIGHEST  # float32 products also on GPU/TPU (no TF32/bf16 passes)
 
 

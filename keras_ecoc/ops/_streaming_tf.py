@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-EPSILON = 1e-12
+from keras_ecoc.ops._constants import EPSILON
 
 
 def _normalize(z):

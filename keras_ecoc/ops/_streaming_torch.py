@@ -38,7 +38,8 @@ import warnings
 
 import torch
 
-EPSILON = 1e-12
+from keras_ecoc.ops._constants import EPSILON
+
 ENV_COMPILE = "KERAS_ECOC_TORCH_COMPILE"
 
 try:  # A prototype API of PyTorch (2.6 on); without it the Python loop runs.
