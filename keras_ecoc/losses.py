@@ -9,7 +9,10 @@ from keras import ops
 
 # `Loss.__call__` converts y_true to the loss dtype before `call`, which
 # would turn integer labels into bfloat16/float16 values (777 -> 776 in
-# bfloat16); `ECOCLoss.__call__` replaces it and reuses Keras' own reduction.
+# bfloat16); `ECOCLoss.__call__` replaces it and reuses Keras' own mask
+# lookup and reduction (both private, both in Keras since 3.10, the oldest
+# release this package supports).
+from keras.src.backend import get_keras_mask
 from keras.src.losses.loss import reduce_weighted_values
 
 from keras_ecoc import _validation
@@ -135,8 +138,10 @@ class ECOCLoss(CodesSource, keras.losses.Loss):
 
     def __call__(self, y_true, y_pred, sample_weight=None):
         # Keras' Loss.__call__ minus its conversion of y_true (and z) to the
-        # loss dtype: labels stay integers, z keeps its float dtype.
-        in_mask = getattr(y_pred, "_keras_mask", None)
+        # loss dtype: labels stay integers, z keeps its float dtype. The mask
+        # is looked up as Keras does: a JAX array holds no attribute, and its
+        # mask sits in Keras' table (a `_keras_mask` attribute is not there).
+        in_mask = get_keras_mask(y_pred)
         with keras.name_scope(self.name):
             losses = self.call(y_true, y_pred)
             return reduce_weighted_values(

@@ -138,3 +138,38 @@ def test_loss_and_metric_train_a_model_on_z(rng):
     history = model.fit(x, y, epochs=15, batch_size=32, verbose=0)
     assert history.history["loss"][-1] < history.history["loss"][0] / 2
     assert history.history["ecoc_accuracy"][-1] > 0.9
+
+
+def test_loss_honours_the_keras_mask_in_evaluate_and_fit(rng):
+    # Padded timesteps (masked by `Masking`) must not count, as with Keras'
+    # own losses; on JAX the mask of a traced z sits in Keras' table, not on
+    # the array.
+    num_classes, code_length, steps, width = 13, 5, 5, 7
+    codes = keras_ecoc.codes.make_codes("dense_random", num_classes, code_length, seed=0)
+    x = rng.normal(size=(6, steps, width)).astype("float32")
+    x[:, 3:] = 0.0
+    y = rng.integers(0, num_classes, size=(6, steps))
+    inputs = keras.Input((steps, width))
+    model = keras.Model(
+        inputs, keras.layers.Dense(code_length)(keras.layers.Masking(0.0)(inputs))
+    )
+    model.compile(keras.optimizers.SGD(0.5), keras_ecoc.ECOCLoss(codes))
+    z = np.asarray(model.predict(x, verbose=0), np.float64)
+    per_step = reference_loss(y.reshape(-1), z.reshape(-1, code_length), codes)
+    mask = np.any(x != 0, axis=-1).reshape(-1)
+    expected = per_step[mask].mean()
+    assert abs(expected - per_step.mean()) > 1e-3  # the mask changes the mean
+    np.testing.assert_allclose(model.evaluate(x, y, batch_size=6, verbose=0), expected, rtol=1e-5)
+    # One SGD step moves the weights as Keras' own loss on decoded logits does.
+    reference = keras.Model(inputs, keras_ecoc.ECOCDecoder(codes)(model.outputs[0]))
+    reference.compile(
+        keras.optimizers.SGD(0.5),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    before = [np.array(w) for w in model.get_weights()]
+    model.fit(x, y, batch_size=6, epochs=1, verbose=0)
+    after = [np.array(w) for w in model.get_weights()]
+    reference.set_weights(before + [codes])
+    reference.fit(x, y, batch_size=6, epochs=1, verbose=0)
+    for got, want in zip(after, reference.get_weights()[: len(after)]):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
