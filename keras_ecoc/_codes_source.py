@@ -88,6 +88,11 @@ def codes_in_program(codes, like):
     captured as a constant, which XLA embeds in the program (a 244 MiB
     matrix: +2.3 GB and 20 s per compile); it is read at run time through a
     host callback instead (one copy per step, none in the program).
+
+    The callback reads the variable when the step runs, not the array it
+    held at trace time: another model's trainer may track the same variable
+    (losses and metrics made from one array share it) and donate, so
+    delete, that array in its own steps.
     """
     if _backend() != "jax":
         return codes
@@ -95,9 +100,16 @@ def codes_in_program(codes, like):
 
     value = codes.value if isinstance(codes, keras.Variable) else codes
     if isinstance(like, jax.core.Tracer) and not isinstance(value, jax.core.Tracer):
-        concrete = value
-        spec = jax.ShapeDtypeStruct(concrete.shape, concrete.dtype)
-        value = jax.lax.stop_gradient(jax.pure_callback(lambda: concrete, spec))
+        spec = jax.ShapeDtypeStruct(value.shape, value.dtype)
+        if isinstance(codes, keras.Variable):
+            def read():
+                return codes.value
+        else:
+            concrete = value
+
+            def read():
+                return concrete
+        value = jax.lax.stop_gradient(jax.pure_callback(read, spec))
     return value
 
 

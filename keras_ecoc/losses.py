@@ -4,6 +4,8 @@ The code-matrix handling it shares with the metrics is `CodesSource`
 (`_codes_source.py`); the conversion of labels and z, `_loss_inputs.py`.
 """
 
+import warnings
+
 import keras
 from keras import ops
 
@@ -152,18 +154,47 @@ class ECOCLoss(CodesSource, keras.losses.Loss):
                 dtype=self.dtype,
             )
 
+    # Restored from the config of a loss that followed a decoder's learnable
+    # scale and not bound again: it trains with a frozen copy of that scale.
+    _follows_learnable_scale = False
+    _warned_unbound = False
+
     def call(self, y_true, y_pred):
+        if self._decoder is None and self._follows_learnable_scale:
+            self._warn_unbound_scale()
         return _cross_entropy(y_true, y_pred, self.codes, self.scale)
+
+    def _warn_unbound_scale(self):
+        if self._warned_unbound:
+            return
+        self._warned_unbound = True
+        warnings.warn(
+            f"This ECOCLoss ({self.name!r}) was saved following the learnable "
+            f"scale of the ECOCDecoder {self.decoder_name!r}. Reloaded outside "
+            "`ECOCClassifier` it is not bound to that layer: it uses the scale "
+            f"it was saved with ({self._fixed_scale:.6g}) as a constant, and "
+            "the decoder's scale no longer trains. Bind it with "
+            f"`loss.bind(model.get_layer({self.decoder_name!r}))`.",
+            stacklevel=3,
+        )
 
     def get_config(self):
         config = super().get_config()
         scale = self._fixed_scale
+        follows = self._follows_learnable_scale
         if self._decoder is not None:
             scale = float(ops.convert_to_numpy(self._decoder.scale))
+            follows = bool(self._decoder.learnable_scale)
         config.update(self._codes_config())
         config["scale"] = scale
+        if follows:
+            config["follows_learnable_scale"] = True
         return config
 
     @classmethod
     def from_config(cls, config):
-        return cls(**codes_from_config(config))
+        config = dict(config)
+        follows = bool(config.pop("follows_learnable_scale", False))
+        loss = cls(**codes_from_config(config))
+        loss._follows_learnable_scale = follows and loss.decoder_name is not None
+        return loss

@@ -19,9 +19,11 @@ class ECOCTopKAccuracy(CodesSource, keras.metrics.Mean):
     """How often the label is among the k nearest codewords of z / ||z||.
 
     Computes, for each example, how many classes decode strictly closer than
-    the label (the label's rank) and counts a hit when that rank is below `k`.
-    On TensorFlow with the fused op no (batch, num_classes) tensor is formed.
-    A row with a non-finite z (or a non-finite codeword) is never a hit.
+    the label (the label's rank) and counts a hit when that rank is below `k`:
+    classes exactly as close as the label do not push it out, as in Keras'
+    `SparseTopKCategoricalAccuracy`. No (batch, num_classes) tensor is formed
+    on the fused and streaming paths. A row with a non-finite z (or a
+    non-finite codeword) is never a hit.
 
     Args:
         codes: array-like of shape (num_classes, code_length).
@@ -69,11 +71,14 @@ class ECOCTopKAccuracy(CodesSource, keras.metrics.Mean):
         y_pred = float_outputs(y_pred)
         _validation.check_code_length(tuple(y_pred.shape), code_length, "y_pred")
         labels = labels_for(y_true, y_pred)
-        rank = ecoc_ops._label_rank_checked(
+        hits = self._hits(
             labels, y_pred, codes_in_program(codes, y_pred), num_classes, code_length
         )
-        hits = ops.cast(rank < self.k, self.dtype)
-        return super().update_state(hits, sample_weight=sample_weight)
+        return super().update_state(ops.cast(hits, self.dtype), sample_weight=sample_weight)
+
+    def _hits(self, labels, z, codes, num_classes, code_length):
+        rank = ecoc_ops._label_rank_checked(labels, z, codes, num_classes, code_length)
+        return rank < self.k
 
     def get_config(self):
         config = {"k": self.k, "name": self.name, "dtype": self.dtype}
@@ -89,6 +94,13 @@ class ECOCTopKAccuracy(CodesSource, keras.metrics.Mean):
 class ECOCAccuracy(ECOCTopKAccuracy):
     """How often the nearest codeword of z / ||z|| is the label's codeword.
 
+    The nearest codeword is the one `ECOCClassifier.predict_classes` and
+    `ECOCDecoder.decode` return: among codewords exactly as close, the one of
+    the smallest class index, as Keras' `accuracy` takes the first argmax.
+    So a z that is equally close to every codeword (z = 0 with codewords of
+    equal norm, as from a dead network) is a hit for class 0 only, not for
+    every label as `ECOCTopKAccuracy(k=1)` would count it.
+
     Args:
         codes: array-like of shape (num_classes, code_length).
         name: metric name.
@@ -97,6 +109,9 @@ class ECOCAccuracy(ECOCTopKAccuracy):
 
     def __init__(self, codes=None, name="ecoc_accuracy", dtype=None, decoder=None):
         super().__init__(codes, k=1, name=name, dtype=dtype, decoder=decoder)
+
+    def _hits(self, labels, z, codes, num_classes, code_length):
+        return ecoc_ops._nearest_hits_checked(labels, z, codes, num_classes, code_length)
 
     def get_config(self):
         config = super().get_config()

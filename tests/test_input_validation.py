@@ -227,3 +227,12 @@ def test_label_tensor_is_converted_once_per_call(rng, monkeypatch):
     got = ops.convert_to_numpy(loss(labels, z))
     np.testing.assert_allclose(got, _reference_loss(y, z, codes), rtol=1e-5, atol=1e-6)
     assert len(converted) == 3
+
+
+@pytest.mark.parametrize("scale", [None, "2", b"2", [2.0]])
+def test_op_scale_that_is_not_a_number_or_tensor_is_named_in_the_error(rng, scale):
+    # The op API once passed these on, to an unpacking error or a backend's
+    # own cast error.
+    z = rng.normal(size=(3, 4)).astype("float32")
+    with pytest.raises(ValueError, match="Argument `scale` must be a finite number > 0"):
+        keras_ecoc.ops.ecoc_cross_entropy(np.array([0, 1, 2]), z, _codes(), scale=scale)

@@ -106,6 +106,27 @@ def test_accuracy_metrics_match_reference_decoding(rng):
     )
 
 
+def test_accuracy_breaks_exact_ties_like_argmax_and_top_k_counts_them(rng):
+    # z = 0 (a dead network) is equally close to every +-1 codeword: the
+    # nearest codeword is class 0, as for predict_classes and Keras'
+    # `accuracy`; top-k counts tied classes as in, as Keras' top-k does.
+    num_classes, code_length = 12, 8
+    codes = keras_ecoc.codes.make_codes("dense_random", num_classes, code_length, seed=2)
+    labels = rng.integers(0, num_classes, size=40)
+    labels[:3] = 0
+    z = np.zeros((40, code_length), "float32")
+    z[-5:] = codes[labels[-5:]] + 0.01  # rows that decode to their label
+    logits = reference_logits(z, codes)
+    top1 = keras_ecoc.ECOCAccuracy(codes)
+    top1.update_state(labels, z)
+    expected = np.mean(np.argmax(logits, -1) == labels)
+    assert expected < 0.5
+    np.testing.assert_allclose(float(top1.result()), expected, rtol=1e-6)
+    tied_top1 = keras_ecoc.ECOCTopKAccuracy(codes, k=1)
+    tied_top1.update_state(labels, z)
+    assert float(tied_top1.result()) == 1.0
+
+
 def test_metric_config_round_trip(rng):
     _, codes, _ = _inputs(rng)
     metric = keras_ecoc.ECOCTopKAccuracy(codes, k=3, name="t3")
@@ -173,3 +194,36 @@ def test_loss_honours_the_keras_mask_in_evaluate_and_fit(rng):
     reference.fit(x, y, batch_size=6, epochs=1, verbose=0)
     for got, want in zip(after, reference.get_weights()[: len(after)]):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_two_models_compiled_from_one_code_matrix_run_in_turn(rng):
+    # Their losses and metrics share one codes variable. On JAX the first
+    # model's metric tracks it, and its steps donate the array that the
+    # second model's program reads: that program must read the variable when
+    # it runs (here it once returned a deleted array).
+    num_classes, code_length = 17, 6
+    codes = keras_ecoc.codes.make_codes("dense_random", num_classes, code_length, seed=1)
+    x = rng.normal(size=(32, 9)).astype("float32")
+    y = rng.integers(0, num_classes, size=32)
+
+    def compiled():
+        model = keras.Sequential([keras.Input((9,)), keras.layers.Dense(code_length)])
+        model.compile(
+            "adam",
+            keras_ecoc.ECOCLoss(codes),
+            metrics=[keras_ecoc.ECOCAccuracy(codes)],
+        )
+        return model
+
+    first, second = compiled(), compiled()
+    for _ in range(2):  # the second round runs the programs traced in the first
+        first.fit(x, y, epochs=1, verbose=0)
+        second.fit(x, y, epochs=1, verbose=0)
+        first.evaluate(x, y, verbose=0)
+        second.evaluate(x, y, verbose=0)
+    for model in (second, first):
+        loss, accuracy = model.evaluate(x, y, batch_size=32, verbose=0)
+        z = model.predict(x, verbose=0)
+        np.testing.assert_allclose(loss, reference_loss(y, z, codes).mean(), rtol=1e-5)
+        logits = reference_logits(z, codes)
+        np.testing.assert_allclose(accuracy, np.mean(np.argmax(logits, -1) == y), rtol=1e-6)

@@ -12,6 +12,7 @@ import pytest
 import keras
 
 import keras_ecoc
+from conftest import reference_loss
 from keras_ecoc import ops as ecoc_ops
 
 BACKEND = keras.backend.backend()
@@ -299,6 +300,35 @@ def test_out_of_range_label_tensor_gives_nan_and_zero_gradient_without_a_host_ch
     # Host data is still checked where it enters, naming the argument.
     with pytest.raises(ValueError, match="y_true"):
         keras_ecoc.ECOCLoss(codes)(np.array([0, 50, 3, 1]), z)
+
+
+def test_float_label_tensor_values_that_are_not_class_ids_are_invalid_labels():
+    # NaN (a missing value in a float column), infinities, fractions and
+    # negative values are never a class: a NaN loss and never a hit, as for
+    # an integer label out of range. A cast alone made NaN class 0 under XLA.
+    codes = _codes(n=50)
+    z = np.random.default_rng(5).standard_normal((7, K)).astype("float32")
+    values = np.array([0, np.nan, 3, np.inf, 2.5, -1, 49], "float32")
+    good = np.array([True, False, True, False, False, False, True])
+    labels = keras.ops.convert_to_tensor(values)
+    loss = keras_ecoc.ECOCLoss(codes, reduction=None)
+    compiled = lambda fn: fn  # noqa: E731
+    if BACKEND == "tensorflow" and ecoc_ops.fused_available():
+        import tensorflow as tf
+
+        with pytest.raises(tf.errors.InvalidArgumentError, match="labels"):
+            loss(labels, z)  # the fused CPU kernel rejects invalid labels eagerly
+        compiled = lambda fn: tf.function(fn, jit_compile=True)  # noqa: E731
+    per_example = keras.ops.convert_to_numpy(compiled(loss)(labels, z))
+    assert np.isnan(per_example[~good]).all()
+    np.testing.assert_allclose(
+        per_example[good], reference_loss(values[good].astype(int), z[good], codes), rtol=1e-5
+    )
+    # Every row's z decodes to the label's codeword; only the valid labels hit.
+    rows = codes[np.where(good, values, 0).astype(int)]  # unit rows: u is the codeword
+    for metric in (keras_ecoc.ECOCAccuracy(codes), keras_ecoc.ECOCTopKAccuracy(codes, k=3)):
+        compiled(metric.update_state)(labels, rows)
+        assert float(metric.result()) == pytest.approx(good.mean())
 
 
 # ------------------------------------------------------------- checks

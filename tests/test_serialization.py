@@ -156,6 +156,42 @@ def test_loss_from_decoder_in_a_plain_model_reloads(rng, tmp_path):
                                model.evaluate(x, y, verbose=0), rtol=1e-6)
 
 
+def test_reloaded_loss_that_followed_a_learnable_scale_warns_until_bound(rng, tmp_path):
+    # Outside ECOCClassifier nothing binds the reloaded loss to its decoder:
+    # it then trains with the saved scale as a constant, so it says so once,
+    # and after `bind` the decoder's scale trains again.
+    codes = _codes(9, 4)
+    inputs = keras.Input((10,))
+    z = keras.layers.Dense(4)(inputs)
+    decoder = keras_ecoc.ECOCDecoder(codes, learnable_scale=True, name="dec")
+    model = keras.Model(inputs, [z, decoder(z)])
+    model.compile(keras.optimizers.Adam(0.05), [keras_ecoc.ECOCLoss.from_decoder(decoder), None])
+    x = rng.normal(size=(32, 10)).astype("float32")
+    y = rng.integers(0, 9, size=32)
+    model.fit(x, (y, y), epochs=1, verbose=0)
+    path = os.path.join(tmp_path, "scale.keras")
+    model.save(path)
+    restored = keras.models.load_model(path)
+    loss = restored.loss[0]
+    scale = restored.get_layer("dec").log_scale
+    saved = np.array(ops.convert_to_numpy(scale))
+    # Plain SGD: the restored Adam's momentum would move the scale without
+    # a gradient.
+    restored.compile(keras.optimizers.SGD(0.5), [loss, None])
+    with pytest.warns(UserWarning, match=r"loss.bind\(model.get_layer\('dec'\)\)"):
+        restored.fit(x, (y, y), epochs=1, verbose=0)
+    np.testing.assert_array_equal(ops.convert_to_numpy(scale), saved)
+    loss.bind(restored.get_layer("dec"))
+    restored.compile(keras.optimizers.SGD(0.5), [loss, None])
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="This ECOCLoss")
+        restored.fit(x, (y, y), epochs=1, verbose=0)
+    assert not np.array_equal(ops.convert_to_numpy(scale), saved)
+    # A re-saved unbound loss keeps saying which decoder's scale it followed.
+    config = keras_ecoc.ECOCLoss.from_config(loss.get_config()).get_config()
+    assert config["follows_learnable_scale"] is True and config["decoder"] == "dec"
+
+
 def test_unbound_reference_without_codes_raises_a_clear_error(rng):
     loss = keras_ecoc.ECOCLoss.from_config(
         {"codes": None, "decoder": "ecoc_decoder", "scale": 1.0,

@@ -335,6 +335,21 @@ def _label_rank_checked(labels, z, codes, n, k, fused=None):
     return _decode_checked(z, codes, labels, n, k, fused)
 
 
+def _nearest_hits_checked(labels, z, codes, n, k, fused=None):
+    """bool (...,): whether the nearest codeword (ties to the smallest index,
+    as in `nearest_codeword`) is the label's; `ECOCAccuracy`'s path, after
+    its checks. A row with a non-finite logit or an invalid label never hits."""
+    from keras import ops as kops  # noqa: PLC0415
+
+    if not isinstance(labels, np.ndarray):
+        labels = _checks.integer_label_tensor(labels, n)
+    labels = kops.convert_to_tensor(labels)
+    nearest = _decode_impl(z, codes, None, n, k, fused)
+    # The labels' own integer dtype: int64 labels must not wrap into range.
+    nearest = kops.cast(nearest, labels.dtype)
+    return kops.logical_and(kops.equal(nearest, labels), kops.greater_equal(nearest, 0))
+
+
 def nearest_codeword(z, codes, fused=None):
     """int32 (...,): index of the nearest codeword (the argmax logit; ties go
     to the smallest index), like `keras_ecoc.decoding.nearest_codeword`; -1 for

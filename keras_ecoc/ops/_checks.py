@@ -57,10 +57,20 @@ def check_scale(scale, backend: str) -> None:
                 f"Argument `scale` must be a finite number > 0. Received: scale={value}")
         return
     dtype = getattr(scale, "dtype", None)
-    if dtype is not None and "bool" in str(dtype):
+    if dtype is None:  # None, a string, a list: nothing that is a number
+        raise ValueError(
+            "Argument `scale` must be a finite number > 0 or a scalar float "
+            f"tensor. Received: scale={scale!r}"
+        )
+    if "bool" in str(dtype):
         raise ValueError(
             "Argument `scale` must be a finite number > 0, not a boolean tensor. "
             f"Received: scale with dtype {dtype}"
+        )
+    if not any(kind in str(dtype) for kind in ("float", "int")):
+        raise ValueError(
+            "Argument `scale` must be a finite number > 0 or a scalar float "
+            f"tensor. Received: scale with dtype {dtype}"
         )
     shape = tuple(getattr(scale, "shape", ()) or ())
     n_elems = int(np.prod(shape)) if shape and None not in shape else 1
@@ -122,7 +132,10 @@ def integer_label_tensor(labels, num_classes):
     are cast to int32 when the float dtype represents every index below
     `num_classes` exactly (float32: n <= 2^24, float16: n <= 2048, bfloat16:
     n <= 256); otherwise the labels may already have been rounded into other
-    classes, and that is an error. Bool and other dtypes are rejected.
+    classes, and that is an error. Bool and other dtypes are rejected. A
+    value that is not a whole number in [0, n) (NaN, an infinity, 2.5)
+    becomes -1, an invalid label: a NaN loss, rank n, never a hit, as for an
+    integer label out of range (a cast alone made NaN class 0 under XLA).
     """
     import keras  # noqa: PLC0415
 
@@ -142,7 +155,13 @@ def integer_label_tensor(labels, num_classes):
             "labels may already have been rounded into other classes. Pass int32/int64 "
             f"labels. Received: labels with dtype {dtype}"
         )
-    return keras.ops.cast(keras.ops.round(labels), "int32")
+    ops = keras.ops
+    whole = ops.round(labels)
+    valid = ops.logical_and(
+        ops.equal(whole, labels),  # False for NaN; +-inf fail the range test
+        ops.logical_and(ops.greater_equal(labels, 0), ops.less(labels, num_classes)),
+    )
+    return ops.where(valid, ops.cast(ops.where(valid, whole, 0), "int32"), -1)
 
 
 def check_label_values(labels, num_classes: int, backend: str) -> None:
