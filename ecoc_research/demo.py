@@ -104,7 +104,15 @@ def run(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", default=None,
                         help="keep the runs here (default: a temporary "
-                        "folder, deleted at the end)")
+                        "folder, deleted at the end); a folder that holds "
+                        "files already is refused without --resume or "
+                        "--overwrite")
+    parser.add_argument("--resume", action="store_true",
+                        help="reuse the runs in --output whose settings all "
+                        "match")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="train again and replace the runs in --output "
+                        "(and its pretraining cache)")
     parser.add_argument("--verbose", type=int, default=0)
     parser.add_argument("--min-pretrain-chance-multiple", type=float,
                         default=3.0,
@@ -114,6 +122,7 @@ def run(argv=None):
                         "(default M = 3; 0 disables)")
     args = parser.parse_args(argv)
     try:
+        _check_args(args)
         return _run(args)
     except ValueError as error:
         from ecoc_research.experiments import common
@@ -121,6 +130,58 @@ def run(argv=None):
         if not isinstance(error, common.UsageError):
             raise
         parser.exit(2, f"{parser.prog}: error: {error}\n")
+
+
+def _check_args(args):
+    """Every option, before any data is loaded or network trained.
+
+    Raises `common.UsageError` (printed as an argparse error) naming the
+    option and the expected form.
+    """
+    from ecoc_research.experiments import common
+    from ecoc_research.experiments import runner as runner_lib
+
+    def positive(name, value, allow_none=False):
+        if value is None and allow_none:
+            return
+        if value is None or value < 1:
+            raise common.UsageError(
+                f"Argument `--{name}` must be a positive integer. "
+                f"Received: {value}")
+
+    positive("epochs", args.epochs)
+    positive("batch-size", args.batch_size)
+    positive("train-per-class", args.train_per_class, allow_none=True)
+    positive("test-per-class", args.test_per_class, allow_none=True)
+    if not 0 <= args.seed < 2**32:
+        raise common.UsageError(
+            "Argument `--seed` must be an integer in [0, 2**32). "
+            f"Received: {args.seed}")
+    if not 0 < args.code_fraction <= 1:
+        raise common.UsageError(
+            "Argument `--code-fraction` must be in (0, 1]: k is that "
+            "fraction of the number of classes (at least 2, at most n - 1). "
+            f"Received: {args.code_fraction}")
+    if not args.min_pretrain_chance_multiple >= 0:
+        raise common.UsageError(
+            "Argument `--min-pretrain-chance-multiple` must be >= 0 "
+            f"(0 disables the check). Received: "
+            f"{args.min_pretrain_chance_multiple}")
+    unknown = [e for e in args.encodings if e not in runner_lib.ENCODINGS]
+    if unknown:
+        raise common.UsageError(
+            f"Argument `--encodings` must name encodings of "
+            f"{list(runner_lib.ENCODINGS)}. Received: {unknown}")
+    if args.output is None and (args.resume or args.overwrite):
+        raise common.UsageError(
+            "--resume and --overwrite apply to an --output folder; none "
+            "was given.")
+    if args.output is not None:
+        try:  # refuses a folder with earlier results unless asked
+            runner_lib.prepare_output(args.output, resume=args.resume,
+                                      overwrite=args.overwrite)
+        except ValueError as error:
+            raise common.UsageError(str(error)) from error
 
 
 def _run(args):
@@ -141,7 +202,7 @@ def _run(args):
     with tempfile.TemporaryDirectory() as tmp:
         output = args.output or tmp
         runner = runner_lib.Runner(
-            output, resume=False, verbose=args.verbose,
+            output, resume=args.resume, verbose=args.verbose,
             chance_multiple=args.min_pretrain_chance_multiple)
         task = runner.task(runner_lib.RunSpec(**base))
         n = task.num_classes
@@ -170,6 +231,10 @@ def _run(args):
                 print(f"    not trained: {record.get('error')}")
                 continue
             results.append(DemoResult(encoding, record["outputs"], record))
+    if not results:
+        print("\nNo encoding trained (see the reasons above): nothing to "
+              "compare.")
+        return results
     one_hot = [r for r in results if r.encoding == "one_hot"]
     reference = one_hot[0] if one_hot else results[0]
     target = 0.9 * reference.record["final_val_accuracy"]
@@ -186,9 +251,9 @@ def _run(args):
 
 
 def main(argv=None):
-    """Console entry point (`keras-ecoc-demo`): exit status 0."""
-    run(argv)
-    return 0
+    """Console entry point (`keras-ecoc-demo`): exit status 0, or 1 when no
+    encoding trained."""
+    return 0 if run(argv) else 1
 
 
 if __name__ == "__main__":

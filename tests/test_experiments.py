@@ -122,6 +122,40 @@ def test_pictures_command(tmp_path):
         assert 0.0 <= record["knn5_agreement_tsne"] <= 1.0
 
 
+def test_pictures_keeps_earlier_results_unless_told_to_replace_them(tmp_path, capsys):
+    # Refused before any training, with a command-line error naming the
+    # files and --overwrite.
+    (tmp_path / "pictures.json").write_text("{}")
+    argv = ["pictures", *TINY, "--encodings", "one_hot", "--code-length", "4",
+            "--output", str(tmp_path)]
+    with pytest.raises(SystemExit) as error:
+        cli.main(argv)
+    assert error.value.code == 2
+    assert "pictures.json" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["pictures.json"]
+    (tmp_path / "pictures.json").unlink()
+    (tmp_path / "pictures_index.md").write_text("earlier")
+    with pytest.raises(SystemExit):
+        cli.main(argv)
+    assert "pictures_index.md" in capsys.readouterr().err
+    assert (tmp_path / "pictures_index.md").read_text() == "earlier"
+
+
+def test_grid_overwrite_keeps_the_pretraining_cache_when_a_setting_is_refused(
+        tmp_path, capsys):
+    # --overwrite deletes the cache, so it must come after every check.
+    out = tmp_path / "out"
+    (out / "pretrain").mkdir(parents=True)
+    (out / "pretrain" / "cached.txt").write_text("weights")
+    with pytest.raises(SystemExit) as error:
+        cli.main(["grid", "--dataset", _tiny_npz(tmp_path), "--output", str(out),
+                  "--encodings", "one_hot", *GRID_TINY, "--overwrite",
+                  "--lr-from", str(tmp_path / "missing.json")])
+    assert error.value.code == 2
+    assert "`lr_from`" in capsys.readouterr().err
+    assert (out / "pretrain" / "cached.txt").read_text() == "weights"
+
+
 def test_all_runs_every_experiment(tmp_path, monkeypatch):
     # `all` wiring only (each experiment has its own test above): a stub
     # records the calls and the options they get.

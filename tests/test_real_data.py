@@ -185,6 +185,55 @@ def test_demo_stops_when_the_pretrained_network_is_at_chance(
     assert "near chance" in capsys.readouterr().err
 
 
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("bad, message", [
+    (["--epochs", "0"], "`--epochs` must be a positive integer"),
+    (["--batch-size", "0"], "`--batch-size` must be a positive integer"),
+    (["--encodings", "one_hot", "bogus"], "`--encodings` must name"),
+    (["--seed", "-1"], "`--seed` must be an integer"),
+    (["--code-fraction", "-1"], "`--code-fraction` must be in"),
+    (["--train-per-class", "0"], "`--train-per-class` must be a positive"),
+    (["--resume"], "apply to an --output folder"),
+])
+def test_demo_refuses_bad_options_before_any_work(tmp_path, capsys, bad, message):
+    output = tmp_path / "out"
+    with pytest.raises(SystemExit) as error:
+        demo.run(["--dataset", str(tmp_path / "never_read.npz"), *bad]
+                 + ([] if bad == ["--resume"] else ["--output", str(output)]))
+    assert error.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not output.exists()  # nothing loaded, trained or written
+
+
+@pytest.mark.backend_independent
+def test_demo_keeps_earlier_runs_unless_told_to_replace_them(rng, tmp_path, capsys):
+    output = tmp_path / "runs_here"
+    argv = ["--dataset", _tiny_demo_npz(rng, tmp_path / "tiny.npz"), "--epochs", "1",
+            "--code-fraction", "0.5", "--batch-size", "4", "--verbose", "0",
+            "--min-pretrain-chance-multiple", "0", "--encodings", "one_hot",
+            "--output", str(output)]
+    assert demo.main(argv) == 0
+    stored = {p: p.read_bytes() for p in sorted((output / "runs").glob("*.json"))}
+    assert stored
+    with pytest.raises(SystemExit) as error:
+        demo.run(argv)
+    assert error.value.code == 2 and "--overwrite" in capsys.readouterr().err
+    assert demo.main(argv + ["--resume"]) == 0  # reuses the stored run
+    assert {p: p.read_bytes() for p in stored} == stored
+    assert demo.main(argv + ["--overwrite"]) == 0
+
+
+@pytest.mark.backend_independent
+def test_demo_says_so_when_no_encoding_trained(rng, tmp_path, capsys):
+    # 4 retraining classes, k = 2: seed 0's thresholded Gaussian code repeats a
+    # codeword, so the only encoding asked for does not train.
+    argv = ["--dataset", _tiny_demo_npz(rng, tmp_path / "tiny.npz"), "--epochs", "1",
+            "--code-fraction", "0.5", "--batch-size", "4", "--verbose", "0",
+            "--min-pretrain-chance-multiple", "0", "--encodings", "gaussian_zero"]
+    assert demo.main(argv) == 1
+    assert "No encoding trained" in capsys.readouterr().out
+
+
 def test_bad_dataset_spec_raises_value_error(tmp_path):
     with pytest.raises(ValueError, match="spec"):
         datasets.load_dataset(str(tmp_path / "missing.npz"))

@@ -174,13 +174,19 @@ def build_parser():
                    help="test images in the t-SNE (default 1000)")
     p.add_argument("--confusion-classes", type=int, default=10)
     p.add_argument("--tsne-iterations", type=int, default=None)
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace pictures.json/.md and its PNGs in --output")
     _add_grid_parser(sub)
     p = sub.add_parser("all", parents=[common, _pretrain_parser()],
                        help="every experiment")
     p.add_argument("--learning-rates", type=float, nargs="+", default=None)
     p.add_argument("--margin", type=float, default=1.0)
-    p.add_argument("--resume", action="store_true")
-    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an earlier `all` in --output: reuse "
+                   "cub-bits' per-run files whose settings all match; "
+                   "attributes and pictures, which keep none, run again")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace every result in --output")
     p.add_argument("--random-draws", type=int, default=None)
     p.add_argument("--top", type=int, default=3)
     p.add_argument("--max-points", type=int, default=None)
@@ -329,14 +335,22 @@ def _epochs_by_batch(tokens, batch_sizes):
 
 
 def _lr_overrides(path):
+    """{(encoding label, batch size): learning rate} of an earlier grid's
+    JSON (`--lr-from`); a ValueError naming the argument otherwise."""
     import json
 
-    with open(path) as f:
-        previous = json.load(f)
-    table = {}
-    for group in previous["groups"]:
-        for label, lr in group["learning_rates"].items():
-            table[(label.split(" k=")[0], group["batch_size"])] = lr
+    try:
+        with open(path) as f:
+            previous = json.load(f)
+        table = {}
+        for group in previous["groups"]:
+            for label, lr in group["learning_rates"].items():
+                table[(label.split(" k=")[0], group["batch_size"])] = lr
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise ValueError(
+            "Argument `lr_from` must be the JSON file of an earlier grid "
+            f"(with its \"groups\"). Received: lr_from={path!r} "
+            f"({type(error).__name__}: {error})") from None
     return table
 
 
@@ -462,12 +476,15 @@ def _grid_from_args(args):
         runner_lib.RunSpec(**dict(base, batch_size=b, epochs=epochs[b],
                                   evals_per_epoch=evals[b],
                                   learning_rate=rates[0]))
-    runner_lib.prepare_output(args.output, resume=args.resume,
-                              overwrite=args.overwrite)
     if args.min_pretrain_chance_multiple < 0:
         raise ValueError("Argument `min_pretrain_chance_multiple` must be >= 0 "
                          "(0 disables the check). Received: "
                          f"{args.min_pretrain_chance_multiple}")
+    lr_overrides = _lr_overrides(args.lr_from) if args.lr_from else None
+    # Last: with --overwrite it deletes the pretraining cache, so nothing
+    # after it may still refuse the command.
+    runner_lib.prepare_output(args.output, resume=args.resume,
+                              overwrite=args.overwrite)
     return grid_lib.Grid(
         base=base, encodings=list(args.encodings),
         code_lengths=list(args.code_lengths),
@@ -475,7 +492,7 @@ def _grid_from_args(args):
         batch_sizes=list(args.batch_sizes), epochs=epochs,
         learning_rates=[float(r) for r in rates], seeds=list(args.seeds),
         select_seed=args.select_seed,
-        lr_overrides=_lr_overrides(args.lr_from) if args.lr_from else None,
+        lr_overrides=lr_overrides,
         min_code_length=args.min_code_length, fraction=args.fraction,
         evals_per_epoch=evals)
 
@@ -526,6 +543,13 @@ def _chance_multiple(o):
     if value is None and o.get("smoke"):
         return 0  # One pretraining epoch on a few images is near chance.
     return value
+
+
+def _replaces(o):
+    """Whether attributes / pictures may replace their files: --overwrite,
+    or `all --resume` (they keep no per-run files, so resuming runs them
+    again with the same settings)."""
+    return bool(o.get("overwrite") or o.get("resume"))
 
 
 def _pick(o, key, default):
@@ -606,7 +630,7 @@ def run_experiment(experiment, o, output_dir):
             code_lengths=_pick(o, "code_lengths", attributes.CODE_LENGTHS),
             encodings=_pick(o, "encodings", attributes.DATA_ENCODINGS),
             draws=_pick(o, "random_draws", attributes.NULL_DRAWS),
-            top=o["top"], overwrite=o.get("overwrite", False),
+            top=o["top"], overwrite=_replaces(o),
             source={"similarity": "cosine similarity of the class means of "
                     "the pretrained fc7 activations of the training images "
                     "(validation split excluded)",
@@ -620,7 +644,7 @@ def run_experiment(experiment, o, output_dir):
             max_points=_pick(o, "max_points", 1000),
             confusion_classes=o["confusion_classes"],
             tsne_iterations=_pick(o, "tsne_iterations", 500), **scale_kwargs,
-            **shared)
+            overwrite=_replaces(o), **shared)
     raise ValueError(f"Unknown experiment {experiment!r}")
 
 
@@ -669,6 +693,12 @@ def _main(args, argv):
             experiments.remove("attributes")
     else:
         experiments = [args.experiment]
+    index_name = "README.md" if args.experiment == "all" else \
+        f"{args.experiment.replace('-', '_')}_index.md"
+    # The index is rewritten at the end: refused now, before any training,
+    # unless the run replaces (--overwrite) or extends (--resume) results.
+    common.refuse_existing_results(
+        args.output, [index_name], o.get("overwrite") or o.get("resume"))
     os.makedirs(args.output, exist_ok=True)
     results, sections = {}, []
     for experiment in experiments:
@@ -682,9 +712,7 @@ def _main(args, argv):
     index = (f"# keras-ecoc experiments\n\nCommand: `{command}`\n\n"
              + "\n\n".join(sections)
              + f"\n\nTotal wall time: {time.perf_counter() - start:.0f} s.\n")
-    name = "README.md" if args.experiment == "all" else \
-        f"{args.experiment.replace('-', '_')}_index.md"
-    report.write_text(os.path.join(args.output, name), index)
+    report.write_text(os.path.join(args.output, index_name), index)
     return results
 
 

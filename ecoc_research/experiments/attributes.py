@@ -423,16 +423,9 @@ class _Progress:
 
 def _check_outputs(output_dir, name, overwrite):
     """Refuses to replace earlier results unless `overwrite`."""
-    import os
-
-    if output_dir is None or overwrite:
-        return
-    existing = [f"{name}.{ext}" for ext in ("json", "md", "png")
-                if os.path.exists(os.path.join(output_dir, f"{name}.{ext}"))]
-    if existing:
-        raise FileExistsError(
-            f"{output_dir} already holds {', '.join(existing)}; pass "
-            "overwrite=True (`--overwrite`) to replace them.")
+    common.refuse_existing_results(
+        output_dir, [f"{name}.{ext}" for ext in ("json", "md", "png")],
+        overwrite)
 
 
 def attributes_markdown(results, show_bits=6):

@@ -31,6 +31,24 @@ class UsageError(ValueError):
     """
 
 
+class ExistingResultsError(UsageError, FileExistsError):
+    """Results of an earlier run are in the way and no overwrite was asked."""
+
+
+def refuse_existing_results(output_dir, file_names, overwrite):
+    """Raises `ExistingResultsError` if `output_dir` holds any of
+    `file_names` and not `overwrite`: checked before any training, so a
+    second run never replaces the first one's files by accident."""
+    if output_dir is None or overwrite:
+        return
+    existing = [name for name in file_names
+                if os.path.exists(os.path.join(output_dir, name))]
+    if existing:
+        raise ExistingResultsError(
+            f"{output_dir} already holds {', '.join(existing)}; pass "
+            "overwrite=True (`--overwrite`) to replace them.")
+
+
 @dataclasses.dataclass
 class DataOptions:
     """How to load and cut a data set (the CLI's common data options).

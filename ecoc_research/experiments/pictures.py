@@ -76,7 +76,8 @@ def run_pictures(data, encodings=PICTURE_ENCODINGS, code_length=32, seed=0,
                  epochs=5, batch_size=32, max_points=1000, confusion_classes=10,
                  tsne_iterations=500, perplexity=30.0, output_dir=None,
                  verbose=1, similarity_epochs=common.SIMILARITY_EPOCHS,
-                 scale=None, learnable_scale=None, name="pictures"):
+                 scale=None, learnable_scale=None, name="pictures",
+                 overwrite=False):
     """t-SNE of penultimate features and confusion matrices per encoding.
 
     Args:
@@ -97,6 +98,9 @@ def run_pictures(data, encodings=PICTURE_ENCODINGS, code_length=32, seed=0,
         scale, learnable_scale: ECOC decoding scale (None: the package's
             default).
         name: file stem of the outputs.
+        overwrite: replace existing `<name>.json/.md`, `<name>_tsne.png`
+            and `<name>_confusion.png` in `output_dir` (otherwise they are
+            refused before any training).
 
     Returns:
         dict with "encodings" (per encoding: test accuracy, k-NN label
@@ -106,6 +110,9 @@ def run_pictures(data, encodings=PICTURE_ENCODINGS, code_length=32, seed=0,
     """
     from ecoc_research import training
 
+    common.refuse_existing_results(
+        output_dir, [f"{name}.json", f"{name}.md", f"{name}_tsne.png",
+                     f"{name}_confusion.png"], overwrite)
     start = time.perf_counter()
     data = data if hasattr(data, "x_train") else common.load_data(data)
     k = min(int(code_length), data.num_classes - 1)
