@@ -51,6 +51,21 @@ def test_make_codes_lists_every_name_but_one_hot():
     assert set(codes.CODE_NAMES) == set(codes.registry.ENCODINGS) - {"one_hot"}
 
 
+def test_make_codes_rejects_a_similarity_of_another_number_of_classes():
+    # It returned a (6, k) matrix for num_classes=7 before.
+    sim = np.eye(6) + 0.1
+    with pytest.raises(ValueError, match=r"\(7, 7\).*Received: similarity with shape \(6, 6\)"):
+        codes.make_codes("spectral", 7, 3, similarity=sim)
+    assert codes.make_codes("spectral", 6, 3, similarity=sim.tolist()).shape == (6, 3)
+
+
+def test_thresholded_gaussian_codes_warn_when_classes_share_a_codeword():
+    # As spectral(threshold=...) does: seed 0 gives rows 1 and 2 the same bits.
+    with pytest.warns(UserWarning, match="identical codewords to 1 pairs"):
+        got = codes.make_codes("gaussian_median", 6, 3, seed=0)
+    np.testing.assert_array_equal(got[1], got[2])
+
+
 def test_make_codes_rejects_unknown_name_and_missing_similarity():
     with pytest.raises(ValueError, match=r"`encoding`.*Received: encoding='one_hot'"):
         codes.make_codes("one_hot", 4, 2)

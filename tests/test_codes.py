@@ -180,6 +180,36 @@ def test_dense_random_satisfies_the_column_and_row_rules(num_classes, code_lengt
     _check_dense_rules(m)
 
 
+def test_row_scores_in_blocks_match_a_float64_pairwise_reference():
+    # Many classes score candidates in row blocks (no (n, n) matrix); every
+    # block size must give the scores of the plain pairwise computation.
+    from keras_ecoc.codes.random_codes import _row_statistics
+
+    rng = np.random.default_rng(3)
+    m = rng.integers(-1, 2, size=(4, 57, 9)).astype(np.float32)
+    m[1, 40] = m[1, 3]  # two classes share a codeword
+    m[2, 11] = 0.0  # an all-zero codeword
+    for block_rows in (None, 1, 5, 57):
+        ok, min_d, mean_d = _row_statistics(m, 9, block_rows=block_rows)
+        for c in range(4):
+            r = m[c].astype(np.float64)
+            d = (9 - r @ r.T) / 2
+            pairs = ~np.eye(57, dtype=bool)
+            identical = (scipy.spatial.distance.squareform(
+                scipy.spatial.distance.pdist(r)) == 0)[pairs].any()
+            assert ok[c] == (not identical and (np.abs(r).sum(1) > 0).all())
+            assert min_d[c] == d[pairs].min()
+            assert mean_d[c] == d[pairs].mean()
+
+
+def test_dense_random_for_many_classes_keeps_the_rules():
+    # Above 2,048 classes the rows are scored in blocks.
+    m = codes.dense_random(2100, 32, seed=0, trials=2)
+    assert m.shape == (2100, 32) and set(np.unique(m)) == {-1.0, 1.0}
+    assert len(np.unique(m, axis=0)) == 2100
+    assert (np.abs(m.sum(0)) < 2100).all()
+
+
 def test_dense_random_uses_every_admissible_column_when_it_must():
     # 4 classes have exactly 2**3 - 1 = 7 admissible columns up to sign;
     # naive rejection would almost always fail here.

@@ -6,11 +6,14 @@ command line can ask for "spectral_median" instead of calling `spectral` and
 it has no code matrix: a one-hot model is a plain Dense(n) + softmax head.
 """
 
+import numpy as np
+
 from keras_ecoc.codes.random_codes import dense_random
 from keras_ecoc.codes.random_codes import gaussian
 from keras_ecoc.codes.random_codes import hadamard
 from keras_ecoc.codes.spectral import binarize
 from keras_ecoc.codes.spectral import spectral
+from keras_ecoc.codes.spectral import warn_if_binarized_rows_repeat
 from keras_ecoc.codes.transforms import normalize_rows as _normalize_rows
 
 # Encoding name -> (generator family, binarization threshold). The
@@ -70,11 +73,19 @@ def make_codes(
                 "similarity matrix of shape (num_classes, num_classes). "
                 "Received: similarity=None"
             )
+        # A dense or scipy.sparse matrix, or nested lists.
+        shape = tuple(getattr(similarity, "shape", None) or np.shape(similarity))
+        if shape != (num_classes, num_classes):
+            raise ValueError(
+                f"Argument `similarity` must be a (num_classes, num_classes) "
+                f"= ({num_classes}, {num_classes}) matrix for encoding "
+                f"{encoding!r}. Received: similarity with shape {shape}")
         codes = spectral(similarity, code_length, threshold=threshold)
     elif family == "gaussian":
         codes = gaussian(num_classes, code_length, seed=seed)
         if threshold is not None:
             codes = binarize(codes, threshold)
+            warn_if_binarized_rows_repeat(codes, threshold, stacklevel=3)
     elif family == "hadamard":
         codes = hadamard(num_classes, code_length)
     else:

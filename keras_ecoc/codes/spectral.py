@@ -225,19 +225,26 @@ def spectral(
     codes = vectors.astype(np.float32)
     if threshold is not None:
         codes = binarize(codes, threshold)
-        _, total = duplicate_row_pairs(codes, max_pairs=0)
-        if total:
-            warnings.warn(
-                f"Binarizing with threshold={threshold!r} gave identical "
-                f"codewords to {total} pairs of classes, which a decoder "
-                f"cannot tell apart; use a larger `code_length` or "
-                f"threshold=None.",
-                UserWarning,
-                stacklevel=2,
-            )
+        warn_if_binarized_rows_repeat(codes, threshold, stacklevel=3)
     if return_eigenvalues:
         return codes, eigenvalues
     return codes
+
+
+def warn_if_binarized_rows_repeat(codes, threshold, stacklevel=2):
+    """Warns when thresholding gave two or more classes the same codeword.
+
+    `stacklevel` counts from this function (2: its caller)."""
+    _, total = duplicate_row_pairs(codes, max_pairs=0)
+    if total:
+        warnings.warn(
+            f"Binarizing with threshold={threshold!r} gave identical "
+            f"codewords to {total} pairs of classes, which a decoder "
+            f"cannot tell apart; use a larger `code_length` or "
+            f"threshold=None.",
+            UserWarning,
+            stacklevel=stacklevel,
+        )
 
 
 def binarize(codes, threshold):
