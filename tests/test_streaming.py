@@ -12,8 +12,6 @@ Tolerances: float32 accumulation over n classes and k dimensions; atol is a
 few hundred float32 ulps of the largest reference entry (as in test_fused_op).
 """
 
-import os
-
 import numpy as np
 import pytest
 

@@ -358,7 +358,6 @@ def run_grid_command(args):
     """The `grid` experiment from parsed arguments; returns its results."""
     from ecoc_research.experiments import common
     from ecoc_research.experiments import grid as grid_lib
-    from ecoc_research.experiments import runner as runner_lib
 
     if args.smoke:
         args.classes = args.classes or _smoke_classes(args)

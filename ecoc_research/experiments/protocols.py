@@ -293,8 +293,6 @@ class Pretrained:
 
     def load_or_train(self, task, verbose=0):
         """Loads the cached weights, or pretrains (one process at a time)."""
-        import keras
-
         os.makedirs(self.cache_dir, exist_ok=True)
         s = self.settings
         self.model = build_pretrain_network(
