@@ -97,9 +97,10 @@ class ECOCAccuracy(ECOCTopKAccuracy):
     The nearest codeword is the one `ECOCClassifier.predict_classes` and
     `ECOCDecoder.decode` return: among codewords exactly as close, the one of
     the smallest class index, as Keras' `accuracy` takes the first argmax.
-    So a z that is equally close to every codeword (z = 0 with codewords of
-    equal norm, as from a dead network) is a hit for class 0 only, not for
-    every label as `ECOCTopKAccuracy(k=1)` would count it.
+    So a z that is equally close to every codeword (z = 0, as from a dead
+    network, with codewords of exactly equal norm such as +-1 codes) is a
+    hit for class 0 only, not for every label as `ECOCTopKAccuracy(k=1)`
+    would count it.
 
     Args:
         codes: array-like of shape (num_classes, code_length).

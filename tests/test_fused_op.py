@@ -559,15 +559,15 @@ def _run_python(code, **env):
 
 
 def test_missing_library_falls_back_with_one_warning():
-    if BACKEND != "tensorflow":
-        pytest.skip("the warning is only issued on the TensorFlow backend")
+    # On every backend: the library the backend's fused path loads (the op
+    # library on TensorFlow, the kernel library on JAX and PyTorch).
     code = """
 import warnings, numpy as np
 import keras_ecoc
 from keras_ecoc import ops, decoding
-assert not ops.fused_available()
+assert ops.loss_path(5) != "fused"
 status = ops.fused_status()
-assert "library not built" in status and "/nonexistent/x.so" in status, status
+assert "not built or not loadable" in status and "/nonexistent/x.so" in status, status
 z = np.random.default_rng(0).normal(size=(4, 3)).astype("float32")
 codes = np.eye(5, 3, dtype="float32")
 with warnings.catch_warnings(record=True) as caught:
@@ -580,8 +580,42 @@ assert len(mine) == 1, [str(w.message) for w in caught]
 np.testing.assert_allclose(a, decoding.cross_entropy([0, 1, 2, 3], z, codes, 2.0), rtol=1e-6)
 print("OK")
 """
-    proc = _run_python(code, KERAS_BACKEND="tensorflow", KERAS_ECOC_OPS_LIBRARY="/nonexistent/x.so")
+    library = "KERAS_ECOC_OPS_LIBRARY" if BACKEND == "tensorflow" else "KERAS_ECOC_KERNELS_LIBRARY"
+    proc = _run_python(code, KERAS_BACKEND=BACKEND, **{library: "/nonexistent/x.so"})
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
+
+
+@pytest.mark.backend_independent
+def test_truncated_libraries_are_refused_not_loaded(tmp_path):
+    # dlopen of a truncated library dies of SIGBUS (no exception to fall back
+    # from): the loader must refuse it by its ELF headers. In a subprocess,
+    # so that a regression kills that process, not the test run.
+    from keras_ecoc.ops import _loader
+
+    paths = {}
+    for env, source in (("KERAS_ECOC_OPS_LIBRARY", _loader.library_path()),
+                        ("KERAS_ECOC_KERNELS_LIBRARY", _loader.kernels_path())):
+        if not os.path.exists(source):
+            pytest.skip(f"{source} is not built")
+        with open(source, "rb") as f:
+            head = f.read(os.path.getsize(source) // 10)
+        paths[env] = str(tmp_path / os.path.basename(source))
+        with open(paths[env], "wb") as f:
+            f.write(head)
+    code = """
+import numpy as np
+from keras_ecoc import ops, decoding
+from keras_ecoc.ops import _loader
+assert _loader.load_kernels() is None and "is truncated" in _loader.kernels_error()
+assert _loader.load_library() is None and "is truncated" in _loader.load_error()
+z = np.random.default_rng(0).normal(size=(4, 3)).astype("float32")
+codes = np.eye(5, 3, dtype="float32")
+a = ops.ecoc_cross_entropy([0, 1, 2, 3], z, codes, 2.0)
+np.testing.assert_allclose(a, decoding.cross_entropy([0, 1, 2, 3], z, codes, 2.0), rtol=1e-6)
+print("OK")
+"""
+    proc = _run_python(code, KERAS_BACKEND="tensorflow", **paths)
+    assert proc.returncode == 0 and "OK" in proc.stdout, (proc.returncode, proc.stderr[-3000:])
 
 
 # Its subprocess always runs under JAX: once, in the TensorFlow pass.

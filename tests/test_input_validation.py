@@ -236,3 +236,13 @@ def test_op_scale_that_is_not_a_number_or_tensor_is_named_in_the_error(rng, scal
     z = rng.normal(size=(3, 4)).astype("float32")
     with pytest.raises(ValueError, match="Argument `scale` must be a finite number > 0"):
         keras_ecoc.ops.ecoc_cross_entropy(np.array([0, 1, 2]), z, _codes(), scale=scale)
+
+
+def test_misspelt_loss_path_variable_fails_where_the_fused_path_runs_too(monkeypatch):
+    # It used to be read only without the fused path: a typo showed up only on
+    # machines without the kernels.
+    monkeypatch.setenv("KERAS_ECOC_LOSS_PATH", "strem")
+    with pytest.raises(ValueError, match="KERAS_ECOC_LOSS_PATH.*Received: KERAS_ECOC_LOSS_PATH='strem'"):
+        keras_ecoc.ops.loss_path(10**5)
+    monkeypatch.setenv("KERAS_ECOC_LOSS_PATH", "dense")
+    assert keras_ecoc.ops.loss_path(10**5) in ("fused", "dense")

@@ -83,19 +83,26 @@ __all__ = [
 _warned = [False]
 
 
-def _warn_if_tensorflow_unfused(path, fused) -> None:
-    """Warns once when the TensorFlow backend falls back because the op library
-    is missing or cannot run here (e.g. the GPU guard refused the card)."""
+def _warn_if_unfused(path, fused) -> None:
+    """Warns once when the fused kernels were wanted (fused=None, not
+    disabled) but their library is missing or cannot be loaded: the op
+    library on TensorFlow (or the GPU guard refused the card), the kernel
+    library on JAX and PyTorch."""
     from keras_ecoc.ops import _loader  # noqa: PLC0415
 
-    if (path != "fused" and fused is None and not _loader.disabled()
-            and _loader.backend() == "tensorflow" and not _warned[0]
-            and not _loader.fused_available()):
+    if path == "fused" or fused is not None or _loader.disabled() or _warned[0]:
+        return
+    backend = _loader.backend()
+    if backend == "tensorflow":
+        missing = not _loader.fused_available()
+    else:
+        missing = backend in ("jax", "torch") and _loader.load_kernels() is None
+    if missing:
         _warned[0] = True
         warnings.warn(
-            "keras_ecoc.ops: the fused ECOC op is unavailable, falling back to the "
-            "streaming TensorFlow implementation (slower, same O(B k + n k) memory): "
-            f"{fused_status()}",
+            f"keras_ecoc.ops: the fused ECOC op is unavailable on {backend}, falling "
+            f"back to the {path} path (backend_status(n) says which path each n "
+            f"takes): {fused_status()}",
             RuntimeWarning,
             stacklevel=3,
         )
@@ -246,7 +253,7 @@ def _cross_entropy_impl(labels, z, codes, scale, n, k, fused=None):
     """The loss on the chosen path; labels already integers (NumPy or tensor)."""
     backend = _dispatch._loader.backend()
     path, _ = _dispatch.choose(n, k, fused=fused, tensor=z)
-    _warn_if_tensorflow_unfused(path, fused)
+    _warn_if_unfused(path, fused)
     if path == "fused" and backend == "tensorflow":
         return _fused_module(backend).cross_entropy(z, codes, labels, scale)
     z2, codes_t, batch_shape, safe, valid, scale_t = _non_fused_inputs(z, codes, labels, scale, n, k)
@@ -292,7 +299,7 @@ def _decode_impl(z, codes, labels, n, k, fused=None):
 
     backend = _dispatch._loader.backend()
     path, _ = _dispatch.choose(n, k, fused=fused, op="decode", tensor=z)
-    _warn_if_tensorflow_unfused(path, fused)
+    _warn_if_unfused(path, fused)
     if path == "fused" and backend == "tensorflow":
         mod = _fused_module(backend)
         return mod.nearest_codeword(z, codes) if labels is None else mod.label_rank(z, codes, labels)

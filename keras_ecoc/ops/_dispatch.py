@@ -22,7 +22,9 @@ here), ``True`` (the fused path, or a ValueError saying why it cannot run) or
 ``False`` (never). ``KERAS_ECOC_DISABLE_FUSED=1`` makes ``None`` mean ``False``
 on every backend. Without the fused path, `KERAS_ECOC_LOSS_PATH` =
 "streaming" or "dense" forces the non-fused path for every n (benchmarks and
-tests use it); "auto" or unset chooses by n.
+tests use it); "auto" or unset chooses by n. It does not switch the fused
+path off (``KERAS_ECOC_DISABLE_FUSED`` does), but its value is checked on
+every call.
 """
 
 from __future__ import annotations
@@ -153,6 +155,9 @@ def choose(num_classes=None, code_length=None, fused=None, op="loss", tensor=Non
     if op not in ("loss", "decode"):
         raise ValueError(f"Argument `op` must be 'loss' or 'decode'. Received: op={op!r}")
     backend = _loader.backend()
+    # Checked on every call, so that a misspelt value fails on a machine with
+    # the fused kernels too, not only where they are missing.
+    forced = forced_path()
     why = "fused path turned off (fused=False)"
     if fused is not False:
         ok, why = _fused_here(backend, code_length, op, _on_gpu_for(backend, tensor))
@@ -165,7 +170,6 @@ def choose(num_classes=None, code_length=None, fused=None, op="loss", tensor=Non
         return "dense", f"backend is {backend}: no streaming implementation, using the dense path"
     if op == "decode":
         return "streaming", f"{why}; streaming {backend} decoding (never holds the B x n logits)"
-    forced = forced_path()
     if forced != "auto":
         note = _loop_note(backend) if forced == "streaming" else ""
         return forced, f"{why}; {forced} path forced by {ENV_PATH}{note}"

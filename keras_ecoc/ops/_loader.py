@@ -93,6 +93,37 @@ def kernels_path() -> str:
     return os.path.join(package_dir, "_lib", _KERNELS_NAME)
 
 
+def _check_whole_elf(path: str) -> None:
+    """Raises ImportError unless `path` is a whole 64-bit little-endian ELF file.
+
+    dlopen maps a truncated library and the process dies of SIGBUS when the
+    loader touches a page past the end of the file: no exception a fallback
+    could catch. So every segment and the section table must lie inside the
+    file before it is loaded.
+    """
+    import struct  # noqa: PLC0415
+
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        header = f.read(64)
+        if len(header) < 64 or header[:4] != b"\x7fELF" or header[4] != 2 or header[5] != 1:
+            raise ImportError(f"{path} is not a 64-bit little-endian ELF shared library")
+        phoff, shoff = struct.unpack_from("<QQ", header, 0x20)
+        phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", header, 0x36)
+        ends = [phoff + phentsize * phnum, shoff + shentsize * shnum]
+        if ends[0] <= size:
+            f.seek(phoff)
+            table = f.read(phentsize * phnum)
+            for i in range(phnum):
+                offset, = struct.unpack_from("<Q", table, i * phentsize + 8)
+                filesz, = struct.unpack_from("<Q", table, i * phentsize + 32)
+                ends.append(offset + filesz)
+    if max(ends) > size:
+        raise ImportError(
+            f"{path} is truncated ({size} bytes; its ELF headers need {max(ends)}): "
+            f"not loaded ({REBUILD_HINT}, or reinstall)")
+
+
 def load_kernels():
     """The kernel library as a ctypes.CDLL, or None (the reason: `kernels_error()`).
 
@@ -113,6 +144,7 @@ def load_kernels():
                 raise FileNotFoundError(
                     f"{path} does not exist (build it with `python kernels/build.py` "
                     "or reinstall with `pip install --no-build-isolation -e .`)")
+            _check_whole_elf(path)
             lib = ctypes.CDLL(path)
             for name in (*FFI_TARGETS.values(), "KerasEcocCpuForward", "KerasEcocCpuCodesGrad",
                          "KerasEcocCpuLabelRank", "KerasEcocCpuNearest", "KerasEcocCpuIsa"):
@@ -179,8 +211,10 @@ def load_library():
                 )
             import tensorflow as tf  # noqa: PLC0415
 
-            # Before dlopen: an ABI-mismatched library may crash on load.
+            # Before dlopen: an ABI-mismatched or truncated library may
+            # crash the process on load.
             _check_built_for(path, tf.__version__)
+            _check_whole_elf(path)
             lib = tf.load_op_library(path)
             missing = [
                 name
