@@ -255,6 +255,7 @@ def main():
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--big-reps", type=int, default=1, help="timed steps of the n >= 1e6 cells")
     p.add_argument("--json", default=None, help="write the measured rows to this file")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --json")
     p.add_argument("--render", default=None, help="comma-separated JSON files: print their table")
     p.add_argument("--dense-max-mb", type=float, default=256.0)
     p.add_argument("--quick", action="store_true",
@@ -286,6 +287,25 @@ def main():
         render(rows, skipped, args)
         return 0
     backends = args.backends.split(",")
+    if not set(backends) <= {"tensorflow", "jax", "torch"}:
+        p.error("Argument `--backends` must be a comma-separated subset of tensorflow,jax,torch. "
+                f"Received: --backends={args.backends}")
+    if not set(args.paths.split(",")) <= {"fused", "streaming", "dense"}:
+        p.error("Argument `--paths` must be a comma-separated subset of fused,streaming,dense. "
+                f"Received: --paths={args.paths}")
+    for flag in ("batch", "k", "n"):
+        try:
+            values = [int(float(x)) for x in getattr(args, flag).split(",")]
+        except ValueError:
+            values = [0]
+        if min(values) < 1:
+            p.error(f"Argument `--{flag}` must be comma-separated positive integers. "
+                    f"Received: --{flag}={getattr(args, flag)}")
+    if args.reps < 1 or args.big_reps < 1:
+        p.error(f"Arguments `--reps` and `--big-reps` must be positive integers. "
+                f"Received: --reps={args.reps} --big-reps={args.big_reps}")
+    if args.json and os.path.exists(args.json) and not args.overwrite:
+        p.error(f"{args.json} exists; pass --overwrite to replace it")
     if args.device == "gpu" and not set(backends) <= {"jax", "torch"}:
         p.error("with --device gpu, argument `--backends` must be a comma-separated subset of "
                 f"jax,torch. Received: --backends={args.backends}")

@@ -438,7 +438,14 @@ def main(argv=None) -> int:
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--fit-worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--no-fit", action="store_true", help="skip the end-to-end model.fit comparison")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --out (docs/benchmarks.md, the default, is "
+                   "always updated in place: only its generated head changes)")
     args = p.parse_args(argv)
+    if (args.worker is None and args.fit_worker is None and args.out
+            and os.path.exists(args.out) and not args.overwrite
+            and os.path.abspath(args.out) != os.path.join(ROOT, "docs", "benchmarks.md")):
+        p.error(f"{args.out} exists; pass --overwrite to replace it")
     if args.worker is not None:
         worker_main(args)
         return 0

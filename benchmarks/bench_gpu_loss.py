@@ -1064,6 +1064,8 @@ def main_run(args, harness_rows):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=None, help="Markdown file to write (and <out>.json beside it)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --out (and <out>.json)")
     p.add_argument("--time-limit", type=float, default=None, help="seconds for the whole run")
     p.add_argument("--harness-json", default=None,
                    help="the CUDA harness's timing rows (format in the docstring)")
@@ -1113,6 +1115,11 @@ def main(argv=None):
         if getattr(args, name) < 1:
             p.error(f"Argument `--{name.replace('_', '-')}` must be a positive integer. "
                     f"Received: --{name.replace('_', '-')}={getattr(args, name)}")
+    if args.out and not args.overwrite:
+        existing = [path for path in (args.out, os.path.splitext(args.out)[0] + ".json")
+                    if os.path.exists(path)]
+        if existing:
+            p.error(f"{' and '.join(existing)} exist(s); pass --overwrite to replace")
     if args.check_harness_json:
         try:
             rows = load_harness_json(args.check_harness_json)

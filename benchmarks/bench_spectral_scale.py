@@ -204,9 +204,23 @@ def main():
     parser.add_argument("--n-neighbors", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=1800.0)
-    parser.add_argument("--out", default=os.path.join(ROOT, "docs", "results", "spectral_scale.json"))
+    parser.add_argument("--out", default=os.path.join(ROOT, "docs", "results", "spectral_scale.json"),
+                        help="JSON of the rows, rewritten after each n (default: the "
+                        "committed docs/results/spectral_scale.json)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing --out")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child is None:
+        bad = [n for n in args.sizes if n < 2]
+        if bad or args.dim < 1 or args.code_length < 1 or args.n_neighbors < 1:
+            parser.error("Arguments --sizes (each >= 2), --dim, --code-length and "
+                         "--n-neighbors must be positive integers. Received: "
+                         f"--sizes {args.sizes} --dim {args.dim} --code-length "
+                         f"{args.code_length} --n-neighbors {args.n_neighbors}")
+        if os.path.exists(args.out) and not args.overwrite:
+            parser.error(f"{args.out} exists; pass --overwrite to replace it (or "
+                         "--out another file)")
 
     if args.child is not None:
         result = child(args.child, args.dim, args.code_length, args.n_neighbors, args.seed)

@@ -53,3 +53,23 @@ def test_regenerated_report_keeps_the_contents_block_and_the_later_sections():
     # A first run (no file yet) and a file without the block write the report alone.
     assert bench.merge_report("# T\n\nbody\n", None) == "# T\n\nbody\n"
     assert bench.merge_report("# T\n\nbody\n", "# T\n\nold body\n") == "# T\n\nbody\n"
+
+
+@pytest.mark.parametrize("script, flag", [
+    ("bench_spectral_scale.py", "--out"),
+    ("bench_fused_backends.py", "--json"),
+    ("bench_fused_op.py", "--out"),
+    ("bench_gpu_loss.py", "--out"),
+    ("bench_scale.py", "--out"),
+])
+def test_benchmarks_refuse_to_replace_an_existing_result_file(tmp_path, script, flag):
+    # Refused before any work, with the flag that replaces it; the file kept.
+    path = tmp_path / "results.md"
+    path.write_text("earlier results")
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", script), flag, str(path)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "exist" in proc.stderr and "--overwrite" in proc.stderr
+    assert path.read_text() == "earlier results"
