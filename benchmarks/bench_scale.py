@@ -345,6 +345,15 @@ def main(argv=None):
     if args.render:
         print(render(*args.render))
         return 0
+    counts = {"n": min(args.n), "k": args.k, "k-for-1e7": args.k_for_1e7,
+              "batch": args.batch, "steps": args.steps, "epochs": args.epochs,
+              "onehot-steps": args.onehot_steps, "onehot-epochs": args.onehot_epochs,
+              "features": args.features, "features-spectral": args.features_spectral,
+              "neighbors": args.neighbors, "timeout": args.timeout}
+    for name, value in counts.items():
+        if value < (2 if name == "n" else 1):
+            p.error(f"Argument `--{name}` must be {'>= 2' if name == 'n' else 'a positive integer'}"
+                    f". Received: --{name}={value}")
     if args.out and os.path.exists(args.out) and not args.overwrite:
         p.error(f"{args.out} exists; pass --overwrite to replace it")
     if args.out:

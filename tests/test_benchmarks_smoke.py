@@ -73,3 +73,13 @@ def test_benchmarks_refuse_to_replace_an_existing_result_file(tmp_path, script, 
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "exist" in proc.stderr and "--overwrite" in proc.stderr
     assert path.read_text() == "earlier results"
+
+
+@pytest.mark.parametrize("bad", [["--n", "0"], ["--k", "0"], ["--batch", "-1"], ["--steps", "0"]])
+def test_bench_scale_names_a_bad_count_before_any_run(bad):
+    # These used to be saved as "failed (rc 1)" rows with a worker traceback.
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "bench_scale.py"), *bad],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert proc.returncode == 2 and f"`{bad[0]}`" in proc.stderr, proc.stderr[-2000:]
