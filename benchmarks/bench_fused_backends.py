@@ -293,12 +293,14 @@ def main():
     if not set(args.paths.split(",")) <= {"fused", "streaming", "dense"}:
         p.error("Argument `--paths` must be a comma-separated subset of fused,streaming,dense. "
                 f"Received: --paths={args.paths}")
-    for flag in ("batch", "k", "n"):
+    # Parsed once, here: --n also takes 1e6, --batch and --k integers only.
+    parsed = {}
+    for flag, parse in (("batch", int), ("k", int), ("n", lambda x: int(float(x)))):
         try:
-            values = [int(float(x)) for x in getattr(args, flag).split(",")]
+            parsed[flag] = [parse(x) for x in getattr(args, flag).split(",")]
         except ValueError:
-            values = [0]
-        if min(values) < 1:
+            parsed[flag] = [0]
+        if min(parsed[flag]) < 1:
             p.error(f"Argument `--{flag}` must be comma-separated positive integers. "
                     f"Received: --{flag}={getattr(args, flag)}")
     if args.reps < 1 or args.big_reps < 1:
@@ -312,9 +314,7 @@ def main():
     if args.time_limit < 0:
         p.error(f"Argument `--time-limit` must be >= 0 seconds. Received: --time-limit={args.time_limit}")
     t_start = time.time()
-    bs = [int(x) for x in args.batch.split(",")]
-    ks = [int(x) for x in args.k.split(",")]
-    ns = [int(float(x)) for x in args.n.split(",")]
+    bs, ks, ns = parsed["batch"], parsed["k"], parsed["n"]
     paths = args.paths.split(",")
     cells, skipped = [], []
     for b in bs:

@@ -696,8 +696,7 @@ def _main(args, argv):
         f"{args.experiment.replace('-', '_')}_index.md"
     # The index is rewritten at the end: refused now, before any training,
     # unless the run replaces (--overwrite) or extends (--resume) results.
-    common.refuse_existing_results(
-        args.output, [index_name], o.get("overwrite") or o.get("resume"))
+    common.refuse_existing_results(args.output, [index_name], _replaces(o))
     os.makedirs(args.output, exist_ok=True)
     results, sections = {}, []
     for experiment in experiments:

@@ -161,7 +161,8 @@ def integer_label_tensor(labels, num_classes):
         ops.equal(whole, labels),  # False for NaN; +-inf fail the range test
         ops.logical_and(ops.greater_equal(labels, 0), ops.less(labels, num_classes)),
     )
-    return ops.where(valid, ops.cast(ops.where(valid, whole, 0), "int32"), -1)
+    # -1 replaces the invalid values before the cast, which NaN must not reach.
+    return ops.cast(ops.where(valid, whole, -1), "int32")
 
 
 def check_label_values(labels, num_classes: int, backend: str) -> None:
