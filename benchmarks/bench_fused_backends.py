@@ -179,7 +179,6 @@ def worker(args):
         except RuntimeError as e:
             print(f"NOGPU {backend}: {e}", flush=True)
             return 2
-    from keras_ecoc import ops as eops
 
     cells = json.loads(args.cells)
     # Warm-up of every path at a tiny shape: library loads, imports and the

@@ -374,7 +374,6 @@ def _torch_linear_inputs(z, codes, scale):
 
 def torch_builder(env, method, z, codes, labels, scale):
     """Returns (loss_fn(z, codes) -> scalar, precision): the step to differentiate."""
-    torch = env.torch
     if method in ("torch_compile", "torch_compile_tf32"):
         compiled = env.compiled_dense()
         return (lambda zz, cc: compiled(zz, cc, labels, scale),

@@ -5,6 +5,7 @@ and what was received, in the style of Keras' own errors.
 """
 
 import base64
+import numbers
 import warnings
 import weakref
 
@@ -31,26 +32,22 @@ def codes_array(codes, name="codes"):
     return validate_codes(codes, name=name)
 
 
-def positive_scale(scale, name="scale"):
-    """Returns `scale` as a positive finite Python float (bools rejected)."""
-    if isinstance(scale, (bool, np.bool_, str, bytes)):
-        raise ValueError(
-            f"Argument `{name}` must be a positive finite number (not a bool "
-            f"or a string). Received: {name}={scale!r}"
-        )
-    try:
-        value = float(scale)
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"Argument `{name}` must be a positive finite number. "
-            f"Received: {name}={scale!r}"
-        ) from None
-    if not np.isfinite(value) or value <= 0:
-        raise ValueError(
-            f"Argument `{name}` must be a positive finite number. "
-            f"Received: {name}={scale!r}"
-        )
-    return value
+def positive_scale(scale):
+    """Returns `scale` (a Keras object's constructor argument) as a finite
+    Python float > 0; the rule and wording are `ops._checks.host_scale`'s.
+    A concrete (eager) scalar tensor is read once, here."""
+    from keras_ecoc.ops import _checks  # noqa: PLC0415
+
+    if getattr(scale, "dtype", None) is not None and not isinstance(scale, (np.ndarray, np.generic)):
+        _checks.check_scale(scale)  # dtype and shape, with the rule's wording
+        try:
+            scale = ops.convert_to_numpy(scale)
+        except Exception:  # noqa: BLE001 - symbolic: no value to check here
+            raise ValueError(
+                "Argument `scale` must be a finite number > 0 or a concrete scalar "
+                f"tensor when the object is constructed. Received: scale={scale!r}"
+            ) from None
+    return _checks.host_scale(scale)
 
 
 def _is_variable(value):
@@ -120,30 +117,16 @@ def _remember_validated(codes):
     _VALIDATED[key] = (ref, getattr(codes, "_version", None))
 
 
-def function_scale(scale, name="scale"):
-    """`scale` of the function API: a number or a scalar tensor.
+def function_scale(scale):
+    """`scale` of the function API: a finite number > 0 (returned as a
+    float) or a scalar numeric tensor or variable (returned as it is, checked
+    for dtype and shape only: its value is never read, which would copy it
+    from the device on every call). The rule is `ops._checks.check_scale`'s."""
+    from keras_ecoc.ops import _checks  # noqa: PLC0415
 
-    Numbers must be finite and > 0; bools are rejected. A tensor or variable
-    is checked for dtype and rank only: its value is never read (that would
-    copy it from the device on every call).
-    """
-    if isinstance(scale, (bool, np.bool_, int, float, np.number)):
-        return positive_scale(scale, name)
-    shape = getattr(scale, "shape", None)
-    if shape is None:
-        return positive_scale(scale, name)
-    if len(shape) not in (0,) and tuple(shape) != (1,):
-        raise ValueError(
-            f"Argument `{name}` must be a scalar. Received: {name} of shape "
-            f"{tuple(shape)}"
-        )
-    if isinstance(scale, np.ndarray):
-        positive_scale(scale.reshape(()).item(), name)
-    elif "bool" in str(getattr(scale, "dtype", "")):
-        raise ValueError(
-            f"Argument `{name}` must be a positive finite number (not a "
-            f"bool). Received: {name} of dtype {scale.dtype}"
-        )
+    _checks.check_scale(scale)
+    if isinstance(scale, (numbers.Number, np.ndarray, np.generic)):
+        return _checks.host_scale(scale)
     return scale
 
 

@@ -66,6 +66,40 @@ def test_bad_scales_raise_naming_the_argument(scale):
         keras_ecoc.ECOCDecoder(_codes(), scale=scale)
 
 
+@pytest.mark.parametrize(
+    "scale", [True, 0.0, -1.0, float("nan"), "2", None, [2.0], np.array([1.0, 2.0])]
+)
+def test_a_bad_scale_gets_the_same_message_from_every_entry(scale):
+    # One rule for `scale` (ops._checks): the constructors, the loss function
+    # and the op say the same thing about the same value.
+    z = np.ones((2, 4), "float32")
+    y = np.zeros(2, "int32")
+    entries = {
+        "ecoc_cross_entropy": lambda: keras_ecoc.ecoc_cross_entropy(y, z, _codes(), scale),
+        "ops.ecoc_cross_entropy": lambda: keras_ecoc.ops.ecoc_cross_entropy(y, z, _codes(), scale),
+        "ECOCLoss": lambda: keras_ecoc.ECOCLoss(_codes(), scale=scale),
+        "ECOCDecoder": lambda: keras_ecoc.ECOCDecoder(_codes(), scale=scale),
+    }
+    messages = {}
+    for name, call in entries.items():
+        with pytest.raises(ValueError, match=r"^Argument `scale` must be ") as info:
+            call()
+        messages[name] = str(info.value)
+    # The function APIs also take tensors, so their wording for a non-number
+    # may add "or a scalar float tensor"; the rest is common.
+    heads = {m.split(". Received:")[0].replace(" or a scalar float tensor", "") for m in messages.values()}
+    assert len(heads) == 1, messages
+    tails = {m.split(". Received:")[1] for m in messages.values()}
+    assert len(tails) == 1, messages
+
+
+def test_a_concrete_scale_tensor_is_accepted_by_the_constructors():
+    decoder = keras_ecoc.ECOCDecoder(_codes(), scale=ops.convert_to_tensor(2.5))
+    assert decoder.initial_scale == 2.5
+    loss = keras_ecoc.ECOCLoss(_codes(), scale=ops.convert_to_tensor([2.5]))
+    assert loss.get_config()["scale"] == 2.5
+
+
 def test_bad_host_scale_array_raises_and_a_scale_tensor_is_checked_for_shape_only():
     # Host values are checked; a tensor's value is never read (that would be
     # a device-to-host copy on every call), only its shape.

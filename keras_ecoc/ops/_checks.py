@@ -27,57 +27,58 @@ import numpy as np
 INT32_LIMIT = 2**31
 
 
-def check_scale(scale, backend: str) -> None:
-    """Raises ValueError unless `scale` is a finite number > 0 (host values).
+def _scale_error(detail: str, received: str) -> ValueError:
+    return ValueError(f"Argument `scale` must be {detail}. Received: {received}")
+
+
+def host_scale(scale) -> float:
+    """`scale` given as a Python or NumPy number (or a one-element NumPy
+    array) as a Python float; raises unless it is finite and > 0. A bool is
+    rejected: ``True`` is not a temperature."""
+    if isinstance(scale, (bool, np.bool_)):
+        raise _scale_error("a finite number > 0 (a bool is not accepted)", f"scale={scale!r}")
+    if not isinstance(scale, (numbers.Number, np.ndarray, np.generic)):
+        raise _scale_error("a finite number > 0", f"scale={scale!r}")
+    arr = np.asarray(scale)
+    if arr.dtype == np.bool_:
+        raise _scale_error("a finite number > 0, not a boolean array", f"scale={scale!r}")
+    if arr.size != 1:
+        raise _scale_error("a scalar", f"scale with shape {arr.shape}")
+    try:
+        value = float(arr.reshape(()))
+    except (TypeError, ValueError):  # complex, object arrays
+        raise _scale_error("a finite number > 0", f"scale={scale!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise _scale_error("a finite number > 0", f"scale={value}")
+    return value
+
+
+def check_scale(scale, backend: str | None = None) -> None:
+    """Raises ValueError unless `scale` is a finite number > 0 (host values)
+    or a scalar numeric tensor. The one rule for `scale` in the package: the
+    Keras objects apply `host_scale` when they are constructed, the function
+    APIs apply this on every call.
 
     Python and NumPy numbers are checked by value. A tensor or variable is
     checked for dtype and shape only: reading its value would copy it from
-    the device on every call (a sync per step on eager PyTorch). Keras
-    objects check their scale once, when it enters (the constructor).
+    the device on every call (a sync per step on eager PyTorch). `backend`
+    is accepted for symmetry with the other checks and not used.
     """
-    if isinstance(scale, (bool, np.bool_)):
-        raise ValueError(
-            "Argument `scale` must be a finite number > 0 (a bool is not accepted). "
-            f"Received: scale={scale!r}"
-        )
-    if isinstance(scale, (numbers.Number, np.ndarray, np.generic)):
-        arr = np.asarray(scale)
-        if arr.dtype == np.bool_:
-            raise ValueError(
-                "Argument `scale` must be a finite number > 0, not a boolean array. "
-                f"Received: scale={scale!r}"
-            )
-        if arr.size != 1:
-            raise ValueError(
-                f"Argument `scale` must be a scalar. Received: scale with shape {arr.shape}"
-            )
-        value = float(arr.reshape(()))
-        if not (math.isfinite(value) and value > 0):
-            raise ValueError(
-                f"Argument `scale` must be a finite number > 0. Received: scale={value}")
+    del backend
+    if isinstance(scale, (bool, np.bool_, numbers.Number, np.ndarray, np.generic)):
+        host_scale(scale)
         return
     dtype = getattr(scale, "dtype", None)
     if dtype is None:  # None, a string, a list: nothing that is a number
-        raise ValueError(
-            "Argument `scale` must be a finite number > 0 or a scalar float "
-            f"tensor. Received: scale={scale!r}"
-        )
+        raise _scale_error("a finite number > 0 or a scalar float tensor", f"scale={scale!r}")
     if "bool" in str(dtype):
-        raise ValueError(
-            "Argument `scale` must be a finite number > 0, not a boolean tensor. "
-            f"Received: scale with dtype {dtype}"
-        )
+        raise _scale_error("a finite number > 0, not a boolean tensor", f"scale with dtype {dtype}")
     if not any(kind in str(dtype) for kind in ("float", "int")):
-        raise ValueError(
-            "Argument `scale` must be a finite number > 0 or a scalar float "
-            f"tensor. Received: scale with dtype {dtype}"
-        )
+        raise _scale_error("a finite number > 0 or a scalar float tensor", f"scale with dtype {dtype}")
     shape = tuple(getattr(scale, "shape", ()) or ())
     n_elems = int(np.prod(shape)) if shape and None not in shape else 1
     if n_elems != 1:
-        raise ValueError(
-            f"Argument `scale` must be a scalar. Received: scale with shape {shape}"
-        )
+        raise _scale_error("a scalar", f"scale with shape {shape}")
 
 
 def _range_error(labels_np: np.ndarray, num_classes: int) -> None:
