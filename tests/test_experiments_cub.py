@@ -229,8 +229,14 @@ def test_paired_equivalence_rejects_a_clear_loss_and_bad_input():
     assert stats_lib.equivalence_verdict(out) == "below one-hot"
     wide = stats_lib.paired_equivalence([3.0, -3.0, 2.0, -2.5])
     assert stats_lib.equivalence_verdict(wide) == "inconclusive"
-    constant = stats_lib.paired_equivalence([0.5, 0.5, 0.5])
-    assert constant["equivalent"] and constant["ci95"] == [0.5, 0.5]
+    # Equal differences: no t-interval; the exact sign-flip tests decide.
+    # Three seeds cannot show equivalence (1 / 2^3 = 0.125), five can (0.031).
+    three = stats_lib.paired_equivalence([0.5, 0.5, 0.5])
+    assert three["ci95"] is None and three["p_tost"] == pytest.approx(0.125)
+    assert not three["equivalent"]
+    assert stats_lib.equivalence_verdict(three) == "inconclusive"
+    five = stats_lib.paired_equivalence([0.5] * 5)
+    assert five["equivalent"] and five["p_tost"] == pytest.approx(1 / 32)
     with pytest.raises(ValueError, match="differences"):
         stats_lib.paired_equivalence([1.0])
     with pytest.raises(ValueError, match="margin"):

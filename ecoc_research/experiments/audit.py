@@ -179,7 +179,7 @@ def _rows_of_group(name, runs_of_group, all_runs, several):
                     e for e in borrowed_from if e in (label, "one_hot"))
     if against_spectral is not None:
         for label in sorted(set(by_label) - {"one_hot"}):
-            runs_of_label = {r["spec"]["seed"]: r for r in by_label[label]}
+            runs_of_label = stats.runs_by_seed(by_label[label], label)
             if len(set(runs_of_label) & set(against_spectral)) < 2:
                 continue
             for metric, diff in _paired_metric_differences(
@@ -188,7 +188,7 @@ def _rows_of_group(name, runs_of_group, all_runs, several):
                                  metric=metric, borrowed=[SPECTRAL],
                                  **_diff_fields(diff)))
     if SPECTRAL in by_label:
-        spectral = {r["spec"]["seed"]: r for r in by_label[SPECTRAL]}
+        spectral = stats.runs_by_seed(by_label[SPECTRAL], SPECTRAL)
         controls = []
         if IMPRINTED in by_label:
             controls.append((IMPRINTED, borrowed_from.get(IMPRINTED, name),
@@ -209,7 +209,7 @@ def _rows_of_group(name, runs_of_group, all_runs, several):
                              borrowed_from.get(IMPRINTED_PRETRAINED, name),
                              by_label[IMPRINTED_PRETRAINED]))
         for control, source, control_runs in controls:
-            reference = {r["spec"]["seed"]: r for r in control_runs}
+            reference = stats.runs_by_seed(control_runs, control)
             if len(set(spectral) & set(reference)) < 2:
                 continue
             for metric, diff in _paired_metric_differences(
@@ -236,7 +236,8 @@ def _paired_metric_differences(runs, reference_runs, target):
 
 def _diff_fields(diff):
     return {"n": diff["n"], "mean": diff["mean"], "low": diff["low"],
-            "high": diff["high"], "p": diff["p"], "seeds": diff["seeds"],
+            "high": diff["high"], "p": diff["p"], "no_spread": diff["no_spread"],
+            "seeds": diff["seeds"],
             "differences": diff["differences"]}
 
 
@@ -356,6 +357,8 @@ def markdown(result):
                 + (f", s = {row['scale']:g}" if row["scale"] else ""),
                 f"{row['label']} − {row['reference']}",
                 metric_names[row["metric"]], row["n"],
+                f"{_fmt(row, row['mean'])} (all {row['n']} equal)"
+                if row.get("no_spread") else
                 f"{_fmt(row, row['mean'])} [{_fmt(row, row['low'])}, "
                 f"{_fmt(row, row['high'])}]",
                 _p(row["p"]), _p(row["p_holm"]),
@@ -405,6 +408,7 @@ def cub_markdown(result):
     from ecoc_research.experiments import report
 
     table = [[r["encoding"], r["code_length"], r["reference"],
+              f"{r['mean']:+.1f} (no spread)" if r["ci95"] is None else
               f"{r['mean']:+.1f} [{r['ci95'][0]:+.1f}, {r['ci95'][1]:+.1f}]",
               _p(r["p"]), _p(r["p_holm"]), _p(r["p_tost"]),
               _p(r["p_tost_holm"])] for r in result["rows"]]

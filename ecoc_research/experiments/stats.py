@@ -15,11 +15,12 @@ and every few steps):
   budget (total steps), which biases its steps DOWN, and the count of such
   runs is reported beside the number.
 - `curve_auc`: area under validation accuracy against steps divided by the
-  number of steps (trapezoids): the mean accuracy over training, 1 = perfect
-  from the first step.
+  number of steps from the first measured step to the last (trapezoids):
+  the mean accuracy over training, 1 = perfect from the first step.
 
 Tests: `paired_difference` adds the two-sided paired t-test p-value of a
-zero mean; `holm` adjusts a family of such p-values for multiple comparisons
+zero mean (with no spread, where the t statistic is undefined, the exact
+sign-flip test: `no_spread_pvalue`); `holm` adjusts a family of such p-values for multiple comparisons
 (Holm's step-down method, which controls the family-wise error rate without
 assuming independence); `paired_equivalence` is the TOST equivalence test
 ("equal accuracy" within a stated margin), `equivalence_verdict` its words.
@@ -37,7 +38,8 @@ def steps_to(steps, accuracy, target):
 
 
 def curve_auc(steps, accuracy):
-    """Area under accuracy vs steps over [0, last step], divided by it."""
+    """Area under accuracy vs steps over [first step, last step], divided by
+    the length of that range (every stored curve starts at step 0)."""
     steps = np.asarray(steps, np.float64)
     accuracy = np.asarray(accuracy, np.float64)
     if len(steps) < 2 or steps[-1] <= steps[0]:
@@ -45,11 +47,59 @@ def curve_auc(steps, accuracy):
     return float(np.trapezoid(accuracy, steps) / (steps[-1] - steps[0]))
 
 
+def _finite_values(values, name="values"):
+    """`values` without None entries as float64; NaN or an infinity raises: a
+    diverged run's metric must not turn a mean, an interval and a verdict
+    into NaN (or into "lower") without a word."""
+    out = np.asarray([v for v in values if v is not None], np.float64)
+    if not np.all(np.isfinite(out)):
+        raise ValueError(
+            f"Argument `{name}` must hold finite numbers or None (missing); a NaN "
+            "or an infinity is a failed measurement to exclude explicitly. "
+            f"Received: {name}={list(values)!r}")
+    return out
+
+
+def has_no_spread(values):
+    """True when all `values` are equal up to float rounding (a spread under
+    1e-9 of their magnitude: ten copies of -0.02 have a sample standard
+    deviation of about 4e-18, not 0, and a t statistic of 1e16)."""
+    d = np.asarray(values, np.float64)
+    return len(d) >= 2 and float(np.ptp(d)) <= 1e-9 * float(np.max(np.abs(d)))
+
+
+def no_spread_pvalue(differences, alternative="two-sided"):
+    """Exact sign-flip p-value of n paired differences that are all equal.
+
+    With no spread the t statistic is c / 0, undefined, and the t-test's
+    limit (p = 0) claims more than n seeds can show. Under the null of a
+    distribution symmetric about 0, each of the 2^n sign assignments is
+    equally likely; n equal non-zero differences are the most extreme
+    assignment, so p = 1 / 2^n one-sided (in their direction) and 2 / 2^n
+    two-sided: 0.0625 for 5 seeds, 0.002 for 10. All zero: p = 1.
+
+    Args:
+        differences: (S,) equal values.
+        alternative: "two-sided", "greater" (H1: mean > 0) or "less".
+    """
+    d = np.asarray(differences, np.float64)
+    c, n = float(np.mean(d)), len(d)
+    if c == 0:
+        return 1.0
+    if alternative == "two-sided":
+        return min(1.0, 2.0 * 0.5 ** n)
+    agrees = (c > 0) == (alternative == "greater")
+    return 0.5 ** n if agrees else 1.0
+
+
 def t_interval(values, confidence=0.95):
-    """(mean, low, high) of the Student-t interval; (mean, None, None) if n < 2."""
+    """(mean, low, high) of the Student-t interval; (mean, None, None) if n < 2.
+
+    With no spread the interval is [mean, mean]: fine for describing one
+    arm; `paired_difference` does not use it for a test."""
     from scipy import stats
 
-    values = np.asarray([v for v in values if v is not None], np.float64)
+    values = _finite_values(values)
     if len(values) == 0:
         return None, None, None
     mean = float(values.mean())
@@ -71,15 +121,16 @@ def paired_t_pvalue(differences):
 
     Returns:
         float, or None for fewer than 2 differences. With no spread the t
-        statistic is infinite: 1.0 when the mean is 0, else 0.0.
+        statistic is undefined: the exact sign-flip p-value
+        (`no_spread_pvalue`; 0.0625 for five equal differences).
     """
     from scipy import stats
 
-    d = np.asarray([v for v in differences if v is not None], np.float64)
+    d = _finite_values(differences, "differences")
     if len(d) < 2:
         return None
-    if float(d.std(ddof=1)) == 0:
-        return 1.0 if float(d.mean()) == 0 else 0.0
+    if has_no_spread(d):
+        return no_spread_pvalue(d)
     return float(stats.ttest_1samp(d, 0.0).pvalue)
 
 
@@ -127,22 +178,35 @@ def paired_difference(values, reference, confidence=0.95):
     Returns:
         dict: n (pairs), mean, low, high, seeds and differences (per
         seed, in seed order), p (two-sided paired t-test of a
-        zero mean; None for n < 2), verdict ("within noise" when the
-        interval contains 0, else "higher" / "lower"; "too few seeds" for
-        n < 2).
+        zero mean; None for n < 2), no_spread, verdict ("within noise"
+        when the interval contains 0, else "higher" / "lower"; "too few
+        seeds" for n < 2).
+
+        no_spread: every difference is the same (steps measured at
+        validation points often are). Then no t-interval exists (low and
+        high are None), p is the exact sign-flip p-value
+        (`no_spread_pvalue`) and the verdict follows it at the level
+        1 - confidence: five equal differences (p = 0.0625) are "within
+        noise".
     """
     seeds = sorted(s for s in values if s in reference
                    and values[s] is not None and reference[s] is not None)
     diffs = [values[s] - reference[s] for s in seeds]
     mean, low, high = t_interval(diffs, confidence)
-    if low is None:
+    p = paired_t_pvalue(diffs)
+    no_spread = has_no_spread(diffs)
+    if no_spread:
+        low = high = None
+        verdict = ("within noise" if p > 1 - confidence
+                   else "higher" if mean > 0 else "lower")
+    elif low is None:
         verdict = "too few seeds"
     elif low <= 0 <= high:
         verdict = "within noise"
     else:
         verdict = "higher" if mean > 0 else "lower"
     return {"n": len(diffs), "mean": mean, "low": low, "high": high,
-            "p": paired_t_pvalue(diffs), "verdict": verdict, "seeds": seeds,
+            "p": p, "no_spread": no_spread, "verdict": verdict, "seeds": seeds,
             "differences": [float(d) for d in diffs]}
 
 
@@ -160,6 +224,26 @@ def run_metrics(record, target):
         "reached": reached is not None,
         "auc": curve_auc(steps, accuracy),
     }
+
+
+def runs_by_seed(runs, label="runs"):
+    """{seed: run record} of `runs`; two runs with one seed raise (the
+    pairing is by seed, and a dict would silently keep only the last)."""
+    out = {}
+    for r in runs:
+        seed = r["spec"]["seed"]
+        if seed in out:
+            raise ValueError(
+                f"Runs of {label!r} hold seed {seed} twice: paired statistics need "
+                "one run per seed and arm. Remove the duplicate run (or give it "
+                "another seed) before summarizing.")
+        out[seed] = r
+    return out
+
+
+def metrics_by_seed(runs, target, label="runs"):
+    """{seed: run_metrics} of `runs` (one run per seed, see `runs_by_seed`)."""
+    return {s: run_metrics(r, target) for s, r in runs_by_seed(runs, label).items()}
 
 
 def compare_to_reference(groups, reference_label, fraction=0.9):
@@ -184,8 +268,7 @@ def compare_to_reference(groups, reference_label, fraction=0.9):
     per_label = {}
     metrics_by_label = {}
     for label, runs in groups.items():
-        metrics = {r["spec"]["seed"]: run_metrics(r, target) for r in runs}
-        metrics_by_label[label] = metrics
+        metrics_by_label[label] = metrics_by_seed(runs, target, label)
     ref = metrics_by_label[reference_label]
     for label, metrics in metrics_by_label.items():
         row = {"seeds": sorted(metrics), "n": len(metrics),
@@ -209,6 +292,8 @@ def format_interval(d, scale=100.0, digits=1):
     """'+1.2 [-0.3, +2.7]' of a paired_difference (x scale)."""
     if d is None or d.get("mean") is None:
         return "–"
+    if d.get("no_spread"):
+        return f"{scale * d['mean']:+.{digits}f} (all {d['n']} equal)"
     if d.get("low") is None:
         return f"{scale * d['mean']:+.{digits}f} (n = {d['n']})"
     return (f"{scale * d['mean']:+.{digits}f} [{scale * d['low']:+.{digits}f},"
@@ -243,7 +328,9 @@ def paired_equivalence(differences, margin=EQUIVALENCE_MARGIN, alpha=0.05):
             (-margin, margin).
 
     Returns:
-        dict: seeds, mean, std, ci90 / ci95 (t intervals of the mean),
+        dict: seeds, mean, std, ci90 / ci95 (t intervals of the mean; None
+        when every difference is the same, `no_spread`, where the p-values
+        are the exact sign-flip tests' (`no_spread_pvalue`)),
         p_lower (H0: mean <= -margin), p_upper (H0: mean >= margin),
         p_tost = max of the two, equivalent (bool), p_difference (two-sided
         paired t-test of mean = 0).
@@ -261,15 +348,20 @@ def paired_equivalence(differences, margin=EQUIVALENCE_MARGIN, alpha=0.05):
     mean, std, s = float(d.mean()), float(d.std(ddof=1)), len(d)
     sem = std / np.sqrt(s)
 
+    no_spread = has_no_spread(d)
+
     def interval(level):
         _, low, high = t_interval(d, level)
-        return None if low is None else [low, high]
+        # With no spread no t-interval exists: [mean, mean] would claim
+        # certainty that n seeds cannot give.
+        return None if low is None or no_spread else [low, high]
 
-    if sem == 0:
-        # No spread: the t statistics are infinite; decide by the mean alone.
-        p_lower = 0.0 if mean > -margin else 1.0
-        p_upper = 0.0 if mean < margin else 1.0
-        p_difference = 1.0 if mean == 0 else 0.0
+    if no_spread:
+        # No spread: the t statistics are undefined; the exact sign-flip
+        # tests of d + margin > 0 and d - margin < 0 stand in.
+        p_lower = no_spread_pvalue(d + margin, "greater")
+        p_upper = no_spread_pvalue(d - margin, "less")
+        p_difference = no_spread_pvalue(d)
     else:
         p_lower = float(stats.ttest_1samp(d, -margin,
                                           alternative="greater").pvalue)
@@ -281,7 +373,7 @@ def paired_equivalence(differences, margin=EQUIVALENCE_MARGIN, alpha=0.05):
             "ci90": interval(1 - 2 * alpha), "ci95": interval(0.95),
             "p_lower": p_lower, "p_upper": p_upper, "p_tost": p_tost,
             "equivalent": bool(p_tost < alpha), "margin": float(margin),
-            "p_difference": p_difference}
+            "p_difference": p_difference, "no_spread": no_spread}
 
 
 def equivalence_verdict(test, reference="one-hot"):
@@ -289,6 +381,10 @@ def equivalence_verdict(test, reference="one-hot"):
     m = test["margin"]
     if test["equivalent"]:
         return f"matches {reference} (TOST, ±{m:g} pt)"
+    if test["ci95"] is None:  # no spread: the exact test decides
+        if test["p_difference"] >= 0.05:
+            return "inconclusive"
+        return f"{'above' if test['mean'] > 0 else 'below'} {reference}"
     low, high = test["ci95"]
     if high < 0:
         return f"below {reference}"
