@@ -346,8 +346,6 @@ def paired_equivalence(differences, margin=EQUIVALENCE_MARGIN, alpha=0.05):
         raise ValueError(
             f"Argument `margin` must be positive. Received: margin={margin!r}")
     mean, std, s = float(d.mean()), float(d.std(ddof=1)), len(d)
-    sem = std / np.sqrt(s)
-
     no_spread = has_no_spread(d)
 
     def interval(level):
