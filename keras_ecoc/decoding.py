@@ -8,7 +8,8 @@ available.
 Notation used in every docstring:
     z:      (..., k) network outputs (any float dtype; math is float32).
     codes:  (n, k) code matrix M, one codeword per class.
-    u:      z / ||z||, with ||z||^2 floored at `EPSILON` so z = 0 gives u = 0.
+    u:      z / ||z||, with ||z||^2 floored at `EPSILON` so z = 0 gives u = 0
+            (and, there, a zero gradient: see `normalize`).
     logits: (..., n) with logits_i = -1/2 * scale * ||M_i - u||^2.
 """
 
@@ -20,6 +21,18 @@ from keras_ecoc.ops._constants import EPSILON
 def normalize(z, epsilon=EPSILON):
     """Projects `z` onto the unit sphere, safely at z = 0.
 
+    The direction of z = 0 is undefined, and the derivative of z / ||z||
+    grows as 1 / ||z||. With the floor alone a row with ||z||^2 <= epsilon
+    (a zero-padded input, features of a dead ReLU layer with zero biases)
+    would get 1 / sqrt(epsilon) = 10^6 times the gradient with respect to u:
+    one SGD step then moved a zero-initialised head bias to 5,000, and under
+    mixed_float16 the gradient overflowed to inf, so the loss-scale
+    optimizer skipped every step. Such a row keeps its value (u = z /
+    sqrt(epsilon), about 0) and gets a zero gradient instead, on every path
+    of the package (the fused and streaming backward passes apply the same
+    rule). A head whose every output starts at exactly 0 therefore does not
+    move: initialise the projection randomly (Keras' default).
+
     Args:
         z: float tensor of shape (..., k).
         epsilon: floor on the squared norm.
@@ -29,7 +42,8 @@ def normalize(z, epsilon=EPSILON):
     """
     z = ops.cast(z, "float32")
     squared_norm = ops.sum(ops.square(z), axis=-1, keepdims=True)
-    return z * ops.rsqrt(ops.maximum(squared_norm, epsilon))
+    u = z * ops.rsqrt(ops.maximum(squared_norm, epsilon))
+    return ops.where(squared_norm > epsilon, u, ops.stop_gradient(u))
 
 
 def decode_logits(z, codes, scale=1.0):

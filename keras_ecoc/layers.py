@@ -306,12 +306,20 @@ def load_rows(variable, source, block_bytes=None):
     if backend == "tensorflow":
         import tensorflow as tf  # noqa: PLC0415
 
-        handle = variable.value.handle
-        for start in range(0, rows, step):
-            stop = min(rows, start + step)
-            tf.raw_ops.ResourceStridedSliceAssign(
-                ref=handle, begin=[start, 0], end=[stop, cols], strides=[1, 1],
-                value=np.asarray(source[start:stop], "float32"))
+        tf_variable = variable.value
+        if isinstance(tf_variable, tf.distribute.DistributedValues):
+            # A mirrored variable has no single handle: write each replica's
+            # copy, block by block, on its own device.
+            copies = tuple(tf_variable.values)
+        else:
+            copies = (tf_variable,)
+        for copy in copies:
+            with tf.device(copy.device):
+                for start in range(0, rows, step):
+                    stop = min(rows, start + step)
+                    tf.raw_ops.ResourceStridedSliceAssign(
+                        ref=copy.handle, begin=[start, 0], end=[stop, cols], strides=[1, 1],
+                        value=np.asarray(source[start:stop], "float32"))
         return
     if backend == "torch":
         import torch  # noqa: PLC0415

@@ -4,7 +4,6 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_ecoc import decoding
 from keras_ecoc import ops as ecoc_ops
 from keras_ecoc._codes_source import CodesSource
 from keras_ecoc.layers import ECOCDecoder
@@ -317,12 +316,20 @@ class ECOCClassifier(keras.Model):
                 f"Argument `output` must be one of {layers.OUTPUT_MODES}. "
                 f"Received: output={output!r}"
             )
-        decoder = _SharedDecoder(self.decoder, output=output)
+        # The graph of this model's own layers (backbone, pooling, dropout,
+        # projection), extended by its decoder: the same layer objects, so
+        # nothing is copied, and a Functional model of registered layers
+        # that saves, reloads and clones by itself (a node wrapping this
+        # whole model would track the decoder twice, and a reload would
+        # split it in two).
+        scores = self.decoder(self.outputs[0])
+        if output == "probabilities":
+            scores = keras.layers.Softmax(dtype="float32", name="probabilities")(scores)
+        elif output == "log_probabilities":
+            scores = keras.layers.Activation(
+                "log_softmax", dtype="float32", name="log_probabilities")(scores)
         inputs = self.inputs[0] if len(self.inputs) == 1 else self.inputs
-        return keras.Model(
-            inputs=inputs, outputs=decoder(self(inputs)),
-            name=f"{self.name}_serving",
-        )
+        return keras.Model(inputs=inputs, outputs=scores, name=f"{self.name}_serving")
 
     def _decode_in_chunks(self, z, fn, tail_shape, dtype, chunk=1024):
         # Decoding all of z at once would form (num_samples, num_classes)
@@ -363,36 +370,6 @@ class ECOCClassifier(keras.Model):
             config["backbone"]
         )
         return cls(**config)
-
-
-class _SharedDecoder(keras.layers.Layer):
-    """Decodes z with another `ECOCDecoder`'s weights (serving models).
-
-    Holds a reference to the decoder, so the serving model tracks the same
-    codes and scale variables instead of copies.
-    """
-
-    def __init__(self, decoder, output, **kwargs):
-        super().__init__(name=f"{decoder.name}_{output}", **kwargs)
-        self.decoder = decoder
-        self.output_mode = output
-
-    @property
-    def input_dtype(self):
-        return "float32"  # as ECOCDecoder: float32 math under mixed precision
-
-    def call(self, z):
-        logits = decoding.decode_logits(z, self.decoder.codes, self.decoder.scale)
-        if self.output_mode == "probabilities":
-            return ops.softmax(logits, axis=-1)
-        if self.output_mode == "log_probabilities":
-            return ops.log_softmax(logits, axis=-1)
-        return logits
-
-    def compute_output_spec(self, z):
-        return keras.KerasTensor(
-            tuple(z.shape[:-1]) + (self.decoder.num_classes,), dtype="float32"
-        )
 
 
 def _num_samples(x):

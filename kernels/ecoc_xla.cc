@@ -291,6 +291,19 @@ xla::XlaOp FfiCall(xla::XlaBuilder* b, const char* target,
                          xla::CustomCallApiVersion::API_VERSION_TYPED_FFI);
 }
 
+// The labels input (S32 or S64) as S32, with every label outside [0, n)
+// replaced by -1. The range is tested in the input's own type: converting an
+// int64 (or uint64) 2^32 + 1 to S32 first would make it class 1.
+xla::XlaOp S32Labels(XlaOpKernelContext* ctx, int input, int64_t n, int64_t batch) {
+  xla::XlaBuilder* b = ctx->builder();
+  const xla::PrimitiveType type = ctx->input_xla_type(input);
+  xla::XlaOp raw = ctx->Input(input);
+  xla::XlaOp in_range = xla::And(xla::Ge(raw, xla::ConstantR0WithType(b, type, 0)),
+                                 xla::Lt(raw, xla::ConstantR0WithType(b, type, n)));
+  return xla::Select(in_range, xla::ConvertElementType(raw, xla::S32),
+                     xla::Broadcast(I32(b, -1), {batch}));
+}
+
 // Labels as S32 with invalid ones replaced by 0, and their validity.
 void SafeLabels(xla::XlaBuilder* b, xla::XlaOp labels, int64_t n,
                 xla::XlaOp* safe, xla::XlaOp* valid) {
@@ -316,7 +329,7 @@ class EcocCrossEntropyXla : public XlaOpKernel {
     xla::XlaBuilder* b = ctx->builder();
     xla::XlaOp z = xla::ConvertElementType(ctx->Input(0), xla::F32);
     xla::XlaOp codes = ctx->Input(1);
-    xla::XlaOp labels = xla::ConvertElementType(ctx->Input(2), xla::S32);
+    xla::XlaOp labels = S32Labels(ctx, 2, p.n, p.B);
     xla::XlaOp s = ctx->Input(3);
     if (FfiRegistered(device_)) {
       xla::XlaOp safe, valid;
@@ -400,7 +413,7 @@ class EcocCrossEntropyCodesGradXla : public XlaOpKernel {
     xla::XlaBuilder* b = ctx->builder();
     xla::XlaOp z = xla::ConvertElementType(ctx->Input(0), xla::F32);
     xla::XlaOp codes = ctx->Input(1);
-    xla::XlaOp labels = xla::ConvertElementType(ctx->Input(2), xla::S32);
+    xla::XlaOp labels = S32Labels(ctx, 2, p.n, p.B);
     xla::XlaOp s = ctx->Input(3);
     xla::XlaOp lse = ctx->Input(4);
     xla::XlaOp g = ctx->Input(5);
@@ -467,7 +480,7 @@ class EcocLabelRankXla : public XlaOpKernel {
     xla::XlaBuilder* b = ctx->builder();
     xla::XlaOp z = xla::ConvertElementType(ctx->Input(0), xla::F32);
     xla::XlaOp codes = ctx->Input(1);
-    xla::XlaOp labels = xla::ConvertElementType(ctx->Input(2), xla::S32);
+    xla::XlaOp labels = S32Labels(ctx, 2, p.n, p.B);
     const int32_t n32 = static_cast<int32_t>(p.n);
     if (FfiRegistered(device_)) {
       xla::XlaOp safe, valid;

@@ -80,7 +80,8 @@ def reference_loss(labels, z, codes, scale=1.0):
 def reference_grad_z(labels, z, codes, scale=1.0, epsilon=1e-12):
     """The paper's analytic gradient of the summed loss w.r.t. z, float64.
 
-    dL/du = scale * (sum_i p_i M_i - M_y); dL/dz = (I - u u^T) dL/du / ||z||.
+    dL/du = scale * (sum_i p_i M_i - M_y); dL/dz = (I - u u^T) dL/du / ||z||,
+    and 0 where ||z||^2 <= epsilon (the package's rule at z = 0).
     """
     z = np.asarray(z, np.float64)
     codes = np.asarray(codes, np.float64)
@@ -90,7 +91,8 @@ def reference_grad_z(labels, z, codes, scale=1.0, epsilon=1e-12):
     grad_u = scale * (p @ codes - codes[labels])
     norm = np.sqrt(np.maximum(np.sum(z * z, -1, keepdims=True), epsilon))
     u = z / norm
-    return (grad_u - np.sum(u * grad_u, -1, keepdims=True) * u) / norm
+    grad = (grad_u - np.sum(u * grad_u, -1, keepdims=True) * u) / norm
+    return np.where(np.sum(z * z, -1, keepdims=True) > epsilon, grad, 0.0)
 
 
 def numeric_grad(fn, x, step=1e-6):

@@ -65,6 +65,43 @@ def test_mirrored_strategy_on_two_logical_cpus_trains_classifier():
     assert "ACC" in _run(script, "tensorflow")
 
 
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow",
+                    reason="MirroredStrategy is TensorFlow's")
+def test_a_saved_classifier_loads_inside_a_mirrored_strategy_scope(tmp_path):
+    # The codes are written block by block into the variable's buffer; a
+    # mirrored variable has one buffer per replica and no single handle, and
+    # load_model / load_weights in the scope used to fail on it.
+    script = textwrap.dedent("""
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    """) + _COMMON + textwrap.dedent(f"""
+    model = make_model()
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    path = {str(tmp_path / "clf.keras")!r}
+    model.save(path)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        loaded = keras.models.load_model(path)
+    for replica_codes in loaded.decoder.codes.value.values:
+        np.testing.assert_array_equal(replica_codes.numpy(), codes)
+    np.testing.assert_array_equal(loaded.predict_classes(x, verbose=0),
+                                  model.predict_classes(x, verbose=0))
+    model.save_weights(path.replace(".keras", ".weights.h5"))
+    with strategy.scope():
+        # Codes from the weights alone (NaN until they are loaded).
+        inputs = keras.Input((10,))
+        backbone = keras.Model(inputs, keras.layers.Dense(16, activation="relu")(inputs))
+        rebuilt = keras_ecoc.ECOCClassifier(backbone, {{"num_classes": 8, "code_length": 6}})
+        rebuilt.load_weights(path.replace(".keras", ".weights.h5"))
+    for replica_codes in rebuilt.decoder.codes.value.values:
+        np.testing.assert_array_equal(replica_codes.numpy(), codes)
+    print("OK")
+    """)
+    assert "OK" in _run(script, "tensorflow")
+
+
 @pytest.mark.skipif(keras.backend.backend() != "jax",
                     reason="keras.distribution.DataParallel runs on JAX")
 def test_jax_data_parallel_on_two_cpu_devices_trains_classifier():

@@ -339,6 +339,9 @@ loss = f(tf.constant(z), tf.constant(y)).numpy()
 assert np.isnan(loss[4])
 ok = [0, 1, 2, 3, 5]
 np.testing.assert_allclose(loss[ok], ops.ecoc_cross_entropy(y[ok], z[ok], codes, 2.0).numpy(), rtol=1e-5)
+# 2^32 + 1 in int64 labels is outside [0, 40), not class 1 after a narrowing cast.
+wide = f(tf.constant(z), tf.constant(np.array([0, 3, 2**32 + 1, 7, 1, 2], np.int64))).numpy()
+assert np.isnan(wide[2]) and np.isfinite(wide[4]), wide
 print("STATUS", ops.fused_status())
 """
     env = dict(os.environ, KERAS_BACKEND="tensorflow", KERAS_ECOC_XLA_CUSTOM_CALL="0",

@@ -99,13 +99,20 @@ def test_codes_gradient_is_finite_for_every_batch_size_and_a_large_scale(rng, ba
     np.testing.assert_allclose(fused, reference, rtol=1e-3, atol=1e-3)
 
 
-def test_out_of_range_labels_give_zero_gradient_under_xla(rng):
+@pytest.mark.parametrize("dtype, bad", [
+    ("int32", (23 + 3, -2)),
+    # 2^32 + 1 converted to int32 before the range test would be class 1.
+    ("int64", (2**32 + 1, -2)),
+    ("uint64", (2**32 + 1, 2**63 + 5)),
+    ("uint32", (2**31 + 1, 23)),
+])
+def test_out_of_range_labels_give_zero_gradient_under_xla(rng, dtype, bad):
     n, k, batch = 23, 5, 10
     codes = tf.Variable(rng.normal(size=(n, k)).astype("float32"))
     scale = tf.Variable(2.0)
     z = tf.constant(rng.normal(size=(batch, k)).astype("float32"))
-    y = rng.integers(0, n, size=batch).astype("int32")
-    y[0], y[4] = n + 3, -2
+    y = rng.integers(0, n, size=batch).astype(dtype)
+    y[0], y[4] = (np.array(v).astype(dtype) for v in bad)
     invalid = np.array([0, 4])
     valid = np.setdiff1d(np.arange(batch), invalid)
 
@@ -121,6 +128,9 @@ def test_out_of_range_labels_give_zero_gradient_under_xla(rng):
 
     loss, g_z, g_codes, g_scale = grads(z, tf.constant(y))
     assert np.all(np.isnan(loss.numpy()[invalid]))
+    rank = tf.function(lambda yy: ecoc_ops.label_rank(yy, z, codes), jit_compile=True)(
+        tf.constant(y)).numpy()
+    np.testing.assert_array_equal(rank[invalid], n)
     np.testing.assert_array_equal(g_z.numpy()[invalid], 0.0)
     # The valid rows alone give the same codes and scale gradients.
     _, g_z_valid, g_codes_valid, g_scale_valid = grads(

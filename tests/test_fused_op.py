@@ -128,8 +128,8 @@ def ref_grads(z, codes, labels, scale, g, eps=1e-12):
     u, r, p = f["u"], f["r"], f["p"]
     m_y = m[labels]
     du = (g * scale)[:, None] * (f["ec"] - m_y)
-    radial = np.where(f["sq"] > eps, np.sum(u * du, -1), 0.0)[:, None] * u
-    dz = r[:, None] * (du - radial)
+    # ||z||^2 <= eps: the direction is undefined and the package's gradient is 0.
+    dz = np.where((f["sq"] > eps)[:, None], r[:, None] * (du - np.sum(u * du, -1)[:, None] * u), 0.0)
     ds = np.sum(g * (-0.5 * (f["esq"] - np.sum(m_y * m_y, -1)) + np.sum((f["ec"] - m_y) * u, -1)))
     onehot = np.zeros_like(p)
     onehot[np.arange(len(labels)), labels] = 1.0
@@ -328,7 +328,8 @@ def test_zero_z_gives_finite_loss_and_gradient(lib, tf, rng):
     assert np.isfinite(ds)
     np.testing.assert_allclose(loss, ref_forward(z, codes, labels, scale)["loss"], rtol=1e-5)
     rdz, _, _ = ref_grads(z, codes, labels, scale, g)
-    assert_close_grad(dz, rdz, "dz at z=0")  # r * dL/du with r = 1/sqrt(eps)
+    assert_close_grad(dz, rdz, "dz at z=0")
+    np.testing.assert_array_equal(dz[1], 0.0)  # not 1/sqrt(eps) * dL/du = 10^6 dL/du
 
 
 def test_nan_propagates(lib, tf, rng):

@@ -256,6 +256,26 @@ def test_serving_model_returns_decoded_outputs(rng, output):
         model.serving_model("classes")
 
 
+@pytest.mark.parametrize("output", ["probabilities", "log_probabilities"])
+def test_serving_model_saves_reloads_and_clones_with_the_same_outputs(rng, tmp_path, output):
+    # It used to end in a private wrapper layer with no config: save, to_json
+    # and clone_model raised NotImplementedError.
+    codes = _codes(8, 6)
+    model = keras_ecoc.ECOCClassifier(_backbone(), codes, scale=2.0, learnable_scale=True)
+    model.decoder.log_scale.assign(0.3)  # a trained scale, not the initial one
+    x = rng.normal(size=(5, 10)).astype("float32")
+    serving = model.serving_model(output)
+    expected = ops.convert_to_numpy(serving(x))
+    path = os.path.join(tmp_path, "serving.keras")
+    serving.save(path)
+    reloaded = keras.models.load_model(path)
+    np.testing.assert_array_equal(ops.convert_to_numpy(reloaded(x)), expected)
+    clone = keras.models.clone_model(serving)
+    clone.set_weights(serving.get_weights())
+    np.testing.assert_allclose(ops.convert_to_numpy(clone(x)), expected, rtol=1e-6)
+    assert keras.models.model_from_json(serving.to_json()) is not None
+
+
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow",
                     reason="tf_saved_model export needs the TensorFlow backend")
 def test_exported_serving_model_returns_probabilities(rng, tmp_path):

@@ -195,8 +195,10 @@ def _ce_bwd_math(z, codes, labels, valid, scale, lse, e, q, g, want_dcodes):
     m_y = codes[labels]
     diff = e - m_y
     du = (g * scale)[:, None] * diff
-    radial = jnp.where(sq > EPSILON, jnp.sum(u * du, -1, keepdims=True) * u, 0.0)
-    dz = jnp.where(valid[:, None], r * (du - radial), 0.0)
+    # At ||z||^2 <= EPSILON the direction is undefined: gradient 0 (see
+    # keras_ecoc.decoding.normalize for why not r * du = 10^6 du).
+    tangent = r * (du - jnp.sum(u * du, -1, keepdims=True) * u)
+    dz = jnp.where(valid[:, None] & (sq > EPSILON), tangent, 0.0)
     per_row = g * (-0.5 * (q - jnp.sum(m_y * m_y, -1)) + jnp.sum(diff * u, -1))
     dscale = jnp.sum(jnp.where(valid, per_row, 0.0))
     dcodes = _codes_grad_call(z, codes, labels, scale, lse, g) if want_dcodes else None

@@ -17,6 +17,14 @@ from __future__ import annotations
 from keras_ecoc.ops import _loader
 from keras_ecoc.ops._constants import EPSILON
 
+SECOND_ORDER_MESSAGE = (
+    "keras_ecoc: the fused ECOC loss has no second derivative (its gradient "
+    "reads kernel outputs that are not differentiated again). For a Hessian, "
+    "a gradient penalty or any gradient of a gradient, call the loss with "
+    "fused=False (or set KERAS_ECOC_DISABLE_FUSED=1): TensorFlow's streaming "
+    "and dense paths are twice differentiable."
+)
+
 
 def _lib():
     lib = _loader.load_library()
@@ -75,7 +83,12 @@ def _prepare(tf, z, codes, labels=None, scale=None):
     out = [z, codes, batch_shape, flat]
     if labels is not None:
         labels = tf.convert_to_tensor(labels)
-        if labels.dtype not in (tf.int32, tf.int64):
+        if labels.dtype in (tf.uint32, tf.uint64):
+            # int32 would wrap 2^32 + 1 into class 1. int64 holds every
+            # uint32 exactly and turns uint64 values >= 2^63 negative, which
+            # the op treats as invalid, like every other label outside [0, n).
+            labels = tf.cast(labels, tf.int64)
+        elif labels.dtype not in (tf.int32, tf.int64):
             labels = tf.cast(labels, tf.int32)
         if flat or (labels.shape.rank == 2 and labels.shape[-1] == 1):
             labels = tf.reshape(labels, [-1])  # also Keras-style (B, 1) sparse labels
@@ -126,11 +139,16 @@ def _cross_entropy_grad(tf, lib, op, g_loss, g_lse):
       dloss/du = s (E - M_y)              dlse/du = s (E - u)
       dloss/ds = -0.5 (Q - ||M_y||^2) + (E - M_y).u
       dlse/ds  = -0.5 Q + E.u - 0.5 ||u||^2
-      dz = r (du - (u.du) u) if ||z||^2 > eps else r du
+      dz = r (du - (u.du) u) if ||z||^2 > eps else 0
       dcodes via the EcocCrossEntropyCodesGrad op (streams over the batch).
     """
     z, codes, labels, scale = op.inputs
-    _, lse, expected_code, expected_sqnorm = op.outputs
+    # The residuals are kernel outputs whose own gradients this function does
+    # not propagate, so a gradient of this gradient would be silently wrong
+    # (a Hessian off by 20% and more). PreventGradient makes that an error.
+    lse, expected_code, expected_sqnorm = (
+        tf.raw_ops.PreventGradient(input=t, message=SECOND_ORDER_MESSAGE)
+        for t in op.outputs[1:])
     eps = op.get_attr("epsilon")
     skip = set(getattr(op, "skip_input_indices", None) or ())
     if g_lse is not None and _is_all_zero_eager(tf, g_lse):
@@ -159,9 +177,10 @@ def _cross_entropy_grad(tf, lib, op, g_loss, g_lse):
         du = g_s[:, None] * diff
         if g_lse is not None:
             du += (g_lse * scale)[:, None] * (expected_code - u)
-        radial = tf.reduce_sum(u * du, axis=-1, keepdims=True) * u
-        radial = tf.where(sqnorm > eps, radial, tf.zeros_like(radial))
-        grad_z = tf.cast(r * (du - radial), z.dtype)
+        # At ||z||^2 <= eps the direction is undefined: gradient 0 (see
+        # keras_ecoc.decoding.normalize).
+        tangent = r * (du - tf.reduce_sum(u * du, axis=-1, keepdims=True) * u)
+        grad_z = tf.cast(tf.where(sqnorm > eps, tangent, tf.zeros_like(tangent)), z.dtype)
     if 3 not in skip:
         per_example = g_loss * (
             -0.5 * (expected_sqnorm - tf.reduce_sum(tf.square(m_y), axis=-1))

@@ -31,6 +31,7 @@ import torch
 
 from keras_ecoc.ops import _loader
 from keras_ecoc.ops._constants import EPSILON
+from keras_ecoc.ops._torch_first_order import first_order_only
 
 _c_int64 = ctypes.c_int64
 _c_float = ctypes.c_float
@@ -246,14 +247,16 @@ def _backward(ctx, g_loss, g_lse, g_e, g_q):
     dz = dcodes = dscale = None
     if ctx.needs[0]:
         du = (g * scale)[:, None] * diff
-        radial = torch.where(sq > EPSILON, torch.sum(u * du, -1, keepdim=True) * u,
-                             torch.zeros_like(u))
-        dz = r * (du - radial)
+        # At ||z||^2 <= EPSILON the direction is undefined: gradient 0 (see
+        # keras_ecoc.decoding.normalize).
+        tangent = r * (du - torch.sum(u * du, -1, keepdim=True) * u)
+        dz = torch.where(sq > EPSILON, tangent, torch.zeros_like(u))
     if ctx.needs[3]:
         per_row = g * (-0.5 * (q - torch.sum(m_y * m_y, -1)) + torch.sum(diff * u, -1))
         dscale = torch.sum(per_row).reshape(scale.shape)
     if ctx.needs[1]:
         dcodes = _codes_grad(z, codes, labels, scale, lse, g)
+    dz, dcodes, dscale = first_order_only("fused", (z, codes, scale), dz, dcodes, dscale)
     return dz, dcodes, None, dscale
 
 

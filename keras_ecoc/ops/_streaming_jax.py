@@ -113,8 +113,10 @@ def _ce_bwd(tile, res, g):
     m_y, _ = _label_logit(u, usq, codes, labels, scale)
     diff = e - m_y
     du = (g * scale)[:, None] * diff
-    radial = jnp.where(sq > EPSILON, jnp.sum(u * du, -1, keepdims=True) * u, 0.0)
-    dz = jnp.where(valid[:, None], r * (du - radial), 0.0).astype(z.dtype)
+    # At ||z||^2 <= EPSILON the direction is undefined: gradient 0 (see
+    # keras_ecoc.decoding.normalize).
+    tangent = r * (du - jnp.sum(u * du, -1, keepdims=True) * u)
+    dz = jnp.where(valid[:, None] & (sq > EPSILON), tangent, 0.0).astype(z.dtype)
     per_row = g * (-0.5 * (q - jnp.sum(m_y * m_y, -1)) + jnp.sum(diff * u, -1))
     dscale = jnp.sum(jnp.where(valid, per_row, 0.0)).astype(scale.dtype)
 

@@ -95,9 +95,11 @@ def cross_entropy(z, codes, labels, valid, scale, tile):
             g = tf.where(valid, tf.cast(g, tf.float32), 0.0)
             diff = e - m_y
             du = (g * scale)[:, None] * diff
-            radial = tf.where(sq > EPSILON, tf.reduce_sum(u * du, -1, keepdims=True) * u,
-                              tf.zeros_like(u))
-            dz = tf.where(valid[:, None], r * (du - radial), tf.zeros_like(u))
+            # At ||z||^2 <= EPSILON the direction is undefined: gradient 0
+            # (see keras_ecoc.decoding.normalize).
+            tangent = r * (du - tf.reduce_sum(u * du, -1, keepdims=True) * u)
+            dz = tf.where(tf.logical_and(valid[:, None], sq > EPSILON), tangent,
+                          tf.zeros_like(u))
             per_row = g * (-0.5 * (q - tf.reduce_sum(m_y * m_y, -1)) + tf.reduce_sum(diff * u, -1))
             dscale = tf.reduce_sum(tf.where(valid, per_row, tf.zeros_like(per_row)))
             u_valid = tf.where(valid[:, None], u, tf.zeros_like(u))

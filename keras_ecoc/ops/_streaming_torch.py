@@ -39,6 +39,7 @@ import warnings
 import torch
 
 from keras_ecoc.ops._constants import EPSILON
+from keras_ecoc.ops._torch_first_order import first_order_only
 
 ENV_COMPILE = "KERAS_ECOC_TORCH_COMPILE"
 
@@ -259,8 +260,10 @@ class _StreamingCrossEntropy(torch.autograd.Function):
         dz = dscale = dcodes = None
         if ctx.needs_input_grad[0]:
             du = (g * scale)[:, None] * diff
-            radial = torch.where(sq > EPSILON, torch.sum(u * du, -1, keepdim=True) * u, zero)
-            dz = torch.where(valid[:, None], r * (du - radial), zero).to(z.dtype)
+            # At ||z||^2 <= EPSILON the direction is undefined: gradient 0
+            # (see keras_ecoc.decoding.normalize).
+            tangent = r * (du - torch.sum(u * du, -1, keepdim=True) * u)
+            dz = torch.where(valid[:, None] & (sq > EPSILON), tangent, zero).to(z.dtype)
         if ctx.needs_input_grad[4]:
             per_row = g * (-0.5 * (q - torch.sum(m_y * m_y, -1)) + torch.sum(diff * u, -1))
             dscale = torch.sum(torch.where(valid, per_row, zero)).reshape(scale.shape)
@@ -270,6 +273,7 @@ class _StreamingCrossEntropy(torch.autograd.Function):
                 scale * u, codes, -0.5 * scale, shift, g * scale, u_valid, ctx.tile)
             dcodes = dcodes.index_add(0, labels, (g * scale)[:, None] * (m_y - u_valid))
             dcodes = dcodes.to(ctx.codes_dtype)
+        dz, dcodes, dscale = first_order_only("streaming", (z, codes, scale), dz, dcodes, dscale)
         return dz, dcodes, None, None, dscale, None
 
 
