@@ -156,6 +156,12 @@ def concrete_labels_in_range(labels, num_classes, name="labels"):
     if not isinstance(labels, (np.ndarray, np.generic, list, tuple, int)):
         return
     values = np.asarray(labels)
+    if values.dtype == np.bool_ or not (np.issubdtype(values.dtype, np.integer)
+                                        or np.issubdtype(values.dtype, np.floating)):
+        # np.array([False, True]) would otherwise be read as classes 0 and 1.
+        raise ValueError(
+            f"`{name}` must hold integer class ids in [0, {num_classes}). "
+            f"Received: {name} with dtype {values.dtype}")
     if values.size == 0:
         return
     if np.issubdtype(values.dtype, np.floating):

@@ -237,6 +237,31 @@ def test_compiled_program_contains_the_custom_call():
             assert_close_grad(g, r, name)
 
 
+def test_torch_public_loss_and_ecocloss_trace_in_one_graph_on_the_fused_path(rng):
+    """The entry points users call, not only the custom ops: the dispatch and
+    the checks run under torch.compile(fullgraph=True) without a graph break
+    (a ctypes call for the kernel status and np.asarray on a float scale
+    used to break it)."""
+    if BACKEND != "torch":
+        pytest.skip("torch.compile")
+    import torch
+
+    import keras_ecoc
+
+    if keras_ecoc.ops.loss_path(7) != "fused":
+        pytest.skip(keras_ecoc.ops.backend_status(7))
+    codes = rng.normal(size=(7, 4)).astype(np.float32)
+    y = torch.tensor([0, 3, 6])
+    z = torch.tensor(rng.normal(size=(3, 4)).astype(np.float32))
+    loss = keras_ecoc.ECOCLoss(codes)
+    for fn in (lambda a: keras_ecoc.ops.ecoc_cross_entropy(y, a, torch.tensor(codes), 2.0).sum(),
+               lambda a: loss(y, a)):
+        torch._dynamo.reset()
+        eager = fn(z)
+        compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)(z)
+        np.testing.assert_allclose(float(compiled), float(eager), rtol=1e-6)
+
+
 def test_jax_fixed_codes_never_run_the_codes_gradient_pass(monkeypatch):
     """Eager `jax.grad`: the codes-gradient custom call runs only when a
     gradient flows into the codes (symbolic zeros), and then matches float64."""

@@ -280,3 +280,51 @@ def test_misspelt_loss_path_variable_fails_where_the_fused_path_runs_too(monkeyp
         keras_ecoc.ops.loss_path(10**5)
     monkeypatch.setenv("KERAS_ECOC_LOSS_PATH", "dense")
     assert keras_ecoc.ops.loss_path(10**5) in ("fused", "dense")
+
+
+@pytest.mark.parametrize("fused", [None, False])
+@pytest.mark.parametrize("shape", [(3, 1, 1), (1, 3)])
+def test_labels_of_another_shape_than_zs_batch_raise_on_every_path(rng, fused, shape):
+    # One rule on every backend and path: z's batch shape, or that + (1,).
+    # A flatten used to pair (1, B) labels with the rows on some paths, and
+    # the accuracy broadcast (B, 1, 1) labels against every prediction.
+    z = rng.normal(size=(3, 4)).astype("float32")
+    y = np.array([0, 2, 5], "int32")
+    with pytest.raises(ValueError, match="labels"):
+        keras_ecoc.ops.ecoc_cross_entropy(y.reshape(shape), z, _codes(), fused=fused)
+    with pytest.raises(ValueError, match="labels"):
+        keras_ecoc.ops.label_rank(ops.convert_to_tensor(y.reshape(shape)), z, _codes(), fused=fused)
+    with pytest.raises(ValueError, match="labels|y_true"):
+        keras_ecoc.ECOCAccuracy(_codes()).update_state(ops.convert_to_tensor(y.reshape(shape)), z)
+    for good in [(3,), (3, 1)]:
+        got = keras_ecoc.ops.ecoc_cross_entropy(y.reshape(good), z, _codes(), fused=fused)
+        np.testing.assert_allclose(ops.convert_to_numpy(got), _reference_loss(y, z, _codes()),
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_one_label_for_a_batch_of_three_raises_in_the_accuracy(rng):
+    z = rng.normal(size=(3, 4)).astype("float32")
+    with pytest.raises(ValueError, match="batch size 3 but labels has 1"):
+        keras_ecoc.ECOCAccuracy(_codes()).update_state(ops.convert_to_tensor([1]), z)
+
+
+def test_boolean_host_labels_are_rejected_by_the_keras_objects(rng):
+    z = rng.normal(size=(3, 4)).astype("float32")
+    y = np.array([False, True, True])
+    with pytest.raises(ValueError, match="y_true.*bool"):
+        keras_ecoc.ECOCLoss(_codes())(y, z)
+    with pytest.raises(ValueError, match="y_true.*bool"):
+        keras_ecoc.ecoc_cross_entropy(y, z, _codes())
+    with pytest.raises(ValueError, match="y_true.*bool"):
+        keras_ecoc.ECOCAccuracy(_codes()).update_state(y, z)
+
+
+@pytest.mark.parametrize("fused", [None, False])
+def test_the_ops_reject_codes_of_length_zero(fused):
+    z = np.zeros((3, 0), "float32")
+    codes = np.zeros((5, 0), "float32")
+    for call in (lambda: keras_ecoc.ops.ecoc_cross_entropy([0, 1, 2], z, codes, fused=fused),
+                 lambda: keras_ecoc.ops.nearest_codeword(z, codes, fused=fused),
+                 lambda: keras_ecoc.ops.label_rank([0, 1, 2], z, codes, fused=fused)):
+        with pytest.raises(ValueError, match="`codes` must have at least one column"):
+            call()

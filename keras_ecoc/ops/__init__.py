@@ -152,6 +152,11 @@ def _check_codes(codes):
     if n == 0:
         raise ValueError("Argument `codes` must have at least one row (one class). "
                          f"Received: codes with shape {shape}")
+    if k == 0:
+        # Every codeword would be the empty vector: no class could be told
+        # from another (one path returned log n and class 0 for every row).
+        raise ValueError("Argument `codes` must have at least one column (code_length "
+                         f">= 1). Received: codes with shape {shape}")
     return codes, n, k
 
 
@@ -251,6 +256,7 @@ def _cross_entropy_checked(labels, z, codes, scale, n, k, fused=None):
 
 def _cross_entropy_impl(labels, z, codes, scale, n, k, fused=None):
     """The loss on the chosen path; labels already integers (NumPy or tensor)."""
+    labels = _checks.labels_with_batch_shape(labels, z)
     backend = _dispatch._loader.backend()
     path, _ = _dispatch.choose(n, k, fused=fused, tensor=z)
     _warn_if_unfused(path, fused)
@@ -296,6 +302,9 @@ def _decode_checked(z, codes, labels, n, k, fused=None):
 def _decode_impl(z, codes, labels, n, k, fused=None):
     """Label rank or nearest codeword on the chosen path; labels already integers."""
     from keras import ops as kops  # noqa: PLC0415
+
+    if labels is not None:
+        labels = _checks.labels_with_batch_shape(labels, z)
 
     backend = _dispatch._loader.backend()
     path, _ = _dispatch.choose(n, k, fused=fused, op="decode", tensor=z)
@@ -348,6 +357,7 @@ def _nearest_hits_checked(labels, z, codes, n, k, fused=None):
     its checks. A row with a non-finite logit or an invalid label never hits."""
     from keras import ops as kops  # noqa: PLC0415
 
+    labels = _checks.labels_with_batch_shape(labels, z)
     if not isinstance(labels, np.ndarray):
         labels = _checks.integer_label_tensor(labels, n)
     labels = kops.convert_to_tensor(labels)

@@ -37,6 +37,13 @@ def host_scale(scale) -> float:
     rejected: ``True`` is not a temperature."""
     if isinstance(scale, (bool, np.bool_)):
         raise _scale_error("a finite number > 0 (a bool is not accepted)", f"scale={scale!r}")
+    if isinstance(scale, (int, float)):
+        # Plain Python first, without NumPy: torch.compile(fullgraph=True)
+        # traces this check, and cannot trace np.asarray.
+        value = float(scale)
+        if not (math.isfinite(value) and value > 0):
+            raise _scale_error("a finite number > 0", f"scale={value}")
+        return value
     if not isinstance(scale, (numbers.Number, np.ndarray, np.generic)):
         raise _scale_error("a finite number > 0", f"scale={scale!r}")
     arr = np.asarray(scale)
@@ -79,6 +86,56 @@ def check_scale(scale, backend: str | None = None) -> None:
     n_elems = int(np.prod(shape)) if shape and None not in shape else 1
     if n_elems != 1:
         raise _scale_error("a scalar", f"scale with shape {shape}")
+
+
+def _static_shape(x):
+    """A tuple of ints / None, or None when even the rank is unknown."""
+    shape = getattr(x, "shape", None)
+    if shape is None:
+        return ()
+    try:
+        return tuple(None if d is None else int(d) for d in shape)
+    except (TypeError, ValueError):  # a TensorShape of unknown rank
+        return None
+
+
+def labels_with_batch_shape(labels, z):
+    """`labels` of shape z.shape[:-1]: one class id per row of z.
+
+    The one rule for the shape of labels, on every path and backend: z's
+    batch shape, or that shape + (1,) (Keras-style sparse targets), whose
+    last axis is squeezed here. Anything else raises, where a flatten would
+    silently pair a (1, B) or (B, 1, 1) tensor with the rows of z on some
+    paths, and a broadcast would compare every label with every row on
+    others. Dimensions unknown at trace time are not compared.
+    """
+    batch = _static_shape(z)
+    got = original = _static_shape(labels)
+    if batch is None or got is None:
+        return labels
+    batch = batch[:-1]
+    if len(got) == len(batch) + 1 and got[-1] in (1, None):
+        if isinstance(labels, np.ndarray):
+            labels = labels.reshape(labels.shape[:-1])
+        else:
+            from keras import ops as kops  # noqa: PLC0415
+
+            labels = kops.squeeze(labels, axis=-1)
+        got = got[:-1]
+    if len(got) != len(batch):
+        raise ValueError(
+            f"Argument `labels` must have z's batch shape {batch} (one class id per "
+            f"row of z), or {batch + (1,)}. Received: labels with shape {original}"
+        )
+    for a, b in zip(got, batch):
+        if a is not None and b is not None and a != b:
+            if len(batch) == 1:
+                raise ValueError(
+                    f"z has batch size {b} but labels has {a} elements; they must be equal")
+            raise ValueError(
+                f"Argument `labels` must have z's batch shape {batch}. Received: labels "
+                f"with shape {got}")
+    return labels
 
 
 def _range_error(labels_np: np.ndarray, num_classes: int) -> None:

@@ -61,7 +61,8 @@ OP_NAMES = (
 _lock = threading.Lock()
 # Its own lock: load_library() (holding _lock) loads the kernel library too.
 _kernels_lock = threading.Lock()
-_kernels = {"attempted": False, "lib": None, "error": None, "path": None, "cuda": False}
+_kernels = {"attempted": False, "lib": None, "error": None, "path": None, "cuda": False,
+            "isa": None}
 _state = {"attempted": False, "lib": None, "error": None, "path": None, "xla": None, "gpu": None,
           "ffi": None}
 _warned_reasons: set = set()
@@ -151,6 +152,9 @@ def load_kernels():
                 getattr(lib, name)  # AttributeError names the missing symbol
             lib.KerasEcocCpuIsa.restype = ctypes.c_char_p
             _kernels["cuda"] = hasattr(lib, "KerasEcocHasCuda")
+            # Read once: the dispatch asks for the status on every call, and
+            # a ctypes call there would stop torch.compile(fullgraph=True).
+            _kernels["isa"] = lib.KerasEcocCpuIsa().decode()
             _kernels["lib"] = lib
         except Exception as e:  # noqa: BLE001 - a failed load must never break import
             _kernels["error"] = f"{type(e).__name__}: {e}".strip()
@@ -173,9 +177,8 @@ def kernels_status() -> str:
     lib = load_kernels()
     if lib is None:
         return f"kernel library not built or not loadable: {kernels_error()}"
-    isa = lib.KerasEcocCpuIsa().decode()
     cuda = "and CUDA kernels" if _kernels["cuda"] else "no CUDA kernels"
-    return f"kernel library {_kernels['path']} (CPU kernels, {isa}; {cuda})"
+    return f"kernel library {_kernels['path']} (CPU kernels, {_kernels['isa']}; {cuda})"
 
 
 def backend() -> str:
