@@ -91,8 +91,8 @@ def check_scale(scale, backend: str | None = None) -> None:
 def _static_shape(x):
     """A tuple of ints / None, or None when even the rank is unknown."""
     shape = getattr(x, "shape", None)
-    if shape is None:
-        return ()
+    if shape is None:  # Python data: a number, a (nested) list
+        return tuple(np.shape(x))
     try:
         return tuple(None if d is None else int(d) for d in shape)
     except (TypeError, ValueError):  # a TensorShape of unknown rank
