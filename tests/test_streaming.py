@@ -61,8 +61,8 @@ def ref_loss_and_grads(z, codes, labels, scale, weights):
     dlogit = weights[:, None] * (p - np.eye(len(m))[labels])
     diff = m[None] - u[:, None]  # (B, n, k)
     du = scale * (dlogit[:, :, None] * diff).sum(1)
-    radial = np.where(sq > 1e-12, (u * du).sum(-1, keepdims=True) * u, 0.0)
-    dz = r * (du - radial)
+    # ||z||^2 <= 1e-12: the direction is undefined and the package's gradient is 0.
+    dz = np.where(sq > 1e-12, r * (du - (u * du).sum(-1, keepdims=True) * u), 0.0)
     dcodes = -scale * (dlogit[:, :, None] * diff).sum(0)
     dscale = (dlogit * (-0.5 * (diff ** 2).sum(-1))).sum()
     return loss, dz, dcodes, dscale
