@@ -139,11 +139,12 @@ def main(argv=None):
         parser.error(str(e))
     from ecoc_research.experiments import report  # noqa: PLC0415
 
-    report.write_json(json_path, {k: v for k, v in result.items() if k != "rows"}
-                      | {"rows": [{k: r[k] for k in (
-                          "family", "experiment", "batch_size", "label", "reference",
-                          "metric", "mean", "p", "p_holm", "p_holm_union")}
-                          for r in result["rows"]]})
+    # Every test with both adjusted p-values; the full rows are in each
+    # family's own audit.json.
+    fields = ("family", "experiment", "batch_size", "label", "reference", "metric",
+              "mean", "p", "p_holm", "p_holm_union")
+    rows = [{k: r[k] for k in fields} for r in result["rows"]]
+    report.write_json(json_path, dict(result, rows=rows))
     report.write_text(args.output, markdown(result))
     print(f"{result['size']} tests in {len(result['families'])} families; "
           f"{len(result['lost'])} verdicts do not survive the union; wrote "
