@@ -326,7 +326,17 @@ def _from_tfds(name, data_dir=None, splits=("train", "test")):
     image_key, label_key = _TFDS_KEYS.get(name, ("image", "label"))
     arrays = {}
     for split in ("train", test_split):
-        ds = tfds.load(name, split=split, data_dir=data_dir)
+        try:
+            ds = tfds.load(name, split=split, data_dir=data_dir)
+        except Exception as error:  # noqa: BLE001 - tfds raises anything on a failed download
+            where = data_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets"
+            raise RuntimeError(
+                f"tensorflow-datasets could not load {name!r} (split {split!r}); it "
+                f"downloads and prepares the set on first use, into {where}. "
+                "Without network access, prepare it on another machine and point "
+                "TFDS_DATA_DIR (or `tfds_dir=`) at that folder, or use an .npz file "
+                f"or 'embedded'. tensorflow-datasets said: {type(error).__name__}: {error}"
+            ) from error
         xs, ys = [], []
         for example in tfds.as_numpy(ds):
             xs.append(example[image_key])

@@ -328,3 +328,14 @@ def test_the_ops_reject_codes_of_length_zero(fused):
                  lambda: keras_ecoc.ops.label_rank([0, 1, 2], z, codes, fused=fused)):
         with pytest.raises(ValueError, match="`codes` must have at least one column"):
             call()
+
+
+def test_a_tensorflow_datasets_set_that_cannot_be_loaded_says_why_and_what_to_do(monkeypatch):
+    tfds = pytest.importorskip("tensorflow_datasets")
+
+    def offline(*args, **kwargs):
+        raise OSError("network unreachable")
+
+    monkeypatch.setattr(tfds, "load", offline)
+    with pytest.raises(RuntimeError, match="could not load 'cifar10'.*TFDS_DATA_DIR.*network unreachable"):
+        datasets.load_dataset("tfds:cifar10")
