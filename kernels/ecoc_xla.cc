@@ -247,6 +247,13 @@ bool CheckShapes(XlaOpKernelContext* ctx, bool has_labels, bool has_scale,
                           ctx->InputShape(3).DebugString())));
   }
   *plan = MakePlan(z.dim_size(0), z.dim_size(1), codes.dim_size(0));
+  // Class ids of the padded last tile are S32 (ClassIds): past 2^31 - 1 they
+  // would wrap negative and count as real classes.
+  ECOC_XLA_CHECK(ctx, plan->npad < (int64_t{1} << 31),
+                    absl::InvalidArgumentError(absl::StrCat(
+                        "codes has ", codes.dim_size(0), " rows; with the padding of "
+                        "its last class tile (", plan->npad, " ids) the class ids "
+                        "would pass 2^31 - 1: use fewer classes")));
   return true;
 }
 

@@ -339,3 +339,26 @@ def test_a_tensorflow_datasets_set_that_cannot_be_loaded_says_why_and_what_to_do
     monkeypatch.setattr(tfds, "load", offline)
     with pytest.raises(RuntimeError, match="could not load 'cifar10'.*TFDS_DATA_DIR.*network unreachable"):
         datasets.load_dataset("tfds:cifar10")
+
+
+@pytest.mark.parametrize("fused", [None, False])
+def test_two_to_the_31_classes_are_refused_before_any_int32_class_id_wraps(fused):
+    # A broadcast view: 2^31 rows without 8.6 GB of memory.
+    codes = np.broadcast_to(np.ones((1, 2), "float32"), (2**31, 2))
+    z = np.ones((3, 2), "float32")
+    for call in (lambda: keras_ecoc.ops.ecoc_cross_entropy([0, 1, 2], z, codes, fused=fused),
+                 lambda: keras_ecoc.ops.nearest_codeword(z, codes, fused=fused),
+                 lambda: keras_ecoc.ops.label_rank([0, 1, 2], z, codes, fused=fused)):
+        with pytest.raises(ValueError, match="fewer than 2\\^31 rows"):
+            call()
+
+
+def test_a_code_length_beyond_the_cuda_kernels_is_not_sent_to_them_on_jax_or_torch():
+    from keras_ecoc.ops import _dispatch
+
+    backend = keras.backend.backend()
+    if backend not in ("jax", "torch") or keras_ecoc.ops.loss_path(10**4) != "fused":
+        pytest.skip("the JAX / PyTorch fused kernels")
+    ok, why = _dispatch._fused_here(backend, 2**24 + 1, "loss", True)
+    assert not ok and "code_length <= 16777216" in why
+    assert _dispatch._fused_here(backend, 2**24 + 1, "loss", False)[0]  # the CPU kernels have no limit

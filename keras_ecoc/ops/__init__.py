@@ -152,6 +152,12 @@ def _check_codes(codes):
     if n == 0:
         raise ValueError("Argument `codes` must have at least one row (one class). "
                          f"Received: codes with shape {shape}")
+    if n is not None and n >= _checks.INT32_LIMIT:
+        # Class ids, ranks and nearest-codeword indices are int32 on every
+        # path (as the TensorFlow op already required): 2^31 classes and more
+        # would wrap them silently.
+        raise ValueError("Argument `codes` must have fewer than 2^31 rows (class ids are "
+                         f"int32). Received: codes with shape {shape}")
     if k == 0:
         # Every codeword would be the empty vector: no class could be told
         # from another (one path returned log n and class 0 for every row).

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 
+from keras_ecoc.ops import _gpu_guard
 from keras_ecoc.ops import _loader
 
 ENV_PATH = "KERAS_ECOC_LOSS_PATH"
@@ -139,7 +140,14 @@ def _fused_here(backend, code_length, op, on_gpu_) -> tuple[bool, str]:
     else:
         from keras_ecoc.ops import _fused_torch as mod  # noqa: PLC0415
     ok, why = mod.available(on_gpu=on_gpu_)
-    return ok, (why if ok else f"fused kernels unavailable on {backend}: {why}")
+    if not ok:
+        return False, f"fused kernels unavailable on {backend}: {why}"
+    if on_gpu_ and code_length is not None and int(code_length) > _gpu_guard.MAX_CODE_LENGTH:
+        # The CUDA kernels refuse it with a bare cudaErrorInvalidValue; the
+        # streaming path runs it (TensorFlow's GPU guard decides the same).
+        return False, (f"the CUDA kernels take code_length <= {_gpu_guard.MAX_CODE_LENGTH} "
+                       f"(2^24). Received: code_length={code_length}")
+    return True, why
 
 
 def choose(num_classes=None, code_length=None, fused=None, op="loss", tensor=None) -> tuple[str, str]:

@@ -437,7 +437,8 @@ void UseOneStage(Plan* p, int64_t kp, int64_t smem_floats) {
 
 bool BadSizes(const ProblemArgs& pr) {
   return pr.batch < 0 || pr.num_classes < 0 || pr.code_length < 0 ||
-         pr.code_length > (int64_t{1} << 24) || pr.num_classes > (int64_t{1} << 40) ||
+         // Class ids, ranks and nearest indices are int32 (ecoc_combine.cuh).
+         pr.code_length > (int64_t{1} << 24) || pr.num_classes > INT32_MAX ||
          pr.batch > (int64_t{1} << 40);
 }
 

@@ -38,6 +38,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <limits>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -230,6 +231,11 @@ ffi::Error CheckShape(ffi::Buffer<ffi::F32> z, ffi::Buffer<ffi::F32> codes,
   }
   if (cd[0] < 1) {
     return ffi::Error::InvalidArgument("keras_ecoc: codes needs at least one row");
+  }
+  if (cd[0] > std::numeric_limits<int32_t>::max()) {
+    // Class ids, ranks and nearest indices are int32.
+    return ffi::Error::InvalidArgument(
+        "keras_ecoc: codes must have fewer than 2^31 rows (class ids are int32)");
   }
   *s = Shape{zd[0], zd[1], cd[0]};
   return ffi::Error::Success();

@@ -17,6 +17,7 @@
 // The C entry points (PyTorch) still take a host float.
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <cstdlib>
 #include <string>
 
@@ -58,6 +59,11 @@ ffi::Error Problem(ffi::AnyBuffer z, ffi::Buffer<ffi::F32> codes, float epsilon,
     return ffi::Error::InvalidArgument(
         "keras_ecoc: z must be [batch, code_length] and codes [num_classes >= "
         "1, code_length] with the same code_length");
+  }
+  if (cd[0] > std::numeric_limits<int32_t>::max()) {
+    // Class ids, ranks and nearest indices are int32.
+    return ffi::Error::InvalidArgument(
+        "keras_ecoc: codes must have fewer than 2^31 rows (class ids are int32)");
   }
   if (auto e = ZType(z, &p->z_type); e.failure()) return e;
   p->z = z.untyped_data();
