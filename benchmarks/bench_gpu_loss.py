@@ -53,7 +53,17 @@ stream: its rows use the host clock around R back-to-back calls and one
 `block_until_ready` (dispatch is asynchronous, so this measures the device
 time as long as one call lasts longer than its dispatch, i.e. all but the
 smallest cells). The first call of each (method, cell), compilation and
-autotuning included, is reported apart ("first s", JSON only).
+autotuning included, is reported apart ("first s", JSON only). The
+keras-ecoc CUDA rows (--harness-json) are timed by the harness instead:
+CUDA events around single calls of forward + codes gradient (median of 3
+after a warm-up, its own scale), so small cells carry launch latency the
+other rows amortise.
+
+Correctness: a row whose loss or gradient error exceeds TOLERANCE for its
+precision is marked WRONG, never scores a target, and makes the status say
+so; a row without a float64 reference (the harness's) is "unchecked" here
+(its checks are device_check.md's, and --device-check-md leaves its rows out
+unless they passed).
 
 Memory ("peak MiB", forward + backward): device memory the step needed above
 its inputs. PyTorch: `max_memory_allocated()` after
@@ -83,10 +93,12 @@ precision mode) of the CUDA kernels' timing mode (kernels/cuda/harness.cu):
 B, k, n: positive integers; mode: a non-empty string ("fp32", "3xtf32",
 "tf32", ...; the harness's launch variants add "+" and the variant's name
 (kVariants in kernels/cuda/harness.cu: "+rows64", "+regsoftmax+warps8",
-"+gradpersistent", ...) to the math mode, today's kernels none; a mode whose
+"+gradpersistent", ...) to the math mode; no suffix is the v2 kernels, and
+"+auto" what the library runs, the only rows the targets score when the file
+has any; a mode whose
 lower-cased name contains "tf32" but not "3x" is compared with the TF32
 rows, every other with the FP32 rows); fwd_ms,
-fwdbwd_ms: milliseconds (forward; forward + codes and z gradients) or null;
+fwdbwd_ms: milliseconds (forward; forward + codes gradient) or null;
 peak_bytes: device bytes beyond the inputs (workspace and outputs) or null.
 Optional: "loss_err" and "grad_err" (relative to float64, as above),
 "note", "fwd_from": the mode of the row (same cell) whose fwd_ms this row
@@ -817,6 +829,24 @@ def errors_vs_ref(row, ref):
     return loss_err, grad_err
 
 
+# Largest relative error (loss, gradients) against the float64 reference that a
+# correct row of each precision reaches, with a margin: the worst of five
+# device runs (docs/device_runs/2026-11-26* to 2026-11-28*) was 2.0e-7 / 5.2e-6
+# for FP32 rows (CCE exact at n = 10^6) and 2.9e-4 / 2.8e-3 for TF32 rows
+# (CCE at TF32). A row above its tolerance is WRONG: shown, never used for a
+# target. A row without a reference is "unchecked".
+TOLERANCE = {"fp32": (1e-5, 1e-4), "tf32": (1e-2, 5e-2)}
+
+
+def check_row(row, ref):
+    """("ok" | "WRONG" | "unchecked", loss err, grad err) of a timed row."""
+    le, ge = errors_vs_ref(row, ref)
+    if le is None or ge is None:
+        return "unchecked", le, ge
+    loss_tol, grad_tol = TOLERANCE.get(precision_of(row), TOLERANCE["tf32"])
+    return ("ok" if le <= loss_tol and ge <= grad_tol else "WRONG"), le, ge
+
+
 def machine_line(state):
     parts = []
     tp, jp = state["probe"].get("torch", {}), state["probe"].get("jax", {})
@@ -879,10 +909,19 @@ def render(state, harness_rows=()):
              "only; fwd+bwd: loss and the gradients for z and M. Time: median over "
              f"{state['reps']} blocks of back-to-back calls (CUDA events; JAX: host clock "
              "around the block and one `block_until_ready`), first call (compilation, "
-             "autotuning) excluded. Peak: device memory above the inputs for fwd+bwd. "
-             "TFLOP/s and % of peak for fwd+bwd, counting 6·B·n·k. codes once: n·k·4 bytes "
-             "at the card's bandwidth (B = 16 target: fwd+bwd ≤ 3x that). Errors against a "
-             "float64 reference (see the script's docstring).", ""]
+             "autotuning) excluded. Peak: device memory above the inputs for fwd+bwd "
+             "(PyTorch: measured, `max_memory_allocated`; JAX: XLA's buffer assignment "
+             "at compile time; keras-ecoc CUDA rows: the harness's workspace and outputs, "
+             "computed). TFLOP/s and % of peak for fwd+bwd, counting 6·B·n·k. codes once: "
+             "n·k·4 bytes at the card's bandwidth (B = 16 target: fwd+bwd ≤ 3x that). "
+             "Errors against a float64 reference (see the script's docstring); WRONG: above "
+             f"the tolerance of its precision (loss, gradients: FP32 {TOLERANCE['fp32']}, "
+             f"TF32 {TOLERANCE['tf32']}), never used for a target. keras-ecoc CUDA rows "
+             "come from the harness (kernels/cuda/harness.cu): forward + codes gradient "
+             "(the z gradient is elementwise framework code, not timed there), CUDA "
+             "events around single calls (median of 3 after a warm-up), the harness's "
+             "scale, its own float64 checks in device_check.md (no reference here: n/a). "
+             "torch.compile rows use dynamic shapes.", ""]
     lines += ["| B | k | n | method | precision | fwd ms | fwd+bwd ms | peak MiB | "
               "TFLOP/s | % FP32 peak | % TF32 peak | codes once ms | loss err | grad err |",
               "|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -902,15 +941,17 @@ def render(state, harness_rows=()):
             tflops = None if not fb else 6 * b * n * k / (fb * 1e-3) / 1e12
             pct = ((None, None) if tflops is None or peaks is None
                    else (100 * tflops / peaks[1], 100 * tflops / peaks[2]))
-            le, ge = errors_vs_ref(r, refs.get(cell))
+            verdict, le, ge = check_row(r, refs.get(cell))
+            wrong = " WRONG" if verdict == "WRONG" else ""
             peak = r.get("peak_bytes")
             lines.append(head + f" {fmt_ms(r.get('fwd_ms'))} | {fmt_ms(fb)} | "
                          f"{fmt_num(None if peak is None else peak / 2**20)} | "
                          f"{fmt_num(tflops)} | {fmt_num(pct[0])} | {fmt_num(pct[1])} | "
-                         f"{fmt_ms(codes_ms)} | {_fmt_err(le)} | {_fmt_err(ge)} |")
+                         f"{fmt_ms(codes_ms)} | {_fmt_err(le)}{wrong} | {_fmt_err(ge)}{wrong} |")
     if not cells:
         lines.append("| | | | (nothing measured) | | | | | | | | | | |")
-    targets = target_lines(rows, peaks)
+    trusted = [r for r in rows if check_row(r, refs.get((r["B"], r["k"], r["n"])))[0] != "WRONG"]
+    targets = target_lines(trusted, peaks)
     if targets:
         lines += ["", "### Issue 16's targets (keras-ecoc CUDA rows)", "",
                   "| B | k | n | mode | fwd+bwd ms | / JAX DEFAULT (target) | / CCE same precision "
@@ -951,9 +992,13 @@ def _best(rows, cell, methods):
 
 
 def target_lines(rows, peaks):
+    """Target rows for the library's own kernels: the harness's "+auto" rows
+    (what the library runs) when there are any, every keras-ecoc row
+    otherwise (older harness files name no variant)."""
     out = []
-    for r in sorted((r for r in rows if r["method"].startswith("ecoc_cuda") and r.get("fwdbwd_ms")),
-                    key=lambda r: (r["n"], r["B"], r["k"], r["mode"])):
+    ecoc = [r for r in rows if r["method"].startswith("ecoc_cuda") and r.get("fwdbwd_ms")]
+    auto = [r for r in ecoc if r["mode"].endswith("+auto")]
+    for r in sorted(auto or ecoc, key=lambda r: (r["n"], r["B"], r["k"], r["mode"])):
         cell = (r["B"], r["k"], r["n"])
         fb = r["fwdbwd_ms"]
         jax_ms = _best(rows, cell, ("jax_default",))
@@ -1018,12 +1063,39 @@ def plan(args):
     return out
 
 
-def main_run(args, harness_rows):
+# The device_check.sh steps whose pass the harness's timing rows need: the
+# float64 checks and the shape grid (the harness's own correctness).
+HARNESS_GATE_STEPS = ("checks", "grid")
+
+
+def harness_checks_failed(md_path):
+    """None when device_check.md says every HARNESS_GATE_STEPS step passed,
+    else why the harness rows are left out (one line)."""
+    try:
+        with open(md_path) as f:
+            text = f.read()
+    except OSError as e:
+        return f"keras-ecoc CUDA rows left out: {md_path} not readable ({e})"
+    status = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[0] in HARNESS_GATE_STEPS:
+            status[cells[0]] = cells[1]
+    bad = [f"{s}: {status.get(s, 'not run')}" for s in HARNESS_GATE_STEPS
+           if status.get(s) != "pass"]
+    if not bad:
+        return None
+    return ("keras-ecoc CUDA rows left out: the harness's own float64 checks did not all pass "
+            f"({', '.join(bad)}; {md_path})")
+
+
+def main_run(args, harness_rows, harness_note=None):
     t0 = time.time()
     deadline = t0 + (args.time_limit if args.time_limit else 1e9)
     state = {"t0": t0, "status": "PARTIAL: still running, or stopped", "simulated":
              args.simulate_gpu, "scale": args.scale, "reps": args.reps, "probe": {},
-             "card": args.assume_card, "rows": [], "skipped": [], "notes": []}
+             "card": args.assume_card, "rows": [], "skipped": [],
+             "notes": [harness_note] if harness_note else []}
 
     def save():
         state["elapsed_s"] = time.time() - t0
@@ -1047,8 +1119,16 @@ def main_run(args, harness_rows):
         print("bench_gpu_loss: no GPU: neither PyTorch nor JAX sees one; nothing was measured. "
               + " ".join(state["notes"]), file=sys.stderr)
         return 2
-    if state["notes"] or state["skipped"]:
-        state["status"] = "finished; see 'Not measured'"
+    refs = {(r["B"], r["k"], r["n"]): r for r in state["rows"]
+            if r["method"] == "ref" and not r.get("error")}
+    wrong = [r for r in state["rows"] if r["method"] != "ref" and r.get("fwdbwd_ms") is not None
+             and check_row(r, refs.get((r["B"], r["k"], r["n"])))[0] == "WRONG"]
+    row_skips = [r for r in state["rows"] if r.get("skipped")]
+    if wrong:
+        state["status"] = (f"finished with {len(wrong)} WRONG row(s) (above the float64 "
+                           "tolerance); see the table")
+    elif state["notes"] or state["skipped"] or row_skips:
+        state["status"] = "finished; see 'Not measured' and the skipped rows"
     elif any(r.get("error") for r in state["rows"]):
         state["status"] = "finished with errors; see the table"
     else:
@@ -1077,6 +1157,9 @@ def main(argv=None):
     p.add_argument("--no-reference", dest="reference", action="store_false",
                    help="skip the float64 reference (no error columns)")
     p.add_argument("--quick", action="store_true", help="tiny shapes")
+    p.add_argument("--device-check-md", default=None,
+                   help="kernels/cuda/device_check.sh's device_check.md: the --harness-json "
+                        "rows are left out unless its checks and grid steps passed")
     p.add_argument("--scale", type=float, default=SCALE)
     p.add_argument("--reps", type=int, default=5, help="timed blocks per step")
     p.add_argument("--block-ms", type=float, default=40.0, help="target length of a timed block")
@@ -1128,11 +1211,16 @@ def main(argv=None):
         print(f"{args.check_harness_json}: {len(rows)} valid harness rows")
         return 0
     harness_rows = []
+    harness_note = None
     if args.harness_json:
         try:
             harness_rows = load_harness_json(args.harness_json)
         except ValueError as e:
             p.error(str(e))
+        if args.device_check_md:
+            harness_note = harness_checks_failed(args.device_check_md)
+            if harness_note:
+                harness_rows = []
     if args.render:
         with open(args.render) as f:
             state = json.load(f)
@@ -1144,7 +1232,7 @@ def main(argv=None):
         else:
             print(text)
         return 0
-    return main_run(args, harness_rows)
+    return main_run(args, harness_rows, harness_note)
 
 
 if __name__ == "__main__":

@@ -273,7 +273,8 @@ if ((DRY_RUN)); then
   echo "  (--harness-json $ECOC_HARNESS_JSON if the kernels phase wrote it and it passes --check-harness-json)"
 elif [[ -s "$ECOC_HARNESS_JSON" ]]; then
   if "$PY" benchmarks/bench_gpu_loss.py --check-harness-json "$ECOC_HARNESS_JSON" >>"$LOG" 2>&1; then
-    HARNESS_ARGS=(--harness-json "$ECOC_HARNESS_JSON")
+    # Left out by bench_gpu_loss (with a note) unless the harness's checks and grid passed.
+    HARNESS_ARGS=(--harness-json "$ECOC_HARNESS_JSON" --device-check-md "$OUT/device_check.md")
   else
     echo "the harness JSON $ECOC_HARNESS_JSON is malformed (above): its rows are left out" >>"$LOG"
   fi

@@ -320,13 +320,37 @@ mkdir -p "$OUT_DIR"
 
 declare -a ROWS
 FAILED=0
+STEP_PID="" STEP_NAME="" STEP_T0=0
+# Stopped from outside (the device run's phase limit, or ^C): end the running
+# step's whole process group (its `timeout` and what runs under it, e.g. the
+# harness under compute-sanitizer), record it, and still write device_check.md.
+on_stop() {
+  trap - TERM INT
+  if [[ -n "$STEP_PID" ]]; then
+    kill -TERM -- -"$STEP_PID" 2>/dev/null || kill -TERM "$STEP_PID" 2>/dev/null
+    sleep 1
+    kill -KILL -- -"$STEP_PID" 2>/dev/null
+    ROWS+=("| $STEP_NAME | FAIL | $((SECONDS - STEP_T0)) | stopped: device_check.sh was told to stop (the caller's time limit) |")
+    echo "## step $STEP_NAME: stopped from outside" >>"$LOG"
+  fi
+  FAILED=1
+  write_md
+  exit 143
+}
 run_step() {  # name limit command...
   local name="$1" limit="$2"; shift 2
   echo "## step $name (limit ${limit} s): $*" >>"$LOG"
   local t0=$SECONDS rc from
   from=$(wc -l <"$LOG")
-  timeout --kill-after=10 "$limit" "$@" >>"$LOG" 2>&1
+  # In the background, so that a TERM to this script (the device run's phase
+  # limit) reaches the trap below while the step runs: `timeout` leads a
+  # process group of its own, which a kill of this script's group misses.
+  STEP_NAME=$name STEP_T0=$t0
+  timeout --kill-after=10 "$limit" "$@" >>"$LOG" 2>&1 &
+  STEP_PID=$!
+  wait "$STEP_PID"
   rc=$?
+  STEP_PID=
   local dt=$((SECONDS - t0)) status="pass" note=""
   if [[ $rc == 124 || $rc == 137 ]]; then
     status="FAIL"; note="timed out after ${limit} s"
@@ -358,6 +382,26 @@ run_step() {  # name limit command...
   return $rc
 }
 
+# device_check.md: the steps so far, the timing tables, the failures.
+write_md() {
+{
+  echo "# ECOC CUDA kernels: device check"
+  echo
+  echo "$(nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader | head -n1);" \
+       "harness built for sm_$ARCH with $("$NVCC" --version | tail -n1)$([[ "$PREBUILT_STATE" == match ]] && echo " (prebuilt)")"
+  echo
+  echo "| step | status | seconds | result |"
+  echo "|---|---|---:|---|"
+  printf '%s\n' "${ROWS[@]}"
+  if [[ -n "${BENCH_FROM:-}" ]]; then
+    echo
+    tail -n +"$((BENCH_FROM + 1))" "$LOG" | sed -n '/^## Timings/,/^Largest drop/p'
+  fi
+  echo
+  grep -E '^FAIL ' "$LOG" | head -n 40 | sed 's/^/    /'
+} >"$MD"
+}
+trap on_stop TERM INT
 # Every step in order; none after a failed build (there is no harness).
 for name in "${STEP_NAMES[@]}"; do
   case "$name" in
@@ -377,21 +421,6 @@ for name in "${STEP_NAMES[@]}"; do
   run_step "$name" "$LIMIT" "${CMD[@]}" || [[ $name != build ]] || break
 done
 
-{
-  echo "# ECOC CUDA kernels: device check"
-  echo
-  echo "$(nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader | head -n1);" \
-       "harness built for sm_$ARCH with $("$NVCC" --version | tail -n1)$([[ "$PREBUILT_STATE" == match ]] && echo " (prebuilt)")"
-  echo
-  echo "| step | status | seconds | result |"
-  echo "|---|---|---:|---|"
-  printf '%s\n' "${ROWS[@]}"
-  if [[ -n "${BENCH_FROM:-}" ]]; then
-    echo
-    tail -n +"$((BENCH_FROM + 1))" "$LOG" | sed -n '/^## Timings/,/^Largest drop/p'
-  fi
-  echo
-  grep -E '^FAIL ' "$LOG" | head -n 40 | sed 's/^/    /'
-} >"$MD"
+write_md
 cat "$MD"
 exit $FAILED
