@@ -569,3 +569,11 @@ def test_attributes_command_uses_the_pretrained_backbone(tmp_path):
         attr.DATA_ENCODINGS)
     assert "pretrain" in results["settings"]["source"]
     assert (out / "attributes.png").exists()
+
+
+def test_summary_refuses_two_runs_of_one_seed_in_an_arm():
+    # A second run of seed 1 used to replace the first silently (n = 3 for 4 runs).
+    records = _records([0.5, 0.6, 0.7], "one_hot") + _records([0.4, 0.5, 0.6], "spectral", 3)
+    records.append(dict(records[-1], test_accuracy=0.9))
+    with pytest.raises(ValueError, match="seed 2 twice"):
+        cub_bits.summarize_cub(records, margin=1.0)

@@ -356,9 +356,30 @@ def test_two_to_the_31_classes_are_refused_before_any_int32_class_id_wraps(fused
 def test_a_code_length_beyond_the_cuda_kernels_is_not_sent_to_them_on_jax_or_torch():
     from keras_ecoc.ops import _dispatch
 
+    from keras_ecoc.ops import _loader
+
     backend = keras.backend.backend()
     if backend not in ("jax", "torch") or keras_ecoc.ops.loss_path(10**4) != "fused":
         pytest.skip("the JAX / PyTorch fused kernels")
+    if not _loader.kernels_have_cuda():
+        pytest.skip("a kernel library built without its CUDA part never runs on a GPU")
     ok, why = _dispatch._fused_here(backend, 2**24 + 1, "loss", True)
     assert not ok and "code_length <= 16777216" in why
     assert _dispatch._fused_here(backend, 2**24 + 1, "loss", False)[0]  # the CPU kernels have no limit
+
+
+@pytest.mark.parametrize("fused", [None, False])
+def test_keras_style_labels_of_unknown_shape_are_accepted_in_a_traced_function(rng, fused):
+    # (None, None) labels under tf.function: the last axis is squeezed at run
+    # time (TF's squeeze refuses an axis of unknown size at trace time).
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("tf.function input signatures")
+    import tensorflow as tf
+
+    z = rng.normal(size=(3, 4)).astype("float32")
+    y = np.array([[0], [3], [5]], "int32")
+    f = tf.function(lambda yy, zz: keras_ecoc.ops.ecoc_cross_entropy(yy, zz, _codes(), fused=fused),
+                    input_signature=[tf.TensorSpec((None, None), tf.int32),
+                                     tf.TensorSpec((None, 4), tf.float32)])
+    np.testing.assert_allclose(f(tf.constant(y), tf.constant(z)).numpy(),
+                               _reference_loss(y[:, 0], z, _codes()), rtol=1e-5, atol=1e-6)

@@ -108,7 +108,7 @@ def _imprinted_runs(runs, spec, seeds, encoding=IMPRINTED, label=None,
     grid's chosen rate).
     """
     key = _pairing_key(spec)
-    by_rate = {}
+    runs_by_rate = {}
     for r in runs.values():
         if (r["status"] == "ok" and r["spec"]["encoding"] == encoding
                 and (label is None or r["label"] == label)
@@ -117,10 +117,11 @@ def _imprinted_runs(runs, spec, seeds, encoding=IMPRINTED, label=None,
                     and r["spec"]["scale"] == spec["scale"]))
                 and r["spec"]["seed"] in seeds
                 and _pairing_key(r["spec"]) == key):
-            by_rate.setdefault(r["spec"]["learning_rate"], {})[
-                r["spec"]["seed"]] = r
-    if not by_rate:
+            runs_by_rate.setdefault(r["spec"]["learning_rate"], []).append(r)
+    if not runs_by_rate:
         return None, {}
+    by_rate = {lr: stats.runs_by_seed(rs, f"{encoding} at lr {lr:g}")
+               for lr, rs in runs_by_rate.items()}
     rate = max(by_rate, key=lambda lr: (len(by_rate[lr]), -lr))
     return rate, by_rate[rate]
 

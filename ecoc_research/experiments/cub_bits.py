@@ -224,8 +224,10 @@ def summarize_cub(records, margin=stats.EQUIVALENCE_MARGIN):
             continue
         by_label.setdefault(_label(r["spec"]), []).append(r)
     rows = []
-    accuracy = {label: {r["spec"]["seed"]: 100.0 * r["test_accuracy"]
-                        for r in runs} for label, runs in by_label.items()}
+    # One run per seed and arm (stats.runs_by_seed raises on a second one).
+    accuracy = {label: {seed: 100.0 * r["test_accuracy"]
+                        for seed, r in stats.runs_by_seed(runs, label).items()}
+                for label, runs in by_label.items()}
     for label, runs in by_label.items():
         spec = runs[0]["spec"]
         mean, low, high = stats.t_interval(list(accuracy[label].values()))

@@ -120,7 +120,10 @@ def labels_with_batch_shape(labels, z):
         else:
             from keras import ops as kops  # noqa: PLC0415
 
-            labels = kops.squeeze(labels, axis=-1)
+            if got[-1] == 1:
+                labels = kops.squeeze(labels, axis=-1)
+            else:  # unknown until run time (TF's squeeze refuses a None axis)
+                labels = kops.reshape(labels, kops.shape(labels)[:-1])
         got = got[:-1]
     if len(got) != len(batch):
         raise ValueError(
