@@ -36,7 +36,10 @@ def labels_for(y_true, y_pred):
                 f"y_true.shape={tuple(y_true.shape)}, "
                 f"y_pred.shape={tuple(y_pred.shape)}"
             )
-        y_true = ops.squeeze(y_true, axis=-1)
+        if y_true.shape[-1] == 1:
+            y_true = ops.squeeze(y_true, axis=-1)
+        else:  # unknown until run time (TF's squeeze refuses a None axis)
+            y_true = ops.reshape(y_true, ops.shape(y_true)[:-1])
     return y_true
 
 

@@ -380,3 +380,9 @@ def test_keras_style_labels_of_unknown_shape_are_accepted_in_a_traced_function(r
                                      tf.TensorSpec((None, 4), tf.float32)])
     np.testing.assert_allclose(f(tf.constant(y), tf.constant(z)).numpy(),
                                _reference_loss(y[:, 0], z, _codes()), rtol=1e-5, atol=1e-6)
+    loss = keras_ecoc.ECOCLoss(_codes(), reduction=None)
+    g = tf.function(lambda yy, zz: loss(yy, zz),
+                    input_signature=[tf.TensorSpec((None, None), tf.int32),
+                                     tf.TensorSpec((None, 4), tf.float32)])
+    np.testing.assert_allclose(g(tf.constant(y), tf.constant(z)).numpy(),
+                               _reference_loss(y[:, 0], z, _codes()), rtol=1e-5, atol=1e-6)
