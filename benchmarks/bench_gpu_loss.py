@@ -838,6 +838,12 @@ def errors_vs_ref(row, ref):
 TOLERANCE = {"fp32": (1e-5, 1e-4), "tf32": (1e-2, 5e-2)}
 
 
+def references(rows):
+    """{(B, k, n): the float64 reference row} of the cells whose reference ran."""
+    return {(r["B"], r["k"], r["n"]): r for r in rows
+            if r["method"] == "ref" and not r.get("error")}
+
+
 def check_row(row, ref):
     """("ok" | "WRONG" | "unchecked", loss err, grad err) of a timed row."""
     le, ge = errors_vs_ref(row, ref)
@@ -895,8 +901,7 @@ def render(state, harness_rows=()):
     """The Markdown section (table, targets, notes) from the rows gathered so far."""
     peaks = card_peaks(state.get("card") or "")
     rows = [r for r in state["rows"] if r["method"] != "ref"] + list(harness_rows)
-    refs = {(r["B"], r["k"], r["n"]): r for r in state["rows"]
-            if r["method"] == "ref" and not r.get("error")}
+    refs = references(state["rows"])
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [BEGIN, "", "## The ECOC loss on one GPU: keras-ecoc CUDA kernels against JAX, "
              "PyTorch, cut cross-entropy and Liger", "",
@@ -1119,8 +1124,7 @@ def main_run(args, harness_rows, harness_note=None):
         print("bench_gpu_loss: no GPU: neither PyTorch nor JAX sees one; nothing was measured. "
               + " ".join(state["notes"]), file=sys.stderr)
         return 2
-    refs = {(r["B"], r["k"], r["n"]): r for r in state["rows"]
-            if r["method"] == "ref" and not r.get("error")}
+    refs = references(state["rows"])
     wrong = [r for r in state["rows"] if r["method"] != "ref" and r.get("fwdbwd_ms") is not None
              and check_row(r, refs.get((r["B"], r["k"], r["n"])))[0] == "WRONG"]
     row_skips = [r for r in state["rows"] if r.get("skipped")]

@@ -10,6 +10,7 @@ import numpy as np
 from keras import ops
 
 from keras_ecoc import _validation
+from keras_ecoc.ops import _checks
 
 
 def labels_for(y_true, y_pred):
@@ -36,11 +37,8 @@ def labels_for(y_true, y_pred):
                 f"y_true.shape={tuple(y_true.shape)}, "
                 f"y_pred.shape={tuple(y_pred.shape)}"
             )
-        if y_true.shape[-1] == 1:
-            y_true = ops.squeeze(y_true, axis=-1)
-        else:  # unknown until run time (TF's squeeze refuses a None axis)
-            y_true = ops.reshape(y_true, ops.shape(y_true)[:-1])
-    return y_true
+    # The shape rule of every path: z's batch shape, or that + (1,).
+    return _checks.labels_with_batch_shape(y_true, y_pred)
 
 
 def labels_tensor(y_true, num_classes):

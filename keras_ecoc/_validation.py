@@ -124,9 +124,9 @@ def function_scale(scale):
     from the device on every call). The rule is `ops._checks.check_scale`'s."""
     from keras_ecoc.ops import _checks  # noqa: PLC0415
 
-    _checks.check_scale(scale)
     if isinstance(scale, (numbers.Number, np.ndarray, np.generic)):
         return _checks.host_scale(scale)
+    _checks.check_scale(scale)
     return scale
 
 

@@ -361,7 +361,7 @@ def test_a_code_length_beyond_the_cuda_kernels_is_not_sent_to_them_on_jax_or_tor
     if not _loader.kernels_have_cuda():
         pytest.skip("a kernel library built without its CUDA part never runs on a GPU")
     ok, why = _dispatch._fused_here(backend, 2**24 + 1, "loss", True)
-    assert not ok and "code_length <= 16777216" in why
+    assert not ok and "exceeds the CUDA kernels' limit of 16777216" in why
     assert _dispatch._fused_here(backend, 2**24 + 1, "loss", False)[0]  # the CPU kernels have no limit
 
 

@@ -244,7 +244,7 @@ def ecoc_cross_entropy(labels, z, codes, scale=1.0, fused=None):
     runs.
     """
     backend = _dispatch._loader.backend()
-    _checks.check_scale(scale, backend)
+    _checks.check_scale(scale)
     codes, n, k = _check_codes(codes)
     labels = _check_labels(labels, n, backend)
     return _cross_entropy_impl(labels, z, codes, scale, n, k, fused)

@@ -38,29 +38,27 @@ def host_scale(scale) -> float:
     if isinstance(scale, (bool, np.bool_)):
         raise _scale_error("a finite number > 0 (a bool is not accepted)", f"scale={scale!r}")
     if isinstance(scale, (int, float)):
-        # Plain Python first, without NumPy: torch.compile(fullgraph=True)
-        # traces this check, and cannot trace np.asarray.
+        # Plain Python, without NumPy: torch.compile(fullgraph=True) traces
+        # this check, and cannot trace np.asarray.
         value = float(scale)
-        if not (math.isfinite(value) and value > 0):
-            raise _scale_error("a finite number > 0", f"scale={value}")
-        return value
-    if not isinstance(scale, (numbers.Number, np.ndarray, np.generic)):
+    elif isinstance(scale, (numbers.Number, np.ndarray, np.generic)):
+        arr = np.asarray(scale)
+        if arr.dtype == np.bool_:
+            raise _scale_error("a finite number > 0, not a boolean array", f"scale={scale!r}")
+        if arr.size != 1:
+            raise _scale_error("a scalar", f"scale with shape {arr.shape}")
+        try:
+            value = float(arr.reshape(()))
+        except (TypeError, ValueError):  # complex, object arrays
+            raise _scale_error("a finite number > 0", f"scale={scale!r}") from None
+    else:
         raise _scale_error("a finite number > 0", f"scale={scale!r}")
-    arr = np.asarray(scale)
-    if arr.dtype == np.bool_:
-        raise _scale_error("a finite number > 0, not a boolean array", f"scale={scale!r}")
-    if arr.size != 1:
-        raise _scale_error("a scalar", f"scale with shape {arr.shape}")
-    try:
-        value = float(arr.reshape(()))
-    except (TypeError, ValueError):  # complex, object arrays
-        raise _scale_error("a finite number > 0", f"scale={scale!r}") from None
     if not (math.isfinite(value) and value > 0):
         raise _scale_error("a finite number > 0", f"scale={value}")
     return value
 
 
-def check_scale(scale, backend: str | None = None) -> None:
+def check_scale(scale) -> None:
     """Raises ValueError unless `scale` is a finite number > 0 (host values)
     or a scalar numeric tensor. The one rule for `scale` in the package: the
     Keras objects apply `host_scale` when they are constructed, the function
@@ -68,10 +66,8 @@ def check_scale(scale, backend: str | None = None) -> None:
 
     Python and NumPy numbers are checked by value. A tensor or variable is
     checked for dtype and shape only: reading its value would copy it from
-    the device on every call (a sync per step on eager PyTorch). `backend`
-    is accepted for symmetry with the other checks and not used.
+    the device on every call (a sync per step on eager PyTorch).
     """
-    del backend
     if isinstance(scale, (bool, np.bool_, numbers.Number, np.ndarray, np.generic)):
         host_scale(scale)
         return

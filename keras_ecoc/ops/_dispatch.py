@@ -142,11 +142,12 @@ def _fused_here(backend, code_length, op, on_gpu_) -> tuple[bool, str]:
     ok, why = mod.available(on_gpu=on_gpu_)
     if not ok:
         return False, f"fused kernels unavailable on {backend}: {why}"
-    if on_gpu_ and code_length is not None and int(code_length) > _gpu_guard.MAX_CODE_LENGTH:
+    too_large = on_gpu_ and code_length is not None and _gpu_guard.code_length_too_large(
+        int(code_length))
+    if too_large:
         # The CUDA kernels refuse it with a bare cudaErrorInvalidValue; the
         # streaming path runs it (TensorFlow's GPU guard decides the same).
-        return False, (f"the CUDA kernels take code_length <= {_gpu_guard.MAX_CODE_LENGTH} "
-                       f"(2^24). Received: code_length={code_length}")
+        return False, too_large
     return True, why
 
 

@@ -165,11 +165,19 @@ def device_problem(device: Device, archs: str | None, runtime_version: int) -> s
     return None
 
 
-def code_length_problem(device: Device, code_length: int, op: str = "cross_entropy") -> str | None:
-    """Why the kernels cannot run code length k on `device` (None: they can)."""
+def code_length_too_large(code_length: int) -> str | None:
+    """Why no card runs code length k (None: within the kernels' limit)."""
     if code_length > MAX_CODE_LENGTH:
         return (f"code length too large: code_length={code_length} exceeds the CUDA kernels' "
                 f"limit of {MAX_CODE_LENGTH} (2^24)")
+    return None
+
+
+def code_length_problem(device: Device, code_length: int, op: str = "cross_entropy") -> str | None:
+    """Why the kernels cannot run code length k on `device` (None: they can)."""
+    too_large = code_length_too_large(code_length)
+    if too_large:
+        return too_large
     need = shared_memory_bytes(code_length, op)
     if need <= device.smem_optin:
         return None
