@@ -207,7 +207,10 @@ PREBUILT_MATCH=0; [[ "$PREBUILT_LINE" == "prebuilt: match "* ]] && PREBUILT_MATC
 #   54 s on the H200 of 2026-11-27, with 12 variants; 15 since 2026-11-28
 #   (rows128 and the two wgmma ones) and the decode table since 2026-11-29,
 #   about 70 s by proportion (its JSON keeps the finished cells if it is
-#   stopped): 75;
+#   stopped); since 2026-12-06 auto's three columns are also timed in
+#   blocks of back-to-back calls (forward, forward + codes gradient: one
+#   sizing call and 3 blocks of about 20 ms each, ~0.15 s, x 3 columns x
+#   18 cells: ~8 s, estimated, untimed): 83;
 # - ncu 16 s for 12 forward profiles on the H100 of 2026-11-26, 23 s for
 #   16 on 2026-11-27; ncu-codes-grad 8 s for its five profiles;
 # - ldmatrix (since 2026-11-28, not yet run on a GPU): nvcc on one small
@@ -225,7 +228,7 @@ PREBUILT_MATCH=0; [[ "$PREBUILT_LINE" == "prebuilt: match "* ]] && PREBUILT_MATC
 # 2026-11-27 37 s.
 if ((PREBUILT_MATCH)); then BUILD_PLAN=BUILD:5:15; else BUILD_PLAN=BUILD:80:95; fi
 STEP_PLAN=("$BUILD_PLAN" LDMATRIX:8:15 WGMMA:8:10 CHECK:12:20 GRID:95:115 SMEM:3:10 MEMCHECK:5:15
-           RACECHECK:45:50 BENCH:75:90 NCU:26:35 NCUGRAD:13:25)
+           RACECHECK:45:50 BENCH:83:90 NCU:26:35 NCUGRAD:13:25)
 NEED_SUM=0 CAP_SUM=0
 for plan in "${STEP_PLAN[@]}"; do
   IFS=: read -r _ need cap <<<"$plan"

@@ -465,6 +465,24 @@ def test_bench_times_each_forward_launch_once_and_splits_auto_into_launches(tmp_
         assert all(v >= 0 for v in r["launch_ms"].values()), r
         assert "launch_ms_unstable" not in r, r
     assert sum("launch_ms" in r for r in raw) == 2 * 3
+    # The same rows are timed in blocks of back-to-back calls as well, the
+    # way bench_gpu_loss.py times the methods they are compared with (one
+    # call per block under the emulator, whose clock means nothing), and
+    # bench_gpu_loss.py shows those times; the other rows keep single calls.
+    loaded = {(r["mode"], r["B"]): r for r in gpu_loss.load_harness_json(str(out))}
+    for r in raw:
+        got = loaded[(r["mode"], r["B"])]
+        if not r["mode"].endswith("+auto"):
+            assert "fwdbwd_block_ms" not in r and got["timing"] == "single calls", r
+            assert got["fwdbwd_ms"] == r["fwdbwd_ms"]
+            continue
+        assert r["fwd_block_ms"] > 0 and r["fwdbwd_block_ms"] > 0, r
+        assert r["fwd_block_calls"] == r["fwdbwd_block_calls"] == 1, r
+        assert got["timing"] == "blocks", got
+        assert (got["fwd_ms"], got["fwdbwd_ms"]) == (r["fwd_block_ms"], r["fwdbwd_block_ms"])
+        assert (got["single_fwd_ms"], got["single_fwdbwd_ms"]) == (r["fwd_ms"], r["fwdbwd_ms"])
+    per_launch = text.split("### Per launch: math mode 3xtf32, variant auto")[1]
+    assert "| fwd ms, blocks | fwd + grad ms, blocks | R (fwd, fwd + grad) |" in per_launch
     assert text.count("### Per launch: math mode") == 3
     assert "forward combine" in text.split("### Per launch: math mode 3xtf32, variant auto")[1]
     # The decode passes, once per cell in variant auto, in FP32 (what the

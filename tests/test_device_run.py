@@ -386,8 +386,11 @@ def _gpu_loss_module():
 
 
 def _harness_rows(cells):
+    # The 3xTF32 rows timed in blocks of back-to-back calls too (as the
+    # harness does for its traced columns), the TF32 rows in single calls.
     return [{"B": b, "k": k, "n": n, "mode": mode, "fwd_ms": 0.5 * f, "fwdbwd_ms": f,
-             "peak_bytes": 4 * (b * k + n * k)}
+             "peak_bytes": 4 * (b * k + n * k),
+             **({"fwd_block_ms": 0.4 * f, "fwdbwd_block_ms": 0.8 * f} if mode == "3xtf32" else {})}
             for b, k, n in cells for mode, f in (("3xtf32", 2.0), ("tf32", 1.0))]
 
 
@@ -459,8 +462,9 @@ def test_bench_gpu_loss_simulated_rows_match_a_float64_reference_and_merge_the_h
     text = out.read_text()
     assert text.startswith(mod.BEGIN) and text.rstrip().endswith(mod.END)
     assert "SIMULATED" in text and "H200 SXM: FP32 67 TFLOP/s, TF32 dense 495" in text
-    assert text.count("| keras-ecoc CUDA, 3xtf32 | fp32 |") == len(mod.QUICK_GRID)
-    assert text.count("| keras-ecoc CUDA, tf32 | tf32 |") == len(mod.QUICK_GRID)
+    assert text.count("| keras-ecoc CUDA, 3xtf32 | fp32 | 0.8 | 1.600 |") == len(mod.QUICK_GRID)
+    assert text.count("| keras-ecoc CUDA, tf32 (single calls) | tf32 | 0.5 | 1.000 |") == len(
+        mod.QUICK_GRID)
     assert "### Issue 16's targets" in text
     assert len(state["harness_rows"]) == 2 * len(mod.QUICK_GRID)
     # Re-rendering the saved run (no GPU) gives the same table.
@@ -725,8 +729,8 @@ def test_device_run_on_a_fake_gpu_merges_the_harness_rows_into_the_loss_table(_d
     assert "| grid | pass |" in check and "| racecheck | pass |" in check
     assert "| build | pass |" in check and "copied the prebuilt ecoc_harness_sm90" in check
     table = (out / "bench_gpu_loss.md").read_text()
-    assert "| 4 | 8 | 100 | keras-ecoc CUDA, 3xtf32 | fp32 | 0.01 | 0.02 | 0.0039 |" in table
-    assert "| 4 | 8 | 100 | 3xtf32 | 0.02 | " in table  # the targets table
+    assert "| 4 | 8 | 100 | keras-ecoc CUDA, 3xtf32 (single calls) | fp32 | 0.01 | 0.02 | 0.0039 |" in table
+    assert "| 4 | 8 | 100 | 3xtf32 (single calls) | 0.02 | " in table  # the targets table
     assert json.loads((out / "bench_gpu_loss.json").read_text())["harness_rows"][0]["B"] == 4
     assert len([p for p in out.rglob("*") if p.is_file()]) <= 8
 
@@ -972,6 +976,39 @@ def test_check_harness_json_accepts_the_auto_and_warps8_launch_variants(tmp_path
                                 for mode in ("3xtf32+auto", "tf32+warps8", "fp32+rows64+warps8")]))
     rows = mod.load_harness_json(str(path))
     assert [mod.harness_precision(r["mode"]) for r in rows] == ["fp32", "tf32", "fp32"]
+
+
+def test_harness_rows_timed_in_blocks_are_shown_and_scored_with_those_times(tmp_path):
+    # The harness times its auto rows in blocks of back-to-back calls too
+    # (as this script times JAX, PyTorch and CCE): those times go in the
+    # table and the targets; a row timed only in single calls says so.
+    mod = _gpu_loss_module()
+    cell = (256, 128, 100_000)
+    path = tmp_path / "h.json"
+    path.write_text(json.dumps([
+        {"B": cell[0], "k": cell[1], "n": cell[2], "mode": "3xtf32+auto", "fwd_ms": 2.0,
+         "fwdbwd_ms": 6.0, "peak_bytes": 2**20, "fwd_block_ms": 1.0, "fwdbwd_block_ms": 4.0,
+         "fwd_block_calls": 20, "fwdbwd_block_calls": 5},
+        {"B": cell[0], "k": cell[1], "n": cell[2], "mode": "3xtf32+rows64", "fwd_ms": 2.5,
+         "fwdbwd_ms": 7.0, "peak_bytes": 2**20}]))
+    rows = mod.load_harness_json(str(path))
+    assert [(r["timing"], r["fwd_ms"], r["fwdbwd_ms"]) for r in rows] == [
+        ("blocks", 1.0, 4.0), ("single calls", 2.5, 7.0)]
+    assert (rows[0]["single_fwd_ms"], rows[0]["single_fwdbwd_ms"]) == (2.0, 6.0)
+    state = {"status": "complete", "scale": 16.0, "reps": 5, "card": "NVIDIA H100 80GB HBM3",
+             "probe": {}, "skipped": [], "notes": [], "elapsed_s": 60.0,
+             "rows": [{"method": "jax_default", "B": cell[0], "k": cell[1], "n": cell[2],
+                       "fwd_ms": 3.0, "fwdbwd_ms": 10.0, "peak_bytes": 2**30}]}
+    text = mod.render(state, rows)
+    assert "| keras-ecoc CUDA, 3xtf32+auto | fp32 | 1.000 | 4.000 |" in text
+    assert "| keras-ecoc CUDA, 3xtf32+rows64 (single calls) | fp32 | 2.500 | 7.000 |" in text
+    # Only the auto row is scored: 4 ms against JAX's 10.
+    assert "| 3xtf32+auto | 4.000 | 0.40 (≤ 0.5: met) |" in text
+    assert "rows64" not in text.split("### Issue 16's targets")[1]
+    path.write_text(json.dumps([{"B": 1, "k": 1, "n": 1, "mode": "fp32", "fwd_ms": 1,
+                                 "fwdbwd_ms": 1, "peak_bytes": 1, "fwdbwd_block_ms": -1}]))
+    with pytest.raises(ValueError, match="fwdbwd_block_ms must be a non-negative number"):
+        mod.load_harness_json(str(path))
 
 
 RETIME = REPO / "kernels" / "cuda" / "device_retime.sh"
