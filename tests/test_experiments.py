@@ -296,6 +296,67 @@ def test_missing_matplotlib_is_named_before_training(tmp_path, monkeypatch):
     assert not os.path.exists(tmp_path / "o")
 
 
+def test_pretraining_gives_the_same_network_whatever_ran_before_it(tmp_path):
+    """One pretraining key, one network: the seed is set before the layers
+    are built, so the initial weights (and the codes built from fc7) do not
+    depend on what drew random numbers earlier in the process."""
+    import keras
+
+    rng = np.random.default_rng(0)
+    x = rng.uniform(size=(24, 8, 8, 1)).astype("float32")
+    y = np.repeat(np.arange(4), 6).astype("int32")
+    task = protocols.Task(
+        name="t", class_names=list("abcd"), train=(x, y), val=(x[:8], y[:8]),
+        test=(x[:8], y[:8]), pretrain_train=(x, y), pretrain_val=(x[:8], y[:8]),
+        pretrain_classes=list("abcd"))
+    settings = {"variant": "same", "hidden": 8, "pretrain_seed": 3,
+                "pretrain_epochs": 1, "pretrain_batch_size": 8,
+                "pretrain_learning_rate": 1e-3, "pretrain_patience": 1}
+    weights = []
+    for earlier_seed in (1, 2):
+        keras.utils.set_random_seed(earlier_seed)
+        pretrained = protocols.Pretrained(
+            settings, str(tmp_path / f"cache{earlier_seed}")).load_or_train(task)
+        weights.append(pretrained.model.get_weights())
+    for first, second in zip(*weights):
+        np.testing.assert_array_equal(first, second)
+
+
+def _tiny_one_hot_model(seed):
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((6,))
+    model = keras.Model(inputs, keras.layers.Dense(3, name="logits")(inputs))
+    model.compile(keras.optimizers.SGD(0.1),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def test_train_tracked_trains_on_the_seeded_batches_of_a_gathered_copy():
+    """train_tracked gathers each batch of the seeded order on demand; the
+    weights must be those of fitting the whole gathered copy x[order]."""
+    from ecoc_research import training
+
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(23, 6)).astype("float32")
+    y = rng.integers(0, 3, 23).astype("int32")
+    batch_size, epochs, seed = 4, 3, 7
+    tracked = _tiny_one_hot_model(0)
+    training.train_tracked(tracked, (x, y), (x, y), (x, y), batch_size,
+                           epochs, seed, evals_per_epoch=2)
+    # The order train_tracked documents: per epoch a permutation cut to
+    # floor(23 / 4) = 5 full batches.
+    order_rng = np.random.default_rng(seed)
+    order = np.concatenate([order_rng.permutation(23)[:20]
+                            for _ in range(epochs)])
+    reference = _tiny_one_hot_model(0)
+    reference.fit(x[order], y[order], batch_size=batch_size, epochs=1,
+                  shuffle=False, verbose=0)
+    for got, want in zip(tracked.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
 def test_validation_split_is_stratified_and_disjoint():
     labels = np.repeat(np.arange(5), 7)
     train, val = protocols.validation_split(labels, 3, seed=4)

@@ -293,8 +293,14 @@ class Pretrained:
 
     def load_or_train(self, task, verbose=0):
         """Loads the cached weights, or pretrains (one process at a time)."""
+        import keras
+
         os.makedirs(self.cache_dir, exist_ok=True)
         s = self.settings
+        # Seeded before the network is built, not only before it trains: the
+        # initial weights are part of what the pretraining key stands for, so
+        # two runs with one key (and the codes built from their fc7) agree.
+        keras.utils.set_random_seed(s["pretrain_seed"])
         self.model = build_pretrain_network(
             task.pretrain_train[0].shape[1:], len(task.pretrain_classes),
             s["hidden"])
@@ -323,6 +329,8 @@ class Pretrained:
         import keras
 
         s = self.settings
+        # Seeded again: shuffling and dropout draw the same numbers whether or
+        # not anything ran between building and training.
         keras.utils.set_random_seed(s["pretrain_seed"])
         self.model.compile(
             optimizer=keras.optimizers.Adam(s["pretrain_learning_rate"]),
