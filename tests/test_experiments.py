@@ -529,3 +529,49 @@ def test_impossible_codes_are_recorded_not_trained(tmp_path, monkeypatch):
     assert record["status"] == "no_code"
     assert "Could not draw" in record["error"]
     assert "test_accuracy" not in record
+
+
+@pytest.mark.backend_independent
+def test_saved_runs_are_read_back_under_the_same_settings(tmp_path):
+    from ecoc_research.experiments import saved_runs
+
+    settings = {"epochs": 3, "code_lengths": (6, 12), "dataset": "cub"}
+    runs = saved_runs.open_folder(str(tmp_path / "out"), settings)
+    assert saved_runs.load_run(runs, "spectral_k6") is None
+    saved_runs.save_run(runs, "spectral_k6", {"test": 0.5, "steps": [0, 10]})
+    # Reopened with equal settings (a tuple and its JSON list are equal).
+    again = saved_runs.open_folder(str(tmp_path / "out"), dict(settings))
+    assert saved_runs.load_run(again, "spectral_k6") == {"test": 0.5,
+                                                        "steps": [0, 10]}
+    assert sorted(os.listdir(tmp_path / "out" / "runs")) == ["spectral_k6.json"]
+
+
+@pytest.mark.backend_independent
+def test_saved_runs_refuse_other_settings_unless_told_to_replace_them(tmp_path):
+    from ecoc_research.experiments import common, saved_runs
+
+    folder = str(tmp_path / "out")
+    runs = saved_runs.open_folder(folder, {"epochs": 3, "seed": 0})
+    saved_runs.save_run(runs, "one_hot", {"test": 0.5})
+    with pytest.raises(common.ExistingResultsError, match=r"changed: epochs\)"):
+        saved_runs.open_folder(folder, {"epochs": 6, "seed": 0})
+    # The refusal kept the run and the settings it was made with.
+    assert saved_runs.load_run(runs, "one_hot") == {"test": 0.5}
+    runs = saved_runs.open_folder(folder, {"epochs": 6, "seed": 0},
+                                  overwrite=True)
+    assert saved_runs.load_run(runs, "one_hot") is None
+    with pytest.raises(common.ExistingResultsError, match="epochs"):
+        saved_runs.open_folder(folder, {"epochs": 3, "seed": 0})
+    # Nothing written outside the folder it was given.
+    assert os.listdir(tmp_path) == ["out"]
+
+
+@pytest.mark.backend_independent
+def test_saved_runs_reject_a_file_and_settings_json_cannot_hold(tmp_path):
+    from ecoc_research.experiments import saved_runs
+
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ValueError, match="Argument `path` must be a folder"):
+        saved_runs.open_folder(str(tmp_path / "f"), {})
+    with pytest.raises(ValueError, match="Argument `settings`"):
+        saved_runs.open_folder(str(tmp_path / "d"), {"x": object()})

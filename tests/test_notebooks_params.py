@@ -179,3 +179,22 @@ def test_committed_outputs_of_the_local_run(name):
     assert any("image/png" in o.get("data", {}) for o in outputs)
     text = "".join("".join(o.get("text", "")) for o in outputs)
     assert "mode=local" in text
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_colab_runs_go_to_a_folder_the_user_names(name, monkeypatch):
+    # A fixed, user-editable folder (Drive on Colab), so a rerun resumes;
+    # the local and smoke runs use a new temporary folder (None).
+    assert isinstance(parameters(name, "colab", monkeypatch)["OUTPUT_DIR"], str)
+    for mode in ("local", "smoke"):
+        assert parameters(name, mode, monkeypatch)["OUTPUT_DIR"] is None
+
+
+def test_cub_notebook_chooses_on_validation_and_scores_test_once():
+    code = "\n".join(source(c) for c in load("cub200_finetune.ipynb")["cells"]
+                     if c["cell_type"] == "code")
+    assert "protocols.validation_split(y_train, VAL_PER_CLASS" in code
+    # The curves (and so the "best on validation" choice) never see x_test.
+    assert "StepEvaluation(x_val, y_val" in code
+    assert "StepEvaluation(x_test" not in code
+    assert "saved_runs.open_folder(OUTPUT_DIR, SETTINGS, overwrite=OVERWRITE)" in code
