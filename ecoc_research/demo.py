@@ -25,6 +25,7 @@ and the test accuracy at the best validation step. Offline, about 15 s on
 
 import argparse
 import dataclasses
+import os
 import tempfile
 import time
 
@@ -176,6 +177,11 @@ def _check_args(args):
         raise common.UsageError(
             "--resume and --overwrite apply to an --output folder; none "
             "was given.")
+    if str(args.dataset).endswith(".npz") and not os.path.isfile(args.dataset):
+        raise common.UsageError(
+            "Argument `--dataset` must be 'embedded', an existing .npz file "
+            f"or a tensorflow-datasets name. Received: {args.dataset!r} (no "
+            "such file)")
     if args.output is not None:
         try:  # refuses a folder with earlier results unless asked
             runner_lib.prepare_output(args.output, resume=args.resume,

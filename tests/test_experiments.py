@@ -100,9 +100,11 @@ def test_duplicate_classes_are_dropped():
     assert len(set(omniglot.class_names)) == 242
 
 
-def test_attributes_need_class_attributes(tmp_path):
-    with pytest.raises(ValueError, match="attributes"):
+def test_attributes_need_class_attributes(tmp_path, capsys):
+    with pytest.raises(SystemExit) as error:
         cli.main(["attributes", *TINY, "--output", str(tmp_path)])
+    assert error.value.code == 2  # a command-line error, not a traceback
+    assert "per-class attributes" in capsys.readouterr().err
 
 
 @pytest.mark.backend_independent
@@ -283,6 +285,95 @@ def test_grid_rejects_zero_or_negative_counts(tmp_path, flag, value, capsys):
     assert error.value.code == 2
     assert flag[2:].replace("-", "_") in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "o")
+
+
+# Every setting the grid cannot use, data-dependent ones included, is a
+# command-line error before the output folder is touched or anything trains.
+GRID_REFUSALS = [
+    (["--val-per-class", "99"], "val_per_class"),
+    (["--classes", "100"], "classes"),
+    (["--learning-rates", "0.1", "-1"], "learning_rates"),
+    (["--momentum", "-0.5"], "momentum"),
+    (["--momentum", "1"], "momentum"),
+    (["--lr-drop-epochs", "-1"], "lr_drop_epochs"),
+    (["--lr-drop-epochs", "3", "2"], "lr_drop_epochs"),
+    (["--fraction", "0"], "fraction"),
+    (["--fraction", "1.5"], "fraction"),
+    (["--pretrain-patience", "-1"], "pretrain_patience"),
+    (["--min-code-length", "1"], "min_code_length"),
+    (["--learning-rates", "0.1", "0.01", "--select-seed", "1"], "select_seed"),
+    (["--seeds", "-1", "0"], "seeds"),
+    (["--batch-sizes", "100"], "batch_sizes"),
+    (["--name", "../elsewhere/grid"], "name"),
+    (["--encodings", "one_hot", "gaussian", "--code-lengths", "n-10"],
+     "code_lengths"),
+    # dense random codes for n = 4 classes have at most 7 columns
+    (["--encodings", "one_hot", "dense_random", "--code-lengths", "100"],
+     "code_lengths"),
+]
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("extra,name", GRID_REFUSALS)
+def test_grid_refuses_unusable_settings_before_touching_the_output(
+        tmp_path, extra, name, capsys):
+    path = _tiny_npz(tmp_path, num_classes=8)
+    tiny = [a for a in GRID_TINY]
+    rates = [] if "--learning-rates" in extra else ["--learning-rate", "0.01"]
+    with pytest.raises(SystemExit) as error:
+        cli.main(["grid", "--dataset", path, "--output", str(tmp_path / "o"),
+                  "--encodings", "one_hot", *tiny, *rates, *extra])
+    assert error.value.code == 2
+    assert f"`{name}`" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "o")
+
+
+@pytest.mark.backend_independent
+def test_grid_overwrite_deletes_only_what_the_runner_wrote(tmp_path):
+    path = _tiny_npz(tmp_path)
+    out = tmp_path / "out"
+    args = ["grid", "--dataset", path, "--output", str(out), "--encodings",
+            "one_hot", "--learning-rate", "0.01", *GRID_TINY]
+    cli.main(args + ["--encodings", "one_hot", "gaussian"])
+    (out / "notes.txt").write_text("mine")
+    (out / "pretrain" / "notes.txt").write_text("mine")
+    cli.main(args + ["--overwrite"])
+    # The gaussian runs of the first grid are gone with every other run;
+    # the user's files stay.
+    assert len(os.listdir(out / "runs")) == 2
+    assert (out / "notes.txt").read_text() == "mine"
+    assert (out / "pretrain" / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.backend_independent
+def test_grid_refuses_to_resume_runs_of_a_data_file_that_changed(
+        tmp_path, capsys):
+    path = _tiny_npz(tmp_path)
+    out = tmp_path / "out"
+    args = ["grid", "--dataset", path, "--output", str(out), "--encodings",
+            "one_hot", "--learning-rate", "0.01", *GRID_TINY]
+    cli.main(args)
+    data = dict(np.load(path))
+    data["images"] = data["images"][::-1].copy()
+    np.savez(path, **data)
+    before = sorted(os.listdir(out / "runs"))
+    with pytest.raises(SystemExit) as error:
+        cli.main(args + ["--resume"])
+    assert error.value.code == 2
+    assert "other contents" in capsys.readouterr().err
+    assert sorted(os.listdir(out / "runs")) == before
+
+
+@pytest.mark.backend_independent
+def test_grid_output_under_a_file_is_a_usage_error(tmp_path, capsys):
+    (tmp_path / "afile").write_text("x")
+    path = _tiny_npz(tmp_path)
+    with pytest.raises(SystemExit) as error:
+        cli.main(["grid", "--dataset", path, "--output",
+                  str(tmp_path / "afile" / "sub"), "--encodings", "one_hot",
+                  "--learning-rate", "0.01", *GRID_TINY])
+    assert error.value.code == 2
+    assert "`output`" in capsys.readouterr().err
 
 
 def test_missing_matplotlib_is_named_before_training(tmp_path, monkeypatch):

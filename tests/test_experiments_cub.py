@@ -577,3 +577,36 @@ def test_summary_refuses_two_runs_of_one_seed_in_an_arm():
     records.append(dict(records[-1], test_accuracy=0.9))
     with pytest.raises(ValueError, match="seed 2 twice"):
         cub_bits.summarize_cub(records, margin=1.0)
+
+
+@pytest.mark.backend_independent
+def test_attributes_with_fewer_classes_pairs_each_class_with_its_own_row(
+        tmp_path, monkeypatch):
+    """`attributes --classes N` draws N classes as the runner does; the
+    similarity and the attribute table it is correlated with must hold the
+    same classes in the same order (they had 6 and 4 rows)."""
+    captured = {}
+
+    def capture(similarity, class_attributes, *args, **kwargs):
+        captured["similarity"] = similarity
+        captured["attributes"] = class_attributes
+        return {"markdown": "", "wall_time": 0.0, "files": []}
+
+    monkeypatch.setattr(attr, "run_attributes", capture)
+    cub = _fake_cub(tmp_path)
+    cli.main(["attributes", "--dataset", cub, "--pretrain-source",
+              _fake_source(tmp_path), "--pretrain-image-size", "16",
+              "--classes", "4", "--pretrain-epochs", "1",
+              "--val-per-class", "1", "--min-pretrain-chance-multiple", "0",
+              "--output", str(tmp_path / "out"), "--verbose", "0"])
+    task = runner_lib.build_task(runner_lib.RunSpec(**cub_bits.cub_grid(
+        cub, _fake_source(tmp_path), image_size=16, val_per_class=1,
+        classes=4).base))
+    every = np.load(cub)["class_attributes_continuous"]
+    assert captured["similarity"].shape == (4, 4)
+    assert captured["attributes"].shape == (4, every.shape[1])
+    from ecoc_research import datasets
+
+    names = list(datasets.load_dataset(cub).class_names)
+    rows = [names.index(name) for name in task.class_names]
+    np.testing.assert_array_equal(captured["attributes"], every[rows])

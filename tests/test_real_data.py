@@ -194,6 +194,7 @@ def test_demo_stops_when_the_pretrained_network_is_at_chance(
     (["--code-fraction", "-1"], "`--code-fraction` must be in"),
     (["--train-per-class", "0"], "`--train-per-class` must be a positive"),
     (["--resume"], "apply to an --output folder"),
+    ([], "`--dataset` must be 'embedded', an existing .npz file"),
 ])
 def test_demo_refuses_bad_options_before_any_work(tmp_path, capsys, bad, message):
     output = tmp_path / "out"

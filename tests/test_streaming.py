@@ -12,6 +12,8 @@ Tolerances: float32 accumulation over n classes and k dimensions; atol is a
 few hundred float32 ulps of the largest reference entry (as in test_fused_op).
 """
 
+import os
+
 import numpy as np
 import pytest
 
@@ -524,6 +526,43 @@ def test_torch_rank_and_nearest_are_one_graph_node_under_torch_compile_fullgraph
     np.testing.assert_array_equal(nearest.numpy(), np.argmax(logits, -1))
     np.testing.assert_array_equal(
         rank.numpy(), (logits > logits[np.arange(b), labels][:, None]).sum(-1))
+
+
+def test_public_ops_compile_fullgraph_as_the_first_call_of_a_process():
+    """The first fused call of a fresh process inside torch.compile(
+    fullgraph=True): the kernel library must already be loaded (Dynamo
+    cannot enter the loader's lock), for the loss and for decoding."""
+    _torch_module()
+    import subprocess
+    import sys
+    import textwrap
+
+    from keras_ecoc.ops import _loader
+
+    if _loader.load_kernels() is None:
+        pytest.skip(f"no kernel library: {_loader.kernels_status()}")
+    script = textwrap.dedent("""
+        import numpy as np, torch
+        import keras_ecoc.ops as O
+        rng = np.random.default_rng(0)
+        M = torch.tensor(rng.normal(size=(50, 6)).astype("float32"))
+        z = torch.tensor(rng.normal(size=(8, 6)).astype("float32"))
+        y = torch.tensor(rng.integers(0, 50, 8))
+        loss = torch.compile(lambda z, y: O.ecoc_cross_entropy(y, z, M),
+                             fullgraph=True, backend="aot_eager")(z, y)
+        nearest = torch.compile(lambda z: O.nearest_codeword(z, M),
+                                fullgraph=True, backend="aot_eager")(z)
+        assert O.loss_path(50) == "fused", O.fused_status()
+        np.testing.assert_allclose(
+            loss.numpy(), O.ecoc_cross_entropy(y, z, M).numpy(), rtol=1e-6)
+        np.testing.assert_array_equal(nearest.numpy(),
+                                      O.nearest_codeword(z, M).numpy())
+        print("ok")
+    """)
+    env = dict(os.environ, KERAS_BACKEND="torch")
+    done = subprocess.run([sys.executable, "-c", script], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
 
 
 def test_torch_tile_loop_runs_compiled_by_default():

@@ -27,6 +27,7 @@ tensorflow-datasets name (``cifar100``, ``caltech_birds2011``, ``omniglot``,
 """
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -39,13 +40,27 @@ EXPERIMENTS = ("cub-bits", "attributes", "pictures")
 PRETRAIN_SOURCE = os.path.join("..", "shared", "data",
                                "cifar10_jpeg_bytes.npz")
 
+
+def _pretrain_source(path):
+    """`path`, or, for the default outside the repository root, the same
+    file next to the checkout this package runs from. The default string
+    itself is kept where it exists: it is part of the runs' keys."""
+    if path != PRETRAIN_SOURCE or os.path.isfile(path):
+        return path
+    checkout = os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))))
+    beside = os.path.join(checkout, PRETRAIN_SOURCE)
+    return os.path.normpath(beside) if os.path.isfile(beside) else path
+
 # --smoke: a few steps of everything, for CI.
 SMOKE = {"epochs": 1, "classes": 12, "train_per_class": 3,
          "test_per_class": 2, "seeds": [0], "code_lengths": [4, 8],
          "similarity_epochs": 1, "random_draws": 3,
          "tsne_iterations": 60, "max_points": 200, "code_length": 8,
          "pretrain_epochs": 1, "pretrain_per_class": 10,
-         "learning_rates": [0.01, 0.03], "val_per_class": 1}
+         "learning_rates": [0.01, 0.03], "val_per_class": 1,
+         # 12 classes x 2 training images after the validation split.
+         "batch_size": 8}
 
 
 def _common_parser():
@@ -70,7 +85,7 @@ def _common_parser():
                    "Greek and Latin twice, 292 labels for 242 classes)")
     g = p.add_argument_group("training")
     g.add_argument("--seeds", type=int, nargs="+", default=None,
-                   help="repeats (default: 0 1)")
+                   help="repeats (default: 0 1; cub-bits: 0 1 2 3 4)")
     g.add_argument("--epochs", type=int, default=None)
     g.add_argument("--batch-size", type=int, default=None)
     g.add_argument("--code-lengths", type=int, nargs="+", default=None,
@@ -360,7 +375,10 @@ def run_grid_command(args):
     from ecoc_research.experiments import grid as grid_lib
 
     if args.smoke:
-        args.classes = args.classes or _smoke_classes(args)
+        try:
+            args.classes = args.classes or _smoke_classes(args)
+        except ValueError as error:  # e.g. a --dataset that is not there
+            raise common.UsageError(str(error)) from error
         args.epochs = [str(GRID_SMOKE["epochs"])]
         args.seeds = GRID_SMOKE["seeds"]
         args.pretrain_epochs = GRID_SMOKE["pretrain_epochs"]
@@ -471,20 +489,21 @@ def _grid_from_args(args):
         grid_lib.parse_code_length(token, 100)
     epochs = _epochs_by_batch(args.epochs, args.batch_sizes)
     # Builds one spec per batch size now, so bad values fail before training.
-    for b in args.batch_sizes:
-        runner_lib.RunSpec(**dict(base, batch_size=b, epochs=epochs[b],
-                                  evals_per_epoch=evals[b],
-                                  learning_rate=rates[0]))
+    specs = [runner_lib.RunSpec(**dict(base, batch_size=b, epochs=epochs[b],
+                                       evals_per_epoch=evals[b],
+                                       learning_rate=rates[0]))
+             for b in args.batch_sizes]
+    grid_lib.check_name(args.name)
+    # The data's side (classes to draw, validation images per class), and
+    # the grid's own factors, before the output folder is touched.
+    task = runner_lib.build_task(specs[0])
+    grid_lib.check_batch_sizes(args.batch_sizes, task)
     if args.min_pretrain_chance_multiple < 0:
         raise ValueError("Argument `min_pretrain_chance_multiple` must be >= 0 "
                          "(0 disables the check). Received: "
                          f"{args.min_pretrain_chance_multiple}")
     lr_overrides = _lr_overrides(args.lr_from) if args.lr_from else None
-    # Last: with --overwrite it deletes the pretraining cache, so nothing
-    # after it may still refuse the command.
-    runner_lib.prepare_output(args.output, resume=args.resume,
-                              overwrite=args.overwrite)
-    return grid_lib.Grid(
+    grid = grid_lib.Grid(
         base=base, encodings=list(args.encodings),
         code_lengths=list(args.code_lengths),
         normalize_rows=[v == "on" for v in args.normalize_rows],
@@ -494,6 +513,12 @@ def _grid_from_args(args):
         lr_overrides=lr_overrides,
         min_code_length=args.min_code_length, fraction=args.fraction,
         evals_per_epoch=evals)
+    grid_lib.check_code_lengths(grid, task.num_classes)
+    # Last: with --overwrite it deletes the pretraining cache, so nothing
+    # after it may still refuse the command.
+    runner_lib.prepare_output(args.output, resume=args.resume,
+                              overwrite=args.overwrite)
+    return grid
 
 
 def _resolve(args):
@@ -520,14 +545,20 @@ def _data_options(o):
 
 def _pretrain_kwargs(o):
     """The pretraining options of cub-bits and attributes (`cub_bits`)."""
+    from ecoc_research.experiments import common
     from ecoc_research.experiments import cub_bits
 
     pretrain = dict(cub_bits.PRETRAIN)
     if o.get("pretrain_epochs") is not None:
         pretrain["pretrain_epochs"] = pretrain["pretrain_patience"] = \
             int(o["pretrain_epochs"])
+    source = _pretrain_source(o["pretrain_source"])
+    if str(source).endswith(".npz") and not os.path.isfile(source):
+        raise common.UsageError(
+            "Argument `--pretrain-source` must be an existing .npz file or a "
+            f"tensorflow-datasets name. Received: {source!r} (no such file)")
     return dict(
-        pretrain_dataset=o["pretrain_source"],
+        pretrain_dataset=source,
         image_size=_pick(o, "pretrain_image_size", cub_bits.IMAGE_SIZE),
         val_per_class=_pick(o, "val_per_class", cub_bits.VAL_PER_CLASS),
         pretrain=pretrain, pretrain_per_class=o.get("pretrain_per_class"))
@@ -578,8 +609,6 @@ def run_experiment(experiment, o, output_dir):
         from ecoc_research.experiments import runner as runner_lib
 
         try:  # Every setting is checked before any training.
-            runner_lib.prepare_output(output_dir, resume=o["resume"],
-                                      overwrite=o["overwrite"])
             if o["cub_crop"] != "bbox":
                 raise ValueError(
                     "cub-bits runs on the bounding-box crops (the runner's "
@@ -603,6 +632,10 @@ def run_experiment(experiment, o, output_dir):
                 learnable_scale=bool(o.get("learnable_scale")),
                 classes=o["classes"], train_per_class=o["train_per_class"],
                 test_per_class=o["test_per_class"], **_pretrain_kwargs(o))
+            # Last: with --overwrite it deletes the runs and the pretraining
+            # cache, so nothing after it may still refuse the command.
+            runner_lib.prepare_output(output_dir, resume=o["resume"],
+                                      overwrite=o["overwrite"])
         except ValueError as error:
             raise common.UsageError(str(error)) from error
         return cub_bits.run_cub_bits(
@@ -614,17 +647,25 @@ def run_experiment(experiment, o, output_dir):
                 o.get("jit_compile") or "auto"])
     if experiment == "attributes":
         if data.class_attributes is None:
-            raise ValueError(
+            raise common.UsageError(
                 "The attributes experiment needs per-class attributes (the "
                 "CUB `.npz` files of ../shared/data, array "
                 f"`class_attributes_continuous`). Data set {data.name!r} has "
                 "none.")
-        similarity, info, _ = cub_bits.pretrained_similarity(
+        similarity, info, task = cub_bits.pretrained_similarity(
             o["dataset"], output=output_dir,
             chance_multiple=_chance_multiple(o),
-            verbose=min(o["verbose"], 2), **_pretrain_kwargs(o))
+            verbose=min(o["verbose"], 2), classes=o["classes"],
+            train_per_class=o["train_per_class"],
+            test_per_class=o["test_per_class"], **_pretrain_kwargs(o))
+        # The attribute rows of the classes the similarity holds (drawn as
+        # the runner draws them), in its order.
+        every = common.load_data(dataclasses.replace(
+            _data_options(o), classes=None, train_per_class=None,
+            test_per_class=None))
+        rows = [every.class_names.index(c) for c in task.class_names]
         return attributes.run_attributes(
-            similarity, data.class_attributes, output_dir,
+            similarity, every.class_attributes[rows], output_dir,
             attribute_names=data.attribute_names,
             code_lengths=_pick(o, "code_lengths", attributes.CODE_LENGTHS),
             encodings=_pick(o, "encodings", attributes.DATA_ENCODINGS),

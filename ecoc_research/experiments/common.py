@@ -23,6 +23,17 @@ SIMILARITY_KERNEL = "cosine"
 DATA_ENCODINGS = ("spectral", "spectral_zero", "spectral_median")
 
 
+def is_integer(value):
+    """An int (NumPy's too), not a bool."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def is_real(value):
+    """A finite int or float (NumPy's too), not a bool."""
+    return (isinstance(value, (int, float, np.integer, np.floating))
+            and not isinstance(value, bool) and bool(np.isfinite(value)))
+
+
 class UsageError(ValueError):
     """An error the user fixes with the command's options or inputs.
 

@@ -419,13 +419,16 @@ def _write(results, output, name):
 def pretrained_similarity(dataset, pretrain_dataset, output,
                           image_size=IMAGE_SIZE, val_per_class=VAL_PER_CLASS,
                           pretrain=None, pretrain_per_class=None,
-                          chance_multiple=None, verbose=0):
+                          chance_multiple=None, verbose=0, classes=None,
+                          train_per_class=None, test_per_class=None):
     """Class similarity of the CUB classes from the runner's pretrained fc7.
 
     The same pretrained network (and cache, `<output>/pretrain/`) as
     `cub_grid`'s runs with these settings, and the same rule as data-based
     codes: cosine similarity of the class means of the pretrained fc7
     activations of the training images (validation split excluded).
+    `classes` keeps so many classes drawn as `cub_grid` draws them: the
+    returned task's `class_names` say which, in the similarity's order.
 
     Returns:
         (similarity (n, n) float64, pretraining record, task).
@@ -433,7 +436,8 @@ def pretrained_similarity(dataset, pretrain_dataset, output,
     spec = runner_lib.RunSpec(**cub_grid(
         dataset, pretrain_dataset, image_size=image_size,
         val_per_class=val_per_class, pretrain=pretrain,
-        pretrain_per_class=pretrain_per_class).base)
+        pretrain_per_class=pretrain_per_class, classes=classes,
+        train_per_class=train_per_class, test_per_class=test_per_class).base)
     run = runner_lib.Runner(
         output, resume=True, verbose=verbose,
         chance_multiple=(protocols.CHANCE_MULTIPLE if chance_multiple is None

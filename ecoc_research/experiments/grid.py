@@ -33,8 +33,9 @@ def parse_code_length(token, num_classes):
             factor = text[:-1]
             return max(2, int(round((float(factor) if factor else 1.0) * n)))
         if text.startswith("n-"):
-            return n - int(text[2:])
-        value = int(text)
+            value = n - int(text[2:])
+        else:
+            value = int(text)
     except ValueError:
         value = None
     if value is None or value < 2:
@@ -83,6 +84,37 @@ class Grid:
     fraction: float = 0.9
     evals_per_epoch: dict = None
 
+    def __post_init__(self):
+        # The factors RunSpec does not see: checked here, before any run.
+        if not self.seeds:
+            raise ValueError("Argument `seeds` must name at least one seed. "
+                             f"Received: seeds={self.seeds!r}")
+        for seed in list(self.seeds) + [self.select_seed]:
+            if not common.is_integer(seed) or not 0 <= seed < 2 ** 32:
+                raise ValueError("Arguments `seeds` and `select_seed` take "
+                                 "integers in [0, 2**32). Received: "
+                                 f"seeds={self.seeds!r}, "
+                                 f"select_seed={self.select_seed!r}")
+        for rate in self.learning_rates:
+            if not (common.is_real(rate) and rate > 0):
+                raise ValueError(
+                    "Argument `learning_rates` must hold positive floats. "
+                    f"Received: learning_rates={self.learning_rates!r}")
+        if len(self.learning_rates) > 1 and self.select_seed in self.seeds:
+            raise ValueError(
+                "Argument `select_seed` must not be a reported seed: its "
+                "selection runs would be reported as that seed's runs, "
+                "chosen on their own validation score. Received: "
+                f"select_seed={self.select_seed} with seeds={self.seeds}")
+        if not (common.is_real(self.fraction) and 0 < self.fraction <= 1):
+            raise ValueError("Argument `fraction` must be in (0, 1] (the "
+                             "target is this fraction of one-hot's mean "
+                             f"accuracy). Received: fraction={self.fraction!r}")
+        if not common.is_integer(self.min_code_length) or self.min_code_length < 2:
+            raise ValueError("Argument `min_code_length` must be an integer "
+                             ">= 2. Received: "
+                             f"min_code_length={self.min_code_length!r}")
+
     def _evals(self, batch_size):
         if not self.evals_per_epoch:
             return {}
@@ -112,6 +144,52 @@ class Grid:
         return out
 
 
+def check_name(name):
+    """`name` is a plain file stem: the summary files stay in the output."""
+    text = str(name)
+    if (not text or text in (".", "..") or "/" in text or "\\" in text
+            or text != text.strip()):
+        raise ValueError("Argument `name` must be a plain file name stem "
+                         "(no folder separators, not '.' or '..'). "
+                         f"Received: name={name!r}")
+    return text
+
+
+def check_batch_sizes(batch_sizes, task):
+    """Every batch size fits in the task's training split (full batches)."""
+    examples = len(task.train[1])
+    if max(batch_sizes) > examples:
+        raise ValueError(f"Argument `batch_sizes` must be at most the "
+                         f"{examples} training images of the split. "
+                         f"Received: batch_sizes={list(batch_sizes)}")
+
+
+def check_code_lengths(grid, num_classes):
+    """Refuses an encoding none of whose code lengths can be built for
+    `num_classes` classes; returns [(encoding, k, reason)] of the single
+    cells that cannot (they are recorded as not trained, e.g. 2n for the
+    data-based codes in a sweep over k)."""
+    lengths, bad = {}, []
+    for cell in grid.cells(num_classes):
+        if cell["code_length"] is None:
+            continue
+        encoding, k = cell["encoding"], cell["code_length"]
+        lengths.setdefault(encoding, set()).add(k)
+        try:
+            runner_lib.check_code_length(encoding, num_classes, k)
+        except ValueError as error:
+            bad.append((encoding, k, str(error)))
+    for encoding, ks in lengths.items():
+        failed = {k for e, k, _ in bad if e == encoding}
+        if failed == ks:
+            reason = next(r for e, _, r in bad if e == encoding)
+            raise ValueError(
+                f"Argument `code_lengths` gives {encoding!r} no code it can "
+                f"build for n = {num_classes} classes ({reason}). Received: "
+                f"code_lengths={list(grid.code_lengths)}")
+    return sorted(set(bad))
+
+
 def _spec(cell, learning_rate, seed):
     return runner_lib.RunSpec(**dict(cell, learning_rate=float(learning_rate),
                                      seed=int(seed)))
@@ -138,6 +216,7 @@ def run_grid(grid, output, name, resume=False, verbose=0, log_every=1,
         dict written to `<output>/<name>.json`.
     """
     start = time.perf_counter()
+    name = check_name(name)
     if chance_multiple is None:
         chance_multiple = protocols.CHANCE_MULTIPLE
     run = runner_lib.Runner(output, resume=resume, verbose=verbose,
@@ -150,6 +229,15 @@ def run_grid(grid, output, name, resume=False, verbose=0, log_every=1,
                   grid.learning_rates[0], grid.seeds[0])
     task = run.task(probe)
     n = task.num_classes
+    runner_lib.check_data_fingerprint(output, probe, resume)
+    try:  # before any training, as the command line checks it
+        check_batch_sizes(grid.batch_sizes, task)
+        unbuildable = check_code_lengths(grid, n)
+    except ValueError as error:
+        raise common.UsageError(str(error)) from error
+    for encoding, k, reason in unbuildable:
+        common.log(f"note: {encoding} k = {k} cannot be built for n = {n} "
+                   f"({reason}): recorded as not trained")
     common.log(f"== {name}: {task.name}, protocol {probe.protocol}"
                f"/{probe.variant}, n = {n} classes, {len(task.train[1])} "
                f"train / {len(task.val[1])} validation / {len(task.test[1])} "

@@ -36,11 +36,11 @@ backends.
 """
 
 import dataclasses
+import glob
 import hashlib
 import json
 import math
 import os
-import shutil
 import time
 
 import numpy as np
@@ -211,8 +211,22 @@ class RunSpec:
                 f"{ROW_NORM_ENCODINGS} and None for other encodings. "
                 f"Received: normalize_rows={self.normalize_rows!r} for "
                 f"encoding={self.encoding!r}")
-        object.__setattr__(self, "lr_drop_epochs",
-                           tuple(int(e) for e in self.lr_drop_epochs))
+        if not (common.is_real(self.momentum) and 0 <= self.momentum < 1):
+            raise ValueError("Argument `momentum` must be in [0, 1). "
+                             f"Received: momentum={self.momentum!r}")
+        if (not common.is_integer(self.pretrain_patience)
+                or self.pretrain_patience < 0):
+            raise ValueError("Argument `pretrain_patience` must be an integer "
+                             ">= 0. Received: "
+                             f"pretrain_patience={self.pretrain_patience!r}")
+        drops = list(self.lr_drop_epochs)
+        if (not all(common.is_integer(e) for e in drops)
+                or any(e < 1 for e in drops) or drops != sorted(set(drops))):
+            raise ValueError("Argument `lr_drop_epochs` must be increasing "
+                             "positive integers (epochs after which the rate "
+                             "drops). Received: "
+                             f"lr_drop_epochs={self.lr_drop_epochs!r}")
+        object.__setattr__(self, "lr_drop_epochs", tuple(drops))
 
     def to_dict(self):
         d = dataclasses.asdict(self)
@@ -276,8 +290,8 @@ def prepare_output(output, resume=False, overwrite=False):
     """Checks (and creates) the output folder.
 
     A non-empty folder is refused unless `resume` (reuse runs whose settings
-    match) or `overwrite` (retrain and replace every run; the pretraining
-    cache is removed) is given.
+    match) or `overwrite` (retrain: the stored runs, the pretraining cache
+    and `data.json` are deleted, any other file stays) is given.
     """
     if resume and overwrite:
         raise ValueError("Pass at most one of `resume` and `overwrite`.")
@@ -288,14 +302,104 @@ def prepare_output(output, resume=False, overwrite=False):
                 "to reuse its runs (only those whose settings all match) or "
                 "--overwrite to train again and replace them.")
         if overwrite:
-            pretrain = os.path.join(output, "pretrain")
-            if os.path.isdir(pretrain):
-                shutil.rmtree(pretrain)
+            # Only what this runner wrote: runs, the pretraining cache and
+            # the data record; a user's own files in the folder stay.
+            written = [os.path.join(output, "runs", "*.json"),
+                       os.path.join(output, "pretrain", "*.weights.h5"),
+                       os.path.join(output, "pretrain", "*.json"),
+                       os.path.join(output, "pretrain", "*.lock"),
+                       os.path.join(output, "data.json")]
+            for pattern in written:
+                for path in glob.glob(pattern):
+                    os.remove(path)
     elif os.path.exists(output) and not os.path.isdir(output):
         raise ValueError(f"Argument `output` must be a folder. Received: "
                          f"output={output!r} (a file)")
-    os.makedirs(os.path.join(output, "runs"), exist_ok=True)
+    try:
+        os.makedirs(os.path.join(output, "runs"), exist_ok=True)
+    except OSError as error:  # a parent that is a file, no permission, ...
+        raise ValueError(f"Argument `output` must be a folder that can be "
+                         f"created. Received: output={output!r} "
+                         f"({error.strerror})") from error
     return output
+
+
+def check_code_length(encoding, num_classes, k):
+    """Raises ValueError when `encoding` has no code of length k for
+    `num_classes` classes (data-based codes: k <= n - 1; the others: what
+    `training.make_codes` accepts, drawn once with seed 0)."""
+    if encoding in DATA_ENCODINGS:
+        if k > num_classes - 1:
+            raise ValueError(f"spectral codes need k <= n - 1 = "
+                             f"{num_classes - 1}; got k = {k}")
+        return
+    if encoding.startswith("one_hot"):
+        return
+    from ecoc_research import training
+
+    training.make_codes(encoding, num_classes, k, seed=0)
+
+
+def _fingerprint(dataset):
+    """SHA-1 of a data file's bytes; a name (embedded, tfds) stands as is."""
+    if dataset is None or not os.path.isfile(str(dataset)):
+        return dataset
+    digest = hashlib.sha1()
+    with open(dataset, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_data_fingerprint(output, spec, resume):
+    """Records what the runs in `output` were trained on (`data.json`:
+    the SHA-1 of each data file), and refuses to resume them on a data file
+    whose contents changed under the same path: stored runs and the
+    pretraining cache are keyed by the path, not by the contents."""
+    path = os.path.join(output, "data.json")
+    current = {str(d): _fingerprint(d)
+               for d in (spec.dataset, spec.pretrain_dataset) if d is not None}
+    stored = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            stored = json.load(f)
+    changed = sorted(d for d in current
+                     if d in stored and stored[d] != current[d])
+    if changed and resume:
+        raise common.UsageError(
+            f"The runs in {output!r} were trained on other contents of "
+            f"{', '.join(changed)}: use another --output, or --overwrite "
+            "to train them again.")
+    stored.update(current)
+    with open(path + ".tmp", "w") as f:
+        json.dump(stored, f, indent=1, sort_keys=True)
+    os.replace(path + ".tmp", path)
+
+
+def build_task(spec):
+    """The `protocols.Task` of `spec`: its data loaded (cached per process by
+    `common.load_data`), classes drawn and the validation split carved.
+
+    Raises ValueError when the data cannot give what `spec` asks (more
+    classes than there are, `val_per_class` leaving a class no training
+    image): commands call it before they prepare their output folder.
+    """
+    data = common.load_data(common.DataOptions(
+        dataset=spec.dataset, train_per_class=spec.train_per_class,
+        test_per_class=spec.test_per_class,
+        image_size=spec.image_size, dedupe=spec.dedupe,
+        subset_seed=spec.data_seed))
+    variant = "same" if spec.protocol == "scratch" else spec.variant
+    pretrain_data = None
+    if spec.pretrain_dataset is not None:
+        pretrain_data = common.load_data(common.DataOptions(
+            dataset=spec.pretrain_dataset,
+            image_size=spec.image_size, dedupe=spec.dedupe,
+            train_per_class=spec.pretrain_per_class,
+            subset_seed=spec.data_seed))
+    return protocols.split_task(
+        data, spec.protocol, variant, spec.classes,
+        spec.val_per_class, spec.data_seed, pretrain_data)
 
 
 class Runner:
@@ -371,22 +475,7 @@ class Runner:
                spec.classes, spec.val_per_class, spec.data_seed,
                spec.pretrain_dataset, spec.pretrain_per_class)
         if key not in self._tasks:
-            data = common.load_data(common.DataOptions(
-                dataset=spec.dataset, train_per_class=spec.train_per_class,
-                test_per_class=spec.test_per_class,
-                image_size=spec.image_size, dedupe=spec.dedupe,
-                subset_seed=spec.data_seed))
-            variant = "same" if spec.protocol == "scratch" else spec.variant
-            pretrain_data = None
-            if spec.pretrain_dataset is not None:
-                pretrain_data = common.load_data(common.DataOptions(
-                    dataset=spec.pretrain_dataset,
-                    image_size=spec.image_size, dedupe=spec.dedupe,
-                    train_per_class=spec.pretrain_per_class,
-                    subset_seed=spec.data_seed))
-            self._tasks[key] = protocols.split_task(
-                data, spec.protocol, variant, spec.classes,
-                spec.val_per_class, spec.data_seed, pretrain_data)
+            self._tasks[key] = build_task(spec)
         return self._tasks[key]
 
     def pretrained(self, spec):
@@ -442,9 +531,11 @@ class Runner:
         similarity = (self.similarity(spec)
                       if spec.encoding in DATA_ENCODINGS else None)
         k = spec.code_length
-        if spec.encoding in DATA_ENCODINGS and k > num_classes - 1:
-            raise CodeError("no_code", f"spectral codes need k <= n - 1 = "
-                            f"{num_classes - 1}; got k = {k}")
+        if spec.encoding in DATA_ENCODINGS:
+            try:
+                check_code_length(spec.encoding, num_classes, k)
+            except ValueError as error:
+                raise CodeError("no_code", str(error)) from error
         try:
             codes = training.make_codes(
                 spec.encoding, num_classes, k, similarity=similarity,

@@ -326,3 +326,10 @@ def label_rank(z, codes, labels, valid):
 def nearest_codeword(z, codes):
     """(B,) int32; -1 for rows with a non-finite logit (non-finite z or codeword)."""
     return _nearest(z.detach().float(), codes.detach().float()).to(torch.int32)
+
+
+# Loaded when this module is imported (outside any trace, and at the latest
+# when the dispatch first imports it): torch.compile(fullgraph=True) cannot
+# enter the loader's lock, and the first fused call of a process may come
+# inside a compiled function. Never raises; a failure is the loader's status.
+_loader.load_kernels()
