@@ -376,15 +376,24 @@ def test_grid_output_under_a_file_is_a_usage_error(tmp_path, capsys):
     assert "`output`" in capsys.readouterr().err
 
 
-def test_missing_matplotlib_is_named_before_training(tmp_path, monkeypatch):
+def test_missing_matplotlib_is_named_before_training(tmp_path, monkeypatch,
+                                                     capsys):
     import importlib.util
+
+    from ecoc_research.experiments import common
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None
                         if name == "matplotlib" else real(name, *a))
-    with pytest.raises(ModuleNotFoundError, match=r"keras-ecoc\[experiments\]"):
+    # A command-line error naming the extra, not a traceback.
+    with pytest.raises(SystemExit) as error:
         cli.main(["grid", "--output", str(tmp_path / "o")])
+    assert error.value.code == 2
+    assert 'pip install "keras-ecoc[research]"' in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "o")
+    # From Python it is still a ModuleNotFoundError.
+    with pytest.raises(ModuleNotFoundError, match="matplotlib"):
+        common.require_extras(["matplotlib"])
 
 
 def test_pretraining_gives_the_same_network_whatever_ran_before_it(tmp_path):

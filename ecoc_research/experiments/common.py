@@ -42,6 +42,11 @@ class UsageError(ValueError):
     """
 
 
+class MissingExtraError(UsageError, ModuleNotFoundError):
+    """An optional dependency of the research application is missing: a
+    command-line error (exit status 2) naming the extra to install."""
+
+
 class ExistingResultsError(UsageError, FileExistsError):
     """Results of an earlier run are in the way and no overwrite was asked."""
 
@@ -107,9 +112,9 @@ def require_extras(modules):
 
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
-        raise ModuleNotFoundError(
+        raise MissingExtraError(
             f"The experiments need {', '.join(missing)} (figures, t-SNE). "
-            'Install them with: pip install "keras-ecoc[experiments]"')
+            'Install them with: pip install "keras-ecoc[research]"')
 
 
 _DATA_CACHE = {}

@@ -4,7 +4,7 @@
 method below 5,000 points is not needed: Barnes-Hut is the default) with the
 settings the pictures experiment uses; `neighbour_agreement` uses
 `sklearn.neighbors.NearestNeighbors`. scikit-learn is in the `experiments`
-extra (`pip install "keras-ecoc[experiments]"`).
+extra (`pip install "keras-ecoc[research]"`).
 """
 
 import numpy as np
